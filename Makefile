@@ -1,0 +1,36 @@
+# Two commands for a fresh machine: `make demo` and `make test` (see README.md).
+PY ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+CONSTRAINTS := requirements/constraints.txt
+PIP := $(BIN)/pip install -q --disable-pip-version-check
+PYTEST_ARGS ?=
+DEMO_OUT ?= demo_output
+
+.PHONY: venv demo test bench clean
+
+venv: $(STAMP)
+
+# Idempotent: re-runs only when the pins or pyproject change. torch is pinned by the constraints file on
+# every install after the first, because any other torch version pulls gigabytes of CUDA packages.
+$(STAMP): pyproject.toml requirements/dev.txt $(CONSTRAINTS)
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(PIP) torch==2.13.0
+	$(PIP) -c $(CONSTRAINTS) -r requirements/dev.txt
+	DS_BUILD_OPS=0 $(PIP) -c $(CONSTRAINTS) deepspeed==0.19.8
+	$(PIP) -c $(CONSTRAINTS) --no-deps --no-build-isolation -e .
+	touch $(STAMP)
+
+demo: venv
+	$(BIN)/python recipes/hf_trainer.py --output-dir $(DEMO_OUT)
+
+test: venv
+	$(BIN)/python -m pytest -n 2 $(PYTEST_ARGS)
+
+bench: venv
+	$(BIN)/python benchmarks/dump_overhead.py
+	$(BIN)/python benchmarks/monitor_overhead.py
+
+clean:
+	rm -rf $(VENV) $(DEMO_OUT)

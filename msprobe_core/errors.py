@@ -1,0 +1,71 @@
+"""The project's own exception types.
+
+Every error a user can cause with bad input is a ``ValueError`` subclass whose message names the field
+(or file), the value that was given and what is allowed.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any, Iterable
+
+
+class MsprobeError(Exception):
+    """Base class of every error raised by this toolkit."""
+
+
+class ConfigError(MsprobeError, ValueError):
+    """A configuration file, key or value is invalid."""
+
+    def __init__(self, field: str, value: Any, allowed: str, source: str | None = None):
+        self.field = field
+        self.value = value
+        self.allowed = allowed
+        self.source = source
+        where = f"{source}: " if source else ""
+        super().__init__(f"{where}field '{field}' = {value!r} is invalid; allowed: {allowed}")
+
+
+class UnknownKeyError(ConfigError):
+    """A key that neither this tool nor msprobe documents."""
+
+    def __init__(self, field: str, known: Iterable[str], source: str | None = None):
+        close = difflib.get_close_matches(field, list(known), n=1, cutoff=0.6)
+        hint = f"did you mean '{close[0]}'? " if close else ""
+        known_list = ", ".join(sorted(known))
+        super().__init__(field, field, f"{hint}known keys: {known_list}", source)
+        self.args = (f"{source + ': ' if source else ''}unknown key '{field}'; {hint}known keys: {known_list}",)
+
+    def __str__(self) -> str:  # keep the did-you-mean wording, not the generic one
+        return self.args[0]
+
+
+class ConfigFileError(ConfigError):
+    """The configuration file cannot be read or is not JSON."""
+
+    def __init__(self, path: str, reason: str):
+        super().__init__("config_path", path, "a readable JSON file with an object at the top", None)
+        self.args = (f"config file '{path}' is not usable: {reason}; expected a readable JSON file "
+                     "with an object at the top",)
+
+    def __str__(self) -> str:
+        return self.args[0]
+
+
+class DumpPathError(MsprobeError, ValueError):
+    """The dump path cannot be used (it is a file, or holds another run's dump)."""
+
+
+class TokenRangeError(ConfigError):
+    """A ``token_range`` that is not two ints with 0 <= start <= end."""
+
+    def __init__(self, value: Any):
+        super().__init__("token_range", value, "a list or tuple of two ints [start, end] with 0 <= start <= end")
+
+
+class DumpInputError(MsprobeError, ValueError):
+    """A path given to an analysis command is not a dump (or not a compatible one)."""
+
+
+class DumpStateError(MsprobeError, RuntimeError):
+    """The debugger API was called in an order that cannot work (for example step() before start())."""

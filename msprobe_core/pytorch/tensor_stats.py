@@ -1,0 +1,120 @@
+"""Tensor statistics computed on the tensor's own device, shared by the dump service and the monitor.
+
+Nothing here moves data to the host: each function returns small device tensors that callers stack and
+copy once per record (dump) or once per step (monitor). All work runs under ``torch.no_grad()`` on
+detached tensors, so autograd never sees it.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+# Captured at import, before any API patching, so that the tool's own tensor work never goes through
+# (and is never recorded by) its own wrappers.
+_aminmax = torch.aminmax
+_vector_norm = torch.linalg.vector_norm
+_stack = torch.stack
+_isnan = torch.isnan
+_isinf = torch.isinf
+_tensor_mean = torch.Tensor.mean
+_tensor_to = torch.Tensor.to
+_tensor_abs = torch.Tensor.abs
+_tensor_sum = torch.Tensor.sum
+_tensor_any = torch.Tensor.any
+_tensor_all = torch.Tensor.all
+_tensor_detach = torch.Tensor.detach
+_foreach_norm = torch._foreach_norm
+
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
+SUMMARY_FIELDS = ("Max", "Min", "Mean", "Norm")
+
+
+def summary_kind(t: torch.Tensor) -> str:
+    """How a tensor is summarised: 'float', 'int', 'bool', 'complex' or 'empty'."""
+    if t.numel() == 0:
+        return "empty"
+    if t.dtype == torch.bool:
+        return "bool"
+    if t.is_complex():
+        return "complex"
+    if t.is_floating_point():
+        return "float"
+    return "int"
+
+
+@torch.no_grad()
+def summary_stats(t: torch.Tensor, kind: str) -> torch.Tensor:
+    """[Max, Min, Mean, Norm] of ``t`` as a float64 tensor of 4 on ``t``'s device (no host sync).
+
+    float16/bfloat16 are reduced in float32; integers in float64; bools give Max=any, Min=all and NaN
+    for Mean/Norm (the caller writes those as null); complex tensors are summarised by magnitude.
+    Call only for non-empty tensors (``summary_kind(t) != 'empty'``).
+    """
+    x = _tensor_detach(t)
+    if kind == "bool":
+        nan = torch.full((), float("nan"), dtype=torch.float64, device=x.device)
+        return _stack([_tensor_to(_tensor_any(x), torch.float64), _tensor_to(_tensor_all(x), torch.float64), nan, nan])
+    if kind == "complex":
+        x = _tensor_abs(x)
+    elif kind == "int":
+        x = _tensor_to(x, torch.float64)
+    elif x.dtype in _LOW_PRECISION:
+        x = _tensor_to(x, torch.float32)
+    mn, mx = _aminmax(x)
+    out = _stack([mx, mn, _tensor_mean(x), _vector_norm(x)])
+    return _tensor_to(out, torch.float64)
+
+
+@torch.no_grad()
+def has_inf_or_nan(t: torch.Tensor) -> torch.Tensor:
+    """A 0-dim bool device tensor: does ``t`` hold any Inf or NaN? (False for non-float tensors.)"""
+    x = _tensor_detach(t)
+    if not (x.is_floating_point() or x.is_complex()) or x.numel() == 0:
+        return torch.zeros((), dtype=torch.bool, device=x.device)
+    return _tensor_any(~torch.isfinite(x))
+
+
+MONITOR_OPS = ("min", "max", "norm", "mean", "zeros", "nans")
+
+
+@torch.no_grad()
+def batched_stats(tensors: Sequence[torch.Tensor], ops: Sequence[str], eps: float = 1e-8) -> torch.Tensor:
+    """Statistics of many tensors at once: a float32 tensor [len(tensors), len(ops)] on their device.
+
+    ``ops`` are taken from ``MONITOR_OPS``: min, max, L2 norm, mean, zeros (share of elements with
+    |x| <= eps) and nans (count of NaN elements). Norms use ``torch._foreach_norm`` (one fused call for the
+    whole list); everything stays on the device and the caller copies the result to the host once.
+    Empty tensors give NaN for min/max/mean and 0 for the rest.
+    """
+    if not tensors:
+        return torch.empty((0, len(ops)), dtype=torch.float32)
+    xs = [_tensor_detach(t) for t in tensors]
+    xs = [_tensor_to(x, torch.float32) if x.dtype != torch.float32 else x for x in xs]
+    columns: list[torch.Tensor] = []
+    norms = None
+    for op in ops:
+        if op == "norm":
+            if norms is None:
+                norms = _stack(_foreach_norm(xs))
+            columns.append(norms)
+        elif op in ("min", "max"):
+            vals = []
+            for x in xs:
+                if x.numel() == 0:
+                    vals.append(torch.full((), float("nan"), device=x.device))
+                else:
+                    mn, mx = _aminmax(x)
+                    vals.append(mn if op == "min" else mx)
+            columns.append(_stack(vals))
+        elif op == "mean":
+            columns.append(_stack([_tensor_mean(x) if x.numel() else torch.full((), float("nan"), device=x.device) for x in xs]))
+        elif op == "zeros":
+            columns.append(_stack([_tensor_mean(_tensor_to(_tensor_abs(x) <= eps, torch.float32)) if x.numel()
+                                   else torch.zeros((), device=x.device) for x in xs]))
+        elif op == "nans":
+            columns.append(_stack([_tensor_to(_tensor_sum(_isnan(x)), torch.float32) for x in xs]))
+        else:
+            raise ValueError(f"unknown statistic '{op}'; allowed: {', '.join(MONITOR_OPS)}")
+    return _stack(columns, dim=1)
