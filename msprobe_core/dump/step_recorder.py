@@ -1,0 +1,261 @@
+"""One step of one rank: the records, their stacks and hierarchy, journaled as they arrive.
+
+Every fragment (a finished forward record, one gradient of a backward record, a stack, a parent link) is
+appended to ``.dump.journal`` in the rank folder the moment it is made, so a process killed mid-step
+loses nothing already recorded: ``python -m msprobe_core recover DUMP_PATH`` rebuilds the JSON files from
+the journal. ``finish()`` waits for pending tensor files, then writes dump.json, stack.json and
+construct.json atomically (temporary file + rename) and removes the journal.
+"""
+
+from __future__ import annotations
+
+import json
+import linecache
+import os
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Callable, Iterable, Optional, Sequence
+
+JOURNAL_SUFFIX = ".journal"
+ERROR_LOG_NAME = "dump_error_info.log"
+TENSOR_DIR_NAME = "dump_tensor_data"
+
+Frame = tuple[str, int, str]
+
+
+def format_frame(frame: Frame) -> str:
+    """A stack line in msprobe's stack.json style."""
+    filename, lineno, func = frame
+    code = linecache.getline(filename, lineno).strip()
+    return f"File {filename}, line {lineno}, in {func}, \n {code}"
+
+
+def write_json_atomic(path: Path, obj: Any, indent: Optional[int] = 1) -> None:
+    """Write ``obj`` as JSON to ``path`` through a temporary file and an atomic rename."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=indent, ensure_ascii=False)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class StepRecorder:
+    """Records of one (step, rank) folder. Not thread-safe for record calls: use from the training thread
+    (autograd hooks run there too); tensor files are written by a shared thread pool."""
+
+    def __init__(self, rank_dir: Path, header: dict[str, Any], json_name: str = "dump.json",
+                 writer_pool: Optional[ThreadPoolExecutor] = None, journal: bool = True):
+        self.rank_dir = rank_dir
+        self.header = header
+        self.json_name = json_name
+        self.data: dict[str, Any] = {}
+        self.stack: dict[str, list[Frame]] = {}
+        self.construct: dict[str, Optional[str]] = {}
+        self._seq = 0
+        self._journal_enabled = journal
+        self._journal_fd: Optional[int] = None
+        self._pool = writer_pool
+        self._futures: list[Future] = []
+        self._queued: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        self._dir_ready = False
+        self.errors = 0
+
+    # ---------------------------------------------------------------- folder
+    def ensure_dir(self) -> None:
+        if self._dir_ready:
+            return
+        self.rank_dir.mkdir(parents=True, exist_ok=True)
+        if self._journal_enabled:
+            self._journal_fd = os.open(self.journal_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            self._append({"k": "h", "v": self.header, "json": self.json_name})
+            self.sync_journal()
+        self._dir_ready = True
+
+    @property
+    def journal_path(self) -> Path:
+        """``.dump.journal`` for dump.json, ``.debug.journal`` for debug.json."""
+        return self.rank_dir / f".{Path(self.json_name).stem}{JOURNAL_SUFFIX}"
+
+    @property
+    def tensor_dir(self) -> Path:
+        return self.rank_dir / TENSOR_DIR_NAME
+
+    def _append(self, entry: dict[str, Any]) -> None:
+        # Entries hold live objects whose statistics may still be on the device; sync_journal() writes them.
+        if self._journal_fd is not None:
+            self._queued.append(entry)
+
+    def sync_journal(self) -> None:
+        """Append every queued fragment to the journal in one write (call after statistics are resolved)."""
+        if not self._queued or self._journal_fd is None:
+            return
+        queued, self._queued = self._queued, []
+        text = "".join(json.dumps(e, ensure_ascii=False) + "\n" for e in queued)
+        os.write(self._journal_fd, text.encode())
+
+    # ---------------------------------------------------------------- records
+    def reserve(self, name: str) -> int:
+        """Keep ``name``'s place in execution order; returns its sequence number."""
+        self.ensure_dir()
+        seq = self._seq
+        self._seq += 1
+        self.data.setdefault(name, None)
+        return seq
+
+    def put(self, name: str, record: Any, seq: int) -> None:
+        """Store a complete record (e.g. a finished forward call) and journal it."""
+        self.data[name] = record
+        self._append({"k": "r", "n": name, "s": seq, "v": record})
+
+    def put_field(self, name: str, path: Sequence[Any], value: Any, skeleton: Callable[[], Any]) -> None:
+        """Set one field of a record that fills in over time (backward grads, parameter grads)."""
+        record = self.data.get(name)
+        if record is None:
+            record = skeleton()
+            seq = self.reserve(name)
+            self.data[name] = record
+            self._append({"k": "r", "n": name, "s": seq, "v": record})
+        target = _descend(record, path)
+        last = path[-1]
+        if isinstance(target, list) and isinstance(last, int):
+            while len(target) <= last:
+                target.append(None)
+        target[last] = value
+        self._append({"k": "f", "n": name, "p": list(path), "v": value})
+
+    def put_stack(self, name: str, frames: list[Frame]) -> None:
+        self.stack[name] = frames
+        self._append({"k": "s", "n": name, "v": frames})
+
+    def put_parent(self, name: str, parent: Optional[str]) -> None:
+        self.construct[name] = parent
+        self._append({"k": "c", "n": name, "v": parent})
+
+    def submit_file(self, fn: Callable[[], None]) -> Optional[Future]:
+        """Run a file write on the writer pool (or now, without one); finish() waits for it."""
+        if self._pool is None:
+            fn()
+            return None
+        future = self._pool.submit(fn)
+        self._futures.append(future)
+        return future
+
+    def log_error(self, message: str) -> None:
+        """Append a line to dump_error_info.log (created only when something goes wrong)."""
+        self.errors += 1
+        try:
+            self.rank_dir.mkdir(parents=True, exist_ok=True)
+            with open(self.rank_dir / ERROR_LOG_NAME, "a", encoding="utf-8") as f:
+                f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {message}\n")
+        except OSError:
+            pass
+
+    # ---------------------------------------------------------------- finishing
+    @property
+    def has_content(self) -> bool:
+        return self._dir_ready
+
+    def write_files(self) -> None:
+        """Write the JSON files for what is recorded so far (atomic); the journal stays."""
+        for fut in self._futures:
+            try:
+                fut.result()
+            except Exception as e:  # a tensor file that failed must not hide the others
+                self.log_error(f"tensor file write failed: {e!r}")
+        self._futures.clear()
+        if not self._dir_ready:
+            return
+        self.sync_journal()
+        data = {k: v for k, v in self.data.items() if v is not None}
+        doc = dict(self.header)
+        doc["data"] = data
+        write_json_atomic(self.rank_dir / self.json_name, doc)
+        if self.json_name == "dump.json":
+            write_json_atomic(self.rank_dir / "stack.json",
+                              {k: [format_frame(f) for f in v] for k, v in self.stack.items()})
+            write_json_atomic(self.rank_dir / "construct.json", self.construct)
+
+    def finish(self) -> None:
+        """Write the JSON files and drop the journal; the folder is then a finished dump."""
+        self.write_files()
+        if self._journal_fd is not None:
+            os.close(self._journal_fd)
+            self._journal_fd = None
+            try:
+                os.unlink(self.journal_path)
+            except FileNotFoundError:
+                pass
+
+
+def _descend(record: Any, path: Sequence[Any]) -> Any:
+    """The container that holds ``path[-1]``, creating missing lists/dicts on the way."""
+    target = record
+    for key, nxt in zip(path[:-1], path[1:]):
+        fresh: Any = [] if isinstance(nxt, int) else {}
+        if isinstance(target, dict):
+            target = target.setdefault(key, fresh)
+        else:
+            while len(target) <= key:
+                target.append(None)
+            if target[key] is None:
+                target[key] = fresh
+            target = target[key]
+    return target
+
+
+# ------------------------------------------------------------------------------------------- recovery
+def replay_journal(lines: Iterable[str]) -> tuple[dict[str, Any], str, dict, dict, dict]:
+    """Rebuild (header, json_name, data, stack, construct) from journal lines; a torn last line is skipped."""
+    header: dict[str, Any] = {}
+    json_name = "dump.json"
+    data: dict[str, Any] = {}
+    order: dict[str, int] = {}
+    stack: dict[str, list] = {}
+    construct: dict[str, Any] = {}
+    for line in lines:
+        try:
+            e = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # the line being written when the process died
+        k = e.get("k")
+        if k == "h":
+            header, json_name = e["v"], e.get("json", "dump.json")
+        elif k == "r":
+            data[e["n"]] = e["v"]
+            order.setdefault(e["n"], e["s"])
+        elif k == "f":
+            path = e["p"]
+            target = _descend(data.setdefault(e["n"], {}), path)
+            last = path[-1]
+            if isinstance(target, list):
+                while len(target) <= last:
+                    target.append(None)
+            target[last] = e["v"]
+        elif k == "s":
+            stack[e["n"]] = e["v"]
+        elif k == "c":
+            construct[e["n"]] = e["v"]
+    ordered = dict(sorted(data.items(), key=lambda kv: order.get(kv[0], 1 << 62)))
+    return header, json_name, ordered, stack, construct
+
+
+def recover_journal(journal: Path) -> bool:
+    """Rebuild the JSON files of a rank folder from one of its journals. Returns False when it is gone."""
+    rank_dir = journal.parent
+    if not journal.exists():
+        return False
+    with open(journal, encoding="utf-8", errors="replace") as f:
+        header, json_name, data, stack, construct = replay_journal(f)
+    doc = dict(header)
+    doc["data"] = data
+    doc["recovered"] = True
+    write_json_atomic(rank_dir / json_name, doc)
+    if json_name == "dump.json":
+        write_json_atomic(rank_dir / "stack.json", {k: [format_frame(tuple(f)) for f in v] for k, v in stack.items()})
+        write_json_atomic(rank_dir / "construct.json", construct)
+    journal.unlink()
+    return True

@@ -1,0 +1,682 @@
+"""The PyTorch dump service: hooks, naming and step life cycle behind ``PrecisionDebugger``.
+
+Decide once, run fast: the API patch plan and the module hook plan are built when dumping starts; a call
+that is not recorded costs one flag test. Gradients are captured with tensor hooks that return None
+(never ``register_full_backward_hook``, which inserts identity nodes and can change the order in which
+autograd sums gradients), so losses and gradients are bit-identical with the tool on or off.
+
+Backward records: ``input`` holds the gradients of the call's outputs; ``output`` the gradients of its
+tensor inputs, as autograd delivers them to each input tensor (for an input that other calls also use,
+this is its full gradient, summed over every use).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+
+from msprobe_core.dump.config import DumpConfig
+from msprobe_core.dump.selection import Selection
+from msprobe_core.dump.step_recorder import StepRecorder
+from msprobe_core.errors import ConfigError, DumpPathError, TokenRangeError
+from msprobe_core.pytorch.api_patch import ApiPatcher, make_wrapper
+from msprobe_core.pytorch.summarize import Summarizer, iter_tensors
+from msprobe_core.pytorch.tensor_stats import has_inf_or_nan
+
+from msprobe_core.log import setup_logging
+
+logger = setup_logging()
+
+_graph_task_id = torch._C._current_graph_task_id
+_OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_DEFERRED_BATCH = 512  # device statistics resolved (one host copy) every this many records
+
+
+class _ThreadState(threading.local):
+    depth = 0  # > 0 inside a recorded call or inside the tool's own work: nothing nested is recorded
+
+
+def validate_token_range(token_range: Any) -> Optional[tuple[int, int]]:
+    """``None`` or two ints [start, end] with 0 <= start <= end; else ``TokenRangeError``."""
+    if token_range is None:
+        return None
+    if (not isinstance(token_range, (list, tuple)) or len(token_range) != 2
+            or not all(isinstance(v, int) and not isinstance(v, bool) for v in token_range)
+            or token_range[0] < 0 or token_range[0] > token_range[1]):
+        raise TokenRangeError(token_range)
+    return int(token_range[0]), int(token_range[1])
+
+
+def current_rank() -> Optional[int]:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank()
+    return None
+
+
+def capture_stack() -> list[tuple[str, int, str]]:
+    """The caller's Python stack (outermost first), without the tool's and torch.nn's own frames."""
+    frames = []
+    f = sys._getframe(2)
+    while f is not None:
+        code = f.f_code
+        fn = code.co_filename
+        if not fn.startswith(_OWN_DIR) and not fn.endswith(("torch/nn/modules/module.py", "torch/utils/hooks.py")):
+            frames.append((fn, f.f_lineno, code.co_name))
+        f = f.f_back
+    frames.reverse()
+    return frames
+
+
+_SKIPPED = object()  # a module call the tool did not look at (not recording, or nested in a recorded API)
+
+
+class _Call:
+    """A recorded forward call between its start and its end."""
+
+    __slots__ = ("name", "backward", "seq", "record", "save", "parent")
+
+    def __init__(self, name, backward, seq, record, save, parent):
+        self.name = name
+        self.backward = backward
+        self.seq = seq
+        self.record = record
+        self.save = save
+        self.parent = parent
+
+
+class DumpService:
+    """One process's dump: configuration, current step, hooks and recorders."""
+
+    def __init__(self, cfg: DumpConfig, wrap_list: Optional[str] = None):
+        self.cfg = cfg
+        self.selection = Selection(cfg)
+        self.current_step = 0
+        self.finished = False
+        self._tls = _ThreadState()
+        self._collecting = False       # between start() and stop()
+        self._token_ok = True          # inside token_range (or no token_range)
+        self._exclusive: Optional[torch.nn.Module] = None  # module_dump() window
+        self._recording = False        # the conjunction of the three above, kept current
+        self._rank_id: Optional[int] = None
+        self._rank_dir_name: Optional[str] = None
+        self._checked_dirs: set[str] = set()
+        self.recorder: Optional[StepRecorder] = None
+        self.debug_recorder: Optional[StepRecorder] = None
+        self._pool: Optional[ThreadPoolExecutor] = None
+        self._uses_l1 = cfg.level in ("L1", "mix")
+        self._uses_l0 = cfg.level in ("L0", "mix")
+        self._construct = cfg.level in ("L0", "mix")
+        self.patcher = ApiPatcher(self._on_api_call, self.should_record, wrap_list,
+                                   silence=self._silenced) if self._uses_l1 else None
+        saves = cfg.task == "tensor" or bool(cfg.tensor_list)
+        self.summarizer = Summarizer(statistics=cfg.task != "structure", md5=cfg.summary_mode == "md5",
+                                     submit_file=self._submit_file)
+        self._saves = cfg.task == "tensor"
+        self._needs_pool = saves
+        self._counters: dict[str, int] = {}
+        self._module_stack: list[str] = []
+        self._module_calls: dict[int, list[Optional[_Call]]] = {}
+        self._bwd_sizes: dict[str, list[int]] = {}
+        self._forward_handles: list[Any] = []   # removed at stop()
+        self._step_handles: list[Any] = []      # grad hooks on leaves: removed at step()
+        self._hooked_models: list[torch.nn.Module] = []
+        self._recorded_modules: set[str] = set()
+        self._overflows = 0
+        self._deferred = 0
+        self._custom: dict[tuple[int, str], tuple[Any, Any, bool]] = {}
+        self._module_dump_handles: list[Any] = []
+        atexit.register(self.close)
+
+    # ================================================================== life cycle
+    def _update_recording(self) -> None:
+        self._recording = self._collecting and self._token_ok and self._exclusive is None
+
+    def should_record(self) -> bool:
+        """Hot path of every wrapped API: record this call?"""
+        return self._recording and self._tls.depth == 0 and _graph_task_id() == -1
+
+    def start(self, model=None, token_range=None, rank_id: Optional[int] = None) -> None:
+        window = validate_token_range(token_range)
+        if rank_id is not None:
+            if isinstance(rank_id, bool) or not isinstance(rank_id, int) or rank_id < 0:
+                raise ConfigError("rank_id", rank_id, "an int >= 0")
+            self._rank_id = rank_id
+        if window is not None and model is None:
+            raise ConfigError("model", None, "a torch.nn.Module (token_range counts the model's forward calls)")
+        if self._uses_l0 and model is None and not self._hooked_models:
+            raise ConfigError("model", None, f"a torch.nn.Module or a list of them (level '{self.cfg.level}' dumps modules)")
+        if model is not None:
+            _check_model(model)
+        if self.finished or self._collecting:
+            return
+        rank = self._rank()
+        if rank is not None and rank not in self.cfg.rank:
+            return
+        if self.current_step not in self.cfg.step:
+            return
+        self._open_step()
+        if model is not None and (self._uses_l0 or window is not None):
+            self._install_model_hooks(model, window)
+        if self.patcher is not None:
+            self.patcher.patch()
+        self._collecting = True
+        self._update_recording()
+
+    def stop(self) -> None:
+        if not self._collecting:
+            return
+        self._collecting = False
+        self._update_recording()
+        if self.patcher is not None:
+            self.patcher.restore()
+        for h in self._forward_handles:
+            h.remove()
+        self._forward_handles.clear()
+        self._hooked_models.clear()
+        self._sync()
+
+    def step(self) -> None:
+        self.stop()
+        self._finish_step()
+        self.current_step += 1
+        last = self.cfg.step.last()
+        if last is not None and self.current_step > last and not self.finished:
+            self.finished = True
+            logger.info("msprobe: the last configured step (%d) is dumped; msprobe ends successfully", last)
+
+    def set_init_step(self, step: int) -> None:
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ConfigError("step", step, "an int >= 0")
+        self.current_step = step
+
+    def close(self) -> None:
+        """Finish the open step (also at interpreter exit) and restore everything."""
+        try:
+            self.stop()
+            self._finish_step()
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                self._pool = None
+
+    def _finish_step(self) -> None:
+        for h in self._step_handles:
+            h.remove()
+        self._step_handles.clear()
+        for rec in (self.recorder, self.debug_recorder):
+            if rec is not None and rec.has_content:
+                self._tls.depth += 1
+                try:
+                    self.summarizer.resolve()
+                finally:
+                    self._tls.depth -= 1
+                rec.finish()
+                logger.info("msprobe: %s is at %s", rec.json_name, rec.rank_dir)
+        self.recorder = None
+        self.debug_recorder = None
+        self._counters.clear()
+        self._module_stack.clear()
+        self._module_calls.clear()
+        self._bwd_sizes.clear()
+        self._recorded_modules.clear()
+        self.selection.reset_step()
+        self.summarizer.reset()
+
+    # ================================================================== folders
+    def _rank(self) -> Optional[int]:
+        return self._rank_id if self._rank_id is not None else current_rank()
+
+    def _rank_dir(self) -> Path:
+        rank = self._rank()
+        name = f"rank{rank}" if rank is not None else f"proc{os.getpid()}"
+        if name not in self._checked_dirs:
+            self._check_not_taken(name)
+            self._checked_dirs.add(name)
+        return Path(self.cfg.dump_path) / f"step{self.current_step}" / name
+
+    def _check_not_taken(self, rank_dir_name: str) -> None:
+        root = Path(self.cfg.dump_path)
+        if root.exists() and not root.is_dir():
+            raise DumpPathError(f"dump_path '{root}' is a file; allowed: a directory or a path that does not exist yet")
+        if not root.is_dir():
+            return
+        taken = sorted(p for p in root.glob(f"step*/{rank_dir_name}") if p.is_dir() and any(p.iterdir()))
+        if taken:
+            raise DumpPathError(
+                f"dump_path '{root}' already holds a dump for {rank_dir_name} ({taken[0]}); a dump never "
+                "overwrites another run's files: choose a new dump_path or remove the old dump")
+
+    def _header(self, level: str) -> dict[str, Any]:
+        return {"task": self.cfg.task, "level": level, "framework": "pytorch", "dump_data_dir": None}
+
+    def _open_step(self) -> StepRecorder:
+        if self.recorder is None:
+            rank_dir = self._rank_dir()
+            header = self._header(self.cfg.level)
+            if self._needs_pool:
+                header["dump_data_dir"] = str((rank_dir / "dump_tensor_data").absolute())
+            self.recorder = StepRecorder(rank_dir, header, "dump.json", self._writer_pool())
+            self.summarizer.tensor_dir = self.recorder.tensor_dir
+        return self.recorder
+
+    def _open_debug(self) -> StepRecorder:
+        if self.debug_recorder is None:
+            rank_dir = self._rank_dir()
+            header = self._header("debug")
+            if self._saves:
+                header["dump_data_dir"] = str((rank_dir / "dump_tensor_data").absolute())
+            self.debug_recorder = StepRecorder(rank_dir, header, "debug.json", self._writer_pool())
+            self.summarizer.tensor_dir = self.debug_recorder.tensor_dir
+        return self.debug_recorder
+
+    def _writer_pool(self) -> Optional[ThreadPoolExecutor]:
+        if self._needs_pool and self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="msprobe-writer")
+        return self._pool
+
+    def _submit_file(self, fn: Callable[[], None]):
+        rec = self.recorder or self.debug_recorder
+        if rec is None:
+            return None
+        return rec.submit_file(fn)
+
+    def _sync(self, record_on_device: bool = False) -> None:
+        """Resolve statistics and append journal lines: at once on CPU, in batches for device tensors."""
+        if record_on_device and not self.cfg.async_dump:
+            self._deferred += 1
+            if self._deferred < _DEFERRED_BATCH:
+                return
+        elif record_on_device:
+            return
+        self._deferred = 0
+        self._tls.depth += 1
+        try:
+            self.summarizer.resolve()
+        finally:
+            self._tls.depth -= 1
+        for rec in (self.recorder, self.debug_recorder):
+            if rec is not None:
+                rec.sync_journal()
+
+    def _error(self, where: str, exc: BaseException) -> None:
+        rec = self.recorder or self._open_step()
+        rec.log_error(f"{where}: {exc!r}")
+        logger.warning("msprobe: error while dumping %s: %r (see dump_error_info.log)", where, exc)
+
+    # ================================================================== L1 APIs
+    def _silenced(self, original: Callable) -> Callable:
+        tls = self._tls
+
+        def silent(*args, **kwargs):
+            tls.depth += 1
+            try:
+                return original(*args, **kwargs)
+            finally:
+                tls.depth -= 1
+
+        silent.__wrapped__ = original  # type: ignore[attr-defined]
+        return silent
+
+    def _on_api_call(self, original: Callable, prefix: str, api: str, args: tuple, kwargs: dict):
+        key = f"{prefix}.{api}"
+        n = self._counters.get(key, 0)
+        self._counters[key] = n + 1
+        name = f"{key}.{n}.forward"
+        tls = self._tls
+        tls.depth += 1
+        try:
+            call = None
+            if self.selection.record(name):
+                try:
+                    parent = self._module_stack[-1] if (self._construct and self._module_stack) else None
+                    call = self._begin(name, f"{key}.{n}.backward", args, kwargs, parent)
+                except Exception as e:  # the tool must never break the user's call
+                    self._error(name, e)
+            out = original(*args, **kwargs)
+            if call is not None:
+                try:
+                    self._end(call, out)
+                except Exception as e:
+                    self._error(name, e)
+            self.selection.call_finished(name)
+            return out
+        finally:
+            tls.depth -= 1
+
+    # ================================================================== shared record logic
+    def _begin(self, name: str, backward: str, args: tuple, kwargs: dict, parent: Optional[str],
+               parameters: Optional[Sequence[tuple[str, torch.Tensor]]] = None) -> _Call:
+        rec = self.recorder or self._open_step()
+        overflow = self.cfg.task == "overflow_check"
+        seq = -1 if overflow else rec.reserve(name)
+        save = self._saves or self.selection.saves_tensor(name)
+        keep_in = self.selection.forward and self.selection.keeps("forward", "input")
+        summarize = self.summarizer.summarize
+        record: dict[str, Any] = {
+            "input_args": summarize(list(args), f"{name}.input", save) if keep_in else [],
+            "input_kwargs": summarize(kwargs, f"{name}.input", save) if keep_in else {},
+        }
+        if parameters is not None:
+            record["parameters"] = {p: summarize(t, f"{name}.parameters.{p}", save) for p, t in parameters} if keep_in else {}
+        call = _Call(name, backward, seq, record, save, parent)
+        if self.selection.backward and torch.is_grad_enabled():
+            tensors = list(iter_tensors((args, kwargs)))
+            self._bwd_sizes.setdefault(backward, [0, 0])[1] = len(tensors)
+            if self.selection.keeps("backward", "output"):
+                self._hook_grads(tensors, call, "output")
+        if not overflow and self.cfg.extra_info:
+            rec.put_stack(name, capture_stack())
+        return call
+
+    def _end(self, call: _Call, out: Any) -> None:
+        rec = self.recorder or self._open_step()
+        outputs = list(out) if isinstance(out, (list, tuple)) else [out]
+        keep_out = self.selection.forward and self.selection.keeps("forward", "output")
+        if self.cfg.task == "overflow_check":
+            if not self._overflowed(outputs):
+                return
+            call.seq = rec.reserve(call.name)
+            if self.cfg.extra_info:
+                rec.put_stack(call.name, capture_stack())
+        call.record["output"] = self.summarizer.summarize(outputs, f"{call.name}.output", call.save) if keep_out else []
+        if self.selection.forward:
+            rec.put(call.name, call.record, call.seq)
+        if self._construct:
+            rec.put_parent(call.name, call.parent)
+        if self.selection.backward and torch.is_grad_enabled():
+            tensors = list(iter_tensors(outputs))
+            self._bwd_sizes.setdefault(call.backward, [0, 0])[0] = len(tensors)
+            if self.selection.keeps("backward", "input"):
+                self._hook_grads(tensors, call, "input")
+        self._sync(record_on_device=_on_device(outputs))
+
+    def _overflowed(self, outputs: list) -> bool:
+        if self.cfg.overflow_nums != -1 and self._overflows >= self.cfg.overflow_nums:
+            return False
+        flags = [has_inf_or_nan(t) for t in iter_tensors(outputs)]
+        if not flags or not bool(torch.stack([f.to("cpu") for f in flags]).any()):
+            return False
+        self._overflows += 1
+        if self.cfg.overflow_nums != -1 and self._overflows >= self.cfg.overflow_nums:
+            logger.warning("msprobe: overflow_nums=%d reached; no further overflow is recorded", self.cfg.overflow_nums)
+        return True
+
+    def _hook_grads(self, tensors: list, call: _Call, field: str) -> None:
+        for i, t in enumerate(tensors):
+            if not t.requires_grad:
+                continue
+            handle = t.register_hook(partial(self._on_grad, call.backward, field, i, call.save,
+                                             call.parent.replace(".forward", ".backward") if call.parent else None))
+            if t.is_leaf:  # hooks on leaves outlive the graph: remove them when the step ends
+                self._step_handles.append(handle)
+
+    def _on_grad(self, backward: str, field: str, index: int, save: bool, parent: Optional[str], grad):
+        rec = self.recorder
+        if rec is None or grad is None:
+            return None
+        tls = self._tls
+        tls.depth += 1
+        try:
+            if self.cfg.task == "overflow_check" and not bool(has_inf_or_nan(grad)):
+                return None
+            summary = self.summarizer.summarize(grad, f"{backward}.{field}.{index}", save)
+            sizes = self._bwd_sizes.get(backward, [0, 0])
+            fresh = backward not in rec.data
+            rec.put_field(backward, [field, index], summary,
+                          lambda: {"input": [None] * sizes[0], "output": [None] * sizes[1]})
+            if fresh and self._construct:
+                rec.put_parent(backward, parent)
+            self._sync(record_on_device=grad.device.type != "cpu")
+        except Exception as e:
+            self._error(backward, e)
+        finally:
+            tls.depth -= 1
+        return None
+
+    # ================================================================== L0 modules
+    def _install_model_hooks(self, model, window: Optional[tuple[int, int]]) -> None:
+        models = list(model) if isinstance(model, (list, tuple)) else [model]
+        if any(m in self._hooked_models for m in models):
+            return
+        indexed = isinstance(model, (list, tuple))
+        if window is not None:
+            self._install_token_window(models[0], window)
+        if not self._uses_l0:
+            self._hooked_models.extend(models)
+            return
+        for idx, root in enumerate(models):
+            prefix = f"{idx}." if indexed else ""
+            for path, module in root.named_modules():
+                if module is root:
+                    continue
+                self.hook_module(module, f"Module.{prefix}{path}.{type(module).__name__}")
+        self._hooked_models.extend(models)
+
+    def hook_module(self, module: torch.nn.Module, base: str, exclusive: bool = False) -> list[Any]:
+        """Record ``module``'s forward, backward and parameter gradients under ``base``; returns the
+        forward hook handles (also removed by stop())."""
+        handles = [
+            module.register_forward_pre_hook(partial(self._module_pre, base, exclusive), with_kwargs=True),
+            module.register_forward_hook(partial(self._module_post, base), with_kwargs=True),
+        ]
+        self._forward_handles.extend(handles)
+        if self.selection.backward:
+            for pname, p in module.named_parameters(recurse=False):
+                if p.requires_grad:
+                    self._step_handles.append(p.register_hook(partial(self._on_param_grad, base, pname)))
+        return handles
+
+    def _module_pre(self, base: str, exclusive: bool, module, args, kwargs):
+        allowed = (self._collecting and self._tls.depth == 0 and _graph_task_id() == -1) if exclusive \
+            else self.should_record()
+        calls = self._module_calls.setdefault(id(module), [])
+        if not allowed:
+            calls.append(_SKIPPED)
+            return None
+        tls = self._tls
+        tls.depth += 1
+        try:
+            n = self._counters.get(base, 0)
+            self._counters[base] = n + 1
+            name = f"{base}.forward.{n}"
+            call = None
+            if self.selection.record(name):
+                parent = self._module_stack[-1] if self._module_stack else None
+                params = list(module.named_parameters(recurse=False))
+                call = self._begin(name, f"{base}.backward.{n}", args, kwargs, parent, params)
+                self._recorded_modules.add(base)
+            calls.append(call)
+            self._module_stack.append(name)
+        except Exception as e:
+            calls.append(_SKIPPED)
+            self._error(base, e)
+        finally:
+            tls.depth -= 1
+        return None
+
+    def _module_post(self, base: str, module, args, kwargs, output):
+        calls = self._module_calls.get(id(module))
+        if not calls:
+            return None
+        call = calls.pop()
+        if call is _SKIPPED:
+            return None
+        tls = self._tls
+        tls.depth += 1
+        try:
+            if self._module_stack:
+                self._module_stack.pop()
+            if call is not None:
+                self._end(call, output)
+                self.selection.call_finished(call.name)
+        except Exception as e:
+            self._error(base, e)
+        finally:
+            tls.depth -= 1
+        return None
+
+    def _on_param_grad(self, base: str, pname: str, grad):
+        rec = self.recorder
+        if rec is None or grad is None or base not in self._recorded_modules:
+            return None
+        tls = self._tls
+        tls.depth += 1
+        try:
+            key = f"{base}#{pname}"
+            k = self._counters.get(key, 0)
+            self._counters[key] = k + 1
+            name = f"{base}.parameters_grad.{k}"
+            if self.cfg.task == "overflow_check" and not bool(has_inf_or_nan(grad)):
+                return None
+            summary = self.summarizer.summarize(grad, f"{name}.{pname}", self._saves or self.selection.saves_tensor(name))
+            rec.put_field(name, [pname, 0], summary, dict)
+            self._sync(record_on_device=grad.device.type != "cpu")
+        except Exception as e:
+            self._error(base, e)
+        finally:
+            tls.depth -= 1
+        return None
+
+    # ================================================================== token range
+    def _install_token_window(self, root: torch.nn.Module, window: tuple[int, int]) -> None:
+        start, end = window
+        counter = {"calls": 0}
+
+        def pre(module, args):
+            idx = counter["calls"]
+            counter["calls"] = idx + 1
+            self._token_ok = start <= idx <= end
+            self._update_recording()
+
+        def post(module, args, output):
+            if counter["calls"] - 1 >= end:
+                self._token_ok = False
+                self._update_recording()
+
+        self._token_ok = False
+        self._update_recording()
+        self._forward_handles.append(root.register_forward_pre_hook(pre))
+        self._forward_handles.append(root.register_forward_hook(post))
+        # The root itself is not dumped, but its own hook decides token windows; keep it first.
+
+    # ================================================================== module_dump / save
+    def module_dump(self, module: torch.nn.Module, name: str) -> None:
+        """Until ``module_dump_end()``, dump only ``module`` itself (named ``Module.{name}.{Class}``)."""
+        if not isinstance(module, torch.nn.Module):
+            raise ConfigError("module", type(module).__name__, "a torch.nn.Module")
+        if not isinstance(name, str) or not name:
+            raise ConfigError("module_name", name, "a non-empty string")
+        if not self._collecting:
+            return
+        self._open_step()
+        self._module_dump_handles = self.hook_module(module, f"Module.{name}.{type(module).__name__}", exclusive=True)
+        self._exclusive = module
+        self._update_recording()
+
+    def module_dump_end(self) -> None:
+        """Back to the normal dump after ``module_dump``."""
+        for h in self._module_dump_handles:
+            h.remove()
+        self._module_dump_handles = []
+        self._exclusive = None
+        self._update_recording()
+
+    def save(self, variable: Any, name: str, save_backward: bool = True) -> None:
+        if not isinstance(name, str) or not name:
+            raise ConfigError("name", name, "a non-empty string")
+        if self.finished:
+            return
+        rank = self._rank()
+        if (rank is not None and rank not in self.cfg.rank) or self.current_step not in self.cfg.step:
+            return
+        rec = self._open_debug()
+        tls = self._tls
+        tls.depth += 1
+        try:
+            n = self._counters.get(f"save#{name}", 0)
+            self._counters[f"save#{name}"] = n + 1
+            key = f"{name}.{n}.debug"
+            summary = self.summarizer.summarize(variable, key, self._saves)
+            rec.put(key, summary, rec.reserve(key))
+            if save_backward and torch.is_grad_enabled():
+                self._hook_saved_grads(variable, f"{name}_grad.{n}.debug", [])
+            self._sync()
+        finally:
+            tls.depth -= 1
+
+    def _hook_saved_grads(self, obj: Any, key: str, path: list) -> None:
+        if isinstance(obj, torch.Tensor):
+            if obj.requires_grad:
+                handle = obj.register_hook(partial(self._on_saved_grad, key, list(path)))
+                if obj.is_leaf:
+                    self._step_handles.append(handle)
+        elif isinstance(obj, (list, tuple)):
+            for i, v in enumerate(obj):
+                self._hook_saved_grads(v, key, path + [i])
+        elif isinstance(obj, dict):
+            for k, v in obj.items():
+                self._hook_saved_grads(v, key, path + [str(k)])
+
+    def _on_saved_grad(self, key: str, path: list, grad):
+        rec = self.debug_recorder
+        if rec is None or grad is None:
+            return None
+        tls = self._tls
+        tls.depth += 1
+        try:
+            file_base = ".".join([key, *map(str, path)])
+            summary = self.summarizer.summarize(grad, file_base, self._saves)
+            if not path:
+                rec.put(key, summary, rec.reserve(key))
+            else:
+                rec.put_field(key, path, summary, dict)
+            self._sync()
+        except Exception as e:
+            self._error(key, e)
+        finally:
+            tls.depth -= 1
+        return None
+
+    # ================================================================== custom APIs
+    def register_custom_api(self, module: Any, api: str, api_prefix: Optional[str] = None) -> None:
+        if not isinstance(api, str) or not hasattr(module, api):
+            raise ConfigError("api", api, f"the name of a callable attribute of {getattr(module, '__name__', module)!r}")
+        original = getattr(module, api)
+        if not callable(original):
+            raise ConfigError("api", api, "a callable attribute")
+        if (id(module), api) in self._custom:
+            return
+        prefix = api_prefix if api_prefix is not None else str(getattr(module, "__name__", type(module).__name__))
+        owned = api in getattr(module, "__dict__", {})
+        self._custom[(id(module), api)] = (module, module.__dict__.get(api, original) if owned else original, owned)
+        setattr(module, api, make_wrapper(original, prefix, api, self._on_api_call, self.should_record))
+
+    def restore_custom_api(self, module: Any, api: str) -> None:
+        entry = self._custom.pop((id(module), api), None)
+        if entry is None:
+            return
+        owner, original, owned = entry
+        if owned:
+            setattr(owner, api, original)
+        else:
+            delattr(owner, api)
+
+
+def _on_device(outputs: list) -> bool:
+    for t in iter_tensors(outputs):
+        return t.device.type != "cpu"
+    return False
+
+
+def _check_model(model: Any) -> None:
+    models = model if isinstance(model, (list, tuple)) else [model]
+    if not models or not all(isinstance(m, torch.nn.Module) for m in models):
+        raise ConfigError("model", type(model).__name__, "a torch.nn.Module, or a list/tuple of them")
