@@ -1,0 +1,284 @@
+"""Writing a comparison: one CSV and one .xlsx per rank pair, compare_summary.json, and terminal text.
+
+Columns: ``Index`` (position in execution order), target/golden name, dtype and shape, then the
+metrics of the mode (tensor: Cosine, RMSE, MaxAbsErr, MaxRelativeErr, One Thousandth Err Ratio,
+One Ten-Thousandth Err Ratio; statistics: Max/Min/Mean/Norm diff and RelDiff; md5 dumps add both
+digests), both sides' Max/Min/Mean/Norm, ``Result`` (pass/warning/error/unmatched), ``Message``, and
+for tensor dumps the data file names. These follow msprobe's compare columns with NPU/Bench renamed
+Target/Golden. In the workbook, error rows are red, warnings yellow and unmatched records grey.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import math
+from pathlib import Path
+from typing import Any, Optional
+
+from msprobe_core.compare.engine import CompareResult, Divergence, PairResult
+from msprobe_core.compare.rows import STAT_DIFFS, TENSOR_METRICS, Row
+from msprobe_core.compare.thresholds import ERROR, PASS, STAT_KEYS, UNMATCHED, WARNING
+
+logger = logging.getLogger("msprobe_core")
+
+FILLS = {ERROR: "FFC7CE", WARNING: "FFEB9C", UNMATCHED: "D9D9D9"}
+STACK_LINES = 6
+
+
+def columns(pair: PairResult, with_stack: bool = False) -> list[str]:
+    """The header of a pair's result table."""
+    cols = ["Index", "Target Name", "Golden Name", "Target Dtype", "Golden Dtype", "Target Shape", "Golden Shape"]
+    if pair.mode == "tensor":
+        cols += list(TENSOR_METRICS)
+    elif pair.mode == "statistics":
+        cols += list(STAT_DIFFS)
+    if _has_md5(pair):
+        cols += ["Target MD5", "Golden MD5"]
+    if pair.mode != "structure":
+        cols += [f"Target {k}" for k in STAT_KEYS] + [f"Golden {k}" for k in STAT_KEYS]
+    cols += ["Result", "Message"]
+    if pair.mode == "tensor":
+        cols += ["Target Data Name", "Golden Data Name"]
+    if with_stack:
+        cols += ["Target Stack"]
+    return cols
+
+
+def _has_md5(pair: PairResult) -> bool:
+    return any((r.target or {}).get("md5") is not None or (r.golden or {}).get("md5") is not None
+               for r in pair.rows[:200])
+
+
+def _side_value(summary: Optional[dict], key: str) -> Any:
+    if not summary:
+        return None
+    if key == "Dtype":
+        return summary.get("dtype", summary.get("type"))
+    if key == "Shape":
+        shape = summary.get("shape")
+        return str(list(shape)) if isinstance(shape, (list, tuple)) else None
+    if key == "Max" and "value" in summary and "dtype" not in summary:
+        value = summary.get("value")
+        return value if isinstance(value, (int, float)) and not isinstance(value, bool) else json.dumps(value)
+    if key in ("MD5", "Data Name"):
+        return summary.get("md5" if key == "MD5" else "data_name")
+    return summary.get(key)
+
+
+def row_values(pair: PairResult, row: Row, cols: list[str]) -> list[Any]:
+    """The cells of ``row`` under the header ``cols``."""
+    out: list[Any] = []
+    for col in cols:
+        if col == "Index":
+            out.append(row.order)
+        elif col == "Target Name":
+            out.append(row.name("target"))
+        elif col == "Golden Name":
+            out.append(row.name("golden"))
+        elif col == "Result":
+            out.append(row.verdict)
+        elif col == "Message":
+            out.append("; ".join(row.messages))
+        elif col == "Target Stack":
+            stack = pair.target.stack.get(row.target_record or "", [])
+            out.append("\n".join(stack))
+        elif col.startswith("Target "):
+            out.append(_side_value(row.target, col[len("Target "):]))
+        elif col.startswith("Golden "):
+            out.append(_side_value(row.golden, col[len("Golden "):]))
+        else:
+            out.append(row.metrics.get(col))
+    return out
+
+
+def _csv_cell(value: Any) -> Any:
+    return "" if value is None else value
+
+
+def write_csv(path: Path, pair: PairResult, cols: list[str]) -> None:
+    """Write a pair's rows as CSV."""
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(cols)
+        for row in pair.rows:
+            writer.writerow([_csv_cell(v) for v in row_values(pair, row, cols)])
+
+
+def _xlsx_cell(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
+
+
+def write_xlsx(path: Path, pair: PairResult, cols: list[str]) -> bool:
+    """Write a pair's rows as an .xlsx with failing rows highlighted; False when openpyxl is missing."""
+    try:
+        from openpyxl import Workbook
+        from openpyxl.cell import WriteOnlyCell
+        from openpyxl.styles import Font, PatternFill
+        from openpyxl.utils import get_column_letter
+    except ImportError:
+        logger.warning("openpyxl is not installed: skipping %s (pip install openpyxl)", path)
+        return False
+    wb = Workbook(write_only=True)
+    ws = wb.create_sheet("compare")
+    ws.freeze_panes = "C2"
+    widths = {"Target Name": 60, "Golden Name": 60, "Message": 50, "Target Stack": 60}
+    for i, col in enumerate(cols, start=1):
+        ws.column_dimensions[get_column_letter(i)].width = widths.get(col, 14)
+    ws.auto_filter.ref = f"A1:{get_column_letter(len(cols))}{len(pair.rows) + 1}"
+    bold = Font(bold=True)
+    header = []
+    for col in cols:
+        cell = WriteOnlyCell(ws, value=col)
+        cell.font = bold
+        header.append(cell)
+    ws.append(header)
+    fills = {verdict: PatternFill("solid", fgColor=color) for verdict, color in FILLS.items()}
+    for row in pair.rows:
+        values = [_xlsx_cell(v) for v in row_values(pair, row, cols)]
+        fill = fills.get(row.verdict)
+        if fill is not None:
+            cells = []
+            for value in values:
+                cell = WriteOnlyCell(ws, value=value)
+                cell.fill = fill
+                cells.append(cell)
+            ws.append(cells)
+        else:
+            ws.append(values)
+    wb.save(path)
+    return True
+
+
+def output_stem(pair: PairResult, single: bool) -> str:
+    """``compare_result`` for a single pair, ``compare_result_step0_rank1`` otherwise."""
+    if single:
+        return "compare_result"
+    parts = [p for p in (pair.target_unit.step, pair.target_unit.rank) if p]
+    return "compare_result_" + "_".join(parts or [pair.target_unit.path.name])
+
+
+def write_outputs(result: CompareResult, output_dir: Path, xlsx: bool = True, with_stack: bool = False) -> list[Path]:
+    """Write every pair's CSV (and .xlsx) plus compare_summary.json into ``output_dir``."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    single = len(result.pairs) == 1
+    for pair in result.pairs:
+        cols = columns(pair, with_stack)
+        stem = output_stem(pair, single)
+        csv_path = output_dir / f"{stem}.csv"
+        write_csv(csv_path, pair, cols)
+        pair.outputs = [csv_path]
+        if xlsx:
+            xlsx_path = output_dir / f"{stem}.xlsx"
+            if write_xlsx(xlsx_path, pair, cols):
+                pair.outputs.append(xlsx_path)
+        written.extend(pair.outputs)
+    summary_path = output_dir / "compare_summary.json"
+    with open(summary_path, "w", encoding="utf-8") as f:
+        json.dump(summary_dict(result), f, indent=1, default=str)
+    written.append(summary_path)
+    return written
+
+
+def _divergence_dict(div: Optional[Divergence]) -> Optional[dict]:
+    if div is None:
+        return None
+    return {"target_record": div.target_record, "golden_record": div.golden_record, "verdict": div.verdict,
+            "parent": div.parent, "inputs_differ": div.inputs_differ,
+            "rows": [{"path": r.path, "messages": r.messages, "metrics": r.metrics} for r in div.rows],
+            "stack": div.stack}
+
+
+def summary_dict(result: CompareResult) -> dict:
+    """compare_summary.json: per pair the counts, the first divergence and the unmatched records."""
+    pairs = []
+    for pair in result.pairs:
+        counts = pair.counts()
+        pairs.append({
+            "label": pair.label, "step": pair.target_unit.step, "rank": pair.target_unit.rank,
+            "target": str(pair.target_unit.path), "golden": str(pair.golden_unit.path), "mode": pair.mode,
+            "notes": pair.notes, "records": len(pair.merged),
+            "rows": {v: counts.get(v, 0) for v in (PASS, WARNING, ERROR, UNMATCHED)},
+            "first_divergence": _divergence_dict(pair.divergence),
+            "first_warning": _divergence_dict(pair.first_warning),
+            "only_in_target": pair.only_target, "only_in_golden": pair.only_golden,
+            "outputs": [str(p) for p in pair.outputs],
+        })
+    th = result.thresholds
+    return {"target": str(result.target), "golden": str(result.golden), "seconds": round(result.seconds, 3),
+            "thresholds": {"cosine": th.cosine, "max_abs": th.max_abs, "stat_rel_error": th.stat_rel_error,
+                           "stat_rel_warning": th.stat_rel_warning},
+            "pairs": pairs}
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)
+
+
+def _divergence_lines(div: Divergence, title: str) -> list[str]:
+    golden = "" if div.golden_record in (None, div.target_record) else f"  (golden: {div.golden_record})"
+    lines = [f"  {title}: {div.target_record}{golden}"]
+    for row in div.rows[:4]:
+        lines.append(f"    {row.path or 'record'}: {'; '.join(row.messages)}")
+    if len(div.rows) > 4:
+        lines.append(f"    ... and {len(div.rows) - 4} more {div.verdict} tensors in this record")
+    if div.inputs_differ:
+        bad = [r.path for r in div.rows if r.path.startswith("input")]
+        lines.append(f"    its inputs already differ ({', '.join(bad[:4])}): they come from outside the dumped calls "
+                     "(a parameter, the data, or an operation the dump does not cover)")
+    lines.append(f"    parent module: {div.parent or 'none recorded (construct.json has no parent for it)'}")
+    if div.stack:
+        note = f", {div.stack_note}" if div.stack_note else ""
+        lines.append(f"    stack (innermost last{note}):")
+        for frame in div.stack[-STACK_LINES:]:
+            for part in str(frame).splitlines():
+                if part.strip():
+                    lines.append(f"      {part.strip()}")
+    return lines
+
+
+def _list_line(title: str, names: list[str], limit: int = 5) -> str:
+    more = f" ... (+{len(names) - limit} more)" if len(names) > limit else ""
+    return f"  {title} ({len(names)}): {', '.join(names[:limit])}{more}"
+
+
+def summary_text(result: CompareResult, quiet: bool = False) -> str:
+    """The terminal summary; the first divergence is named on the last line."""
+    lines: list[str] = []
+    for pair in result.pairs:
+        counts = pair.counts()
+        tally = ", ".join(f"{counts.get(v, 0)} {v}" for v in (PASS, WARNING, ERROR) if counts.get(v, 0) or v == PASS)
+        head = (f"{pair.label}: {len(pair.merged)} records, {len(pair.rows)} rows ({pair.mode}): {tally}")
+        if quiet:
+            div = pair.divergence
+            lines.append(head + (f"; first divergence {div.target_record}" if div else ""))
+            continue
+        lines.append(head)
+        lines.extend(f"  note: {n}" for n in pair.notes)
+        if pair.only_target:
+            lines.append(_list_line("only in target", pair.only_target))
+        if pair.only_golden:
+            lines.append(_list_line("only in golden", pair.only_golden))
+        if pair.divergence:
+            lines.extend(_divergence_lines(pair.divergence, "first divergence"))
+        elif pair.first_warning:
+            lines.extend(_divergence_lines(pair.first_warning, "no error; first warning"))
+        if pair.outputs:
+            lines.append("  results: " + ", ".join(str(p) for p in pair.outputs))
+    if not quiet:
+        lines.append(f"thresholds: {result.thresholds.describe()}")
+    found = result.divergence
+    if found:
+        pair, div = found
+        where = f"{pair.label} " if len(result.pairs) > 1 else ""
+        lines.append(f"First divergence: {where}{div.target_record}"
+                     + (f" (parent {div.parent})" if div.parent else ""))
+    else:
+        lines.append(f"No divergence: every compared tensor is within the thresholds ({result.seconds:.2f} s)")
+    return "\n".join(lines)
