@@ -36,6 +36,8 @@ def align_records(target: Sequence[str], golden: Sequence[str],
         return [(name, name) for name in target]
     tc = target_construct or {}
     gc = golden_construct or {}
+    if not (tc and gc):  # parents on one side only would make every key differ
+        tc = gc = {}
     ids: dict[str, int] = {}
     a = [ids.setdefault(record_key(n, tc), len(ids)) for n in target]
     b = [ids.setdefault(record_key(n, gc), len(ids)) for n in golden]

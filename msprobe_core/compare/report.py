@@ -13,7 +13,6 @@ from __future__ import annotations
 import csv
 import json
 import logging
-import math
 from pathlib import Path
 from typing import Any, Optional
 
@@ -106,51 +105,15 @@ def write_csv(path: Path, pair: PairResult, cols: list[str]) -> None:
             writer.writerow([_csv_cell(v) for v in row_values(pair, row, cols)])
 
 
-def _xlsx_cell(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    return value
+def write_xlsx(path: Path, pair: PairResult, cols: list[str]) -> None:
+    """Write a pair's rows as an .xlsx: errors red, warnings yellow, unmatched records grey."""
+    from msprobe_core.compare.xlsx import write_xlsx as write_sheet
 
-
-def write_xlsx(path: Path, pair: PairResult, cols: list[str]) -> bool:
-    """Write a pair's rows as an .xlsx with failing rows highlighted; False when openpyxl is missing."""
-    try:
-        from openpyxl import Workbook
-        from openpyxl.cell import WriteOnlyCell
-        from openpyxl.styles import Font, PatternFill
-        from openpyxl.utils import get_column_letter
-    except ImportError:
-        logger.warning("openpyxl is not installed: skipping %s (pip install openpyxl)", path)
-        return False
-    wb = Workbook(write_only=True)
-    ws = wb.create_sheet("compare")
-    ws.freeze_panes = "C2"
-    widths = {"Target Name": 60, "Golden Name": 60, "Message": 50, "Target Stack": 60}
-    for i, col in enumerate(cols, start=1):
-        ws.column_dimensions[get_column_letter(i)].width = widths.get(col, 14)
-    ws.auto_filter.ref = f"A1:{get_column_letter(len(cols))}{len(pair.rows) + 1}"
-    bold = Font(bold=True)
-    header = []
-    for col in cols:
-        cell = WriteOnlyCell(ws, value=col)
-        cell.font = bold
-        header.append(cell)
-    ws.append(header)
-    fills = {verdict: PatternFill("solid", fgColor=color) for verdict, color in FILLS.items()}
-    for row in pair.rows:
-        values = [_xlsx_cell(v) for v in row_values(pair, row, cols)]
-        fill = fills.get(row.verdict)
-        if fill is not None:
-            cells = []
-            for value in values:
-                cell = WriteOnlyCell(ws, value=value)
-                cell.fill = fill
-                cells.append(cell)
-            ws.append(cells)
-        else:
-            ws.append(values)
-    wb.save(path)
-    return True
+    order = list(FILLS)
+    write_sheet(path, cols, (row_values(pair, row, cols) for row in pair.rows),
+                row_fills=(order.index(row.verdict) if row.verdict in FILLS else None for row in pair.rows),
+                widths={"Target Name": 60, "Golden Name": 60, "Message": 50, "Target Stack": 60},
+                fills=[FILLS[v] for v in order])
 
 
 def output_stem(pair: PairResult, single: bool) -> str:
@@ -174,8 +137,8 @@ def write_outputs(result: CompareResult, output_dir: Path, xlsx: bool = True, wi
         pair.outputs = [csv_path]
         if xlsx:
             xlsx_path = output_dir / f"{stem}.xlsx"
-            if write_xlsx(xlsx_path, pair, cols):
-                pair.outputs.append(xlsx_path)
+            write_xlsx(xlsx_path, pair, cols)
+            pair.outputs.append(xlsx_path)
         written.extend(pair.outputs)
     summary_path = output_dir / "compare_summary.json"
     with open(summary_path, "w", encoding="utf-8") as f:

@@ -36,6 +36,7 @@ from msprobe_core.log import setup_logging
 logger = setup_logging()
 
 _graph_task_id = torch._C._current_graph_task_id
+_no_grad = torch.no_grad
 _OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _DEFERRED_BATCH = 512  # device statistics resolved (one host copy) every this many records
 
@@ -61,15 +62,28 @@ def current_rank() -> Optional[int]:
     return None
 
 
+_keep_code: dict[Any, bool] = {}
+
+
+def _keeps(code) -> bool:
+    fn = code.co_filename
+    keep = not fn.startswith(_OWN_DIR) and not fn.endswith(("torch/nn/modules/module.py", "torch/utils/hooks.py"))
+    _keep_code[code] = keep
+    return keep
+
+
 def capture_stack() -> list[tuple[str, int, str]]:
     """The caller's Python stack (outermost first), without the tool's and torch.nn's own frames."""
     frames = []
     f = sys._getframe(2)
+    get = _keep_code.get
     while f is not None:
         code = f.f_code
-        fn = code.co_filename
-        if not fn.startswith(_OWN_DIR) and not fn.endswith(("torch/nn/modules/module.py", "torch/utils/hooks.py")):
-            frames.append((fn, f.f_lineno, code.co_name))
+        keep = get(code)
+        if keep is None:
+            keep = _keeps(code)
+        if keep:
+            frames.append((code.co_filename, f.f_lineno, code.co_name))
         f = f.f_back
     frames.reverse()
     return frames
@@ -354,6 +368,11 @@ class DumpService:
     # ================================================================== shared record logic
     def _begin(self, name: str, backward: str, args: tuple, kwargs: dict, parent: Optional[str],
                parameters: Optional[Sequence[tuple[str, torch.Tensor]]] = None) -> _Call:
+        grad_enabled = torch.is_grad_enabled()
+        with _no_grad():
+            return self._begin_inner(name, backward, args, kwargs, parent, parameters, grad_enabled)
+
+    def _begin_inner(self, name, backward, args, kwargs, parent, parameters, grad_enabled) -> _Call:
         rec = self.recorder or self._open_step()
         overflow = self.cfg.task == "overflow_check"
         seq = -1 if overflow else rec.reserve(name)
@@ -367,7 +386,7 @@ class DumpService:
         if parameters is not None:
             record["parameters"] = {p: summarize(t, f"{name}.parameters.{p}", save) for p, t in parameters} if keep_in else {}
         call = _Call(name, backward, seq, record, save, parent)
-        if self.selection.backward and torch.is_grad_enabled():
+        if self.selection.backward and grad_enabled:
             tensors = list(iter_tensors((args, kwargs)))
             self._bwd_sizes.setdefault(backward, [0, 0])[1] = len(tensors)
             if self.selection.keeps("backward", "output"):
@@ -377,6 +396,11 @@ class DumpService:
         return call
 
     def _end(self, call: _Call, out: Any) -> None:
+        grad_enabled = torch.is_grad_enabled()
+        with _no_grad():
+            self._end_inner(call, out, grad_enabled)
+
+    def _end_inner(self, call: _Call, out: Any, grad_enabled: bool) -> None:
         rec = self.recorder or self._open_step()
         outputs = list(out) if isinstance(out, (list, tuple)) else [out]
         keep_out = self.selection.forward and self.selection.keeps("forward", "output")
@@ -391,7 +415,7 @@ class DumpService:
             rec.put(call.name, call.record, call.seq)
         if self._construct:
             rec.put_parent(call.name, call.parent)
-        if self.selection.backward and torch.is_grad_enabled():
+        if self.selection.backward and grad_enabled:
             tensors = list(iter_tensors(outputs))
             self._bwd_sizes.setdefault(call.backward, [0, 0])[0] = len(tensors)
             if self.selection.keeps("backward", "input"):
@@ -427,7 +451,8 @@ class DumpService:
         try:
             if self.cfg.task == "overflow_check" and not bool(has_inf_or_nan(grad)):
                 return None
-            summary = self.summarizer.summarize(grad, f"{backward}.{field}.{index}", save)
+            with _no_grad():
+                summary = self.summarizer.summarize(grad, f"{backward}.{field}.{index}", save)
             sizes = self._bwd_sizes.get(backward, [0, 0])
             fresh = backward not in rec.data
             rec.put_field(backward, [field, index], summary,
@@ -536,7 +561,8 @@ class DumpService:
             name = f"{base}.parameters_grad.{k}"
             if self.cfg.task == "overflow_check" and not bool(has_inf_or_nan(grad)):
                 return None
-            summary = self.summarizer.summarize(grad, f"{name}.{pname}", self._saves or self.selection.saves_tensor(name))
+            with _no_grad():
+                summary = self.summarizer.summarize(grad, f"{name}.{pname}", self._saves or self.selection.saves_tensor(name))
             rec.put_field(name, [pname, 0], summary, dict)
             self._sync(record_on_device=grad.device.type != "cpu")
         except Exception as e:
@@ -604,7 +630,8 @@ class DumpService:
             n = self._counters.get(f"save#{name}", 0)
             self._counters[f"save#{name}"] = n + 1
             key = f"{name}.{n}.debug"
-            summary = self.summarizer.summarize(variable, key, self._saves)
+            with _no_grad():
+                summary = self.summarizer.summarize(variable, key, self._saves)
             rec.put(key, summary, rec.reserve(key))
             if save_backward and torch.is_grad_enabled():
                 self._hook_saved_grads(variable, f"{name}_grad.{n}.debug", [])
@@ -633,7 +660,8 @@ class DumpService:
         tls.depth += 1
         try:
             file_base = ".".join([key, *map(str, path)])
-            summary = self.summarizer.summarize(grad, file_base, self._saves)
+            with _no_grad():
+                summary = self.summarizer.summarize(grad, file_base, self._saves)
             if not path:
                 rec.put(key, summary, rec.reserve(key))
             else:

@@ -19,14 +19,13 @@ from typing import Any, Callable, Optional
 import torch
 
 from msprobe_core.pytorch import tensor_stats
-from msprobe_core.pytorch.tensor_stats import SUMMARY_FIELDS, summary_kind, summary_stats
+from msprobe_core.pytorch.tensor_stats import summary_kind, summary_stats
 
 _clone = torch.Tensor.clone
 _contiguous = torch.Tensor.contiguous
 _view = torch.Tensor.view
 _to = torch.Tensor.to
 _save = torch.save
-_NAN = float("nan")
 
 try:  # ISA-L's CRC-32 is ~6x faster than zlib's; same polynomial, same values.
     from isal.isal_zlib import crc32 as _crc32
@@ -90,7 +89,8 @@ class Summarizer:
 
     # ------------------------------------------------------------------ structures
     def summarize(self, obj: Any, file_base: Optional[str], save: bool) -> Any:
-        """The dump.json structure of ``obj``; ``file_base`` names saved tensors when ``save``."""
+        """The dump.json structure of ``obj``; ``file_base`` names saved tensors when ``save``.
+        Call under ``torch.no_grad()``."""
         if isinstance(obj, torch.Tensor):
             return self.tensor(obj, file_base, save)
         if obj is None:
@@ -118,7 +118,7 @@ class Summarizer:
                 else:
                     stats = entry.stats
                 summary.update(Max=None, Min=None, Mean=None, Norm=None)
-                self._pending.append((summary, stats, kind))
+                self._pending.append((summary, stats, kind, t.numel()))
         else:
             summary.update(Max=None, Min=None, Mean=None, Norm=None)
         summary["requires_grad"] = bool(t.requires_grad)
@@ -173,15 +173,14 @@ class Summarizer:
         """Copy every pending statistic to the host in one stacked transfer and fill the summaries."""
         pending, self._pending = self._pending, []
         if pending:
-            values = _stack_to_host([s for _, s, _ in pending])
-            for (summary, _, kind), row in zip(pending, values):
-                for field_name, v in zip(SUMMARY_FIELDS, row):
-                    if v != v:  # NaN: a real NaN statistic, or "not defined" for bool Mean/Norm
-                        summary[field_name] = None if kind == "bool" and field_name in ("Mean", "Norm") else _NAN
-                    elif kind == "bool" and field_name in ("Max", "Min"):
-                        summary[field_name] = bool(v)
-                    else:
-                        summary[field_name] = v
+            rows = _to_host([stats for _, stats, _, _ in pending])
+            for (summary, _, kind, numel), row in zip(pending, rows):
+                if kind == "bool":
+                    summary["Max"], summary["Min"] = bool(row[0]), bool(row[1])
+                else:
+                    summary["Max"], summary["Min"] = row[0], row[1]
+                    summary["Mean"] = row[2] / numel
+                    summary["Norm"] = row[3]
         crcs, self._pending_crc = self._pending_crc, []
         if crcs:
             if torch.cuda.is_available():
@@ -197,15 +196,20 @@ class _Completed:
         return None
 
 
-def _stack_to_host(stats: list) -> list[list[float]]:
-    by_device: dict[torch.device, list[int]] = {}
-    for i, s in enumerate(stats):
-        by_device.setdefault(s.device, []).append(i)
-    out: list[list[float]] = [[]] * len(stats)
-    for idxs in by_device.values():
-        rows = tensor_stats._stack([stats[i] for i in idxs]).tolist()
-        for i, row in zip(idxs, rows):
-            out[i] = row
+def _to_host(groups: list[tuple]) -> list[list[float]]:
+    """Host values of many tuples of 0-dim statistics: one stack and one copy per (device, dtype)."""
+    by_kind: dict[tuple, list[int]] = {}
+    for i, g in enumerate(groups):
+        by_kind.setdefault((g[0].device, g[0].dtype), []).append(i)
+    out: list[list[float]] = [[]] * len(groups)
+    for idxs in by_kind.values():
+        flat = [v for i in idxs for v in groups[i]]
+        values = tensor_stats._stack(flat).tolist()
+        pos = 0
+        for i in idxs:
+            n = len(groups[i])
+            out[i] = values[pos:pos + n]
+            pos += n
     return out
 
 

@@ -28,7 +28,6 @@ _tensor_detach = torch.Tensor.detach
 _foreach_norm = torch._foreach_norm
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
-SUMMARY_FIELDS = ("Max", "Min", "Mean", "Norm")
 
 
 def summary_kind(t: torch.Tensor) -> str:
@@ -44,27 +43,27 @@ def summary_kind(t: torch.Tensor) -> str:
     return "int"
 
 
-@torch.no_grad()
-def summary_stats(t: torch.Tensor, kind: str) -> torch.Tensor:
-    """[Max, Min, Mean, Norm] of ``t`` as a float64 tensor of 4 on ``t``'s device (no host sync).
+def summary_stats(t: torch.Tensor, kind: str) -> tuple[torch.Tensor, ...]:
+    """(Max, Min, Sum, Norm) of ``t`` as 0-dim tensors on ``t``'s device (no host sync); Mean = Sum / numel.
 
-    float16/bfloat16 are reduced in float32; integers in float64; bools give Max=any, Min=all and NaN
-    for Mean/Norm (the caller writes those as null); complex tensors are summarised by magnitude.
-    Call only for non-empty tensors (``summary_kind(t) != 'empty'``).
+    Float tensors are reduced in their own precision (float16/bfloat16 in float32), integers in float64;
+    bools give (any, all) only; complex tensors are summarised by magnitude. Call under
+    ``torch.no_grad()`` and only for non-empty tensors (``summary_kind(t) != 'empty'``). The caller
+    stacks many of these at once and copies them to the host in one transfer.
     """
-    x = _tensor_detach(t)
+    x = t
     if kind == "bool":
-        nan = torch.full((), float("nan"), dtype=torch.float64, device=x.device)
-        return _stack([_tensor_to(_tensor_any(x), torch.float64), _tensor_to(_tensor_all(x), torch.float64), nan, nan])
+        return _tensor_to(_tensor_any(x), torch.float64), _tensor_to(_tensor_all(x), torch.float64)
     if kind == "complex":
         x = _tensor_abs(x)
+        if x.dtype in _LOW_PRECISION:
+            x = _tensor_to(x, torch.float32)
     elif kind == "int":
         x = _tensor_to(x, torch.float64)
     elif x.dtype in _LOW_PRECISION:
         x = _tensor_to(x, torch.float32)
     mn, mx = _aminmax(x)
-    out = _stack([mx, mn, _tensor_mean(x), _vector_norm(x)])
-    return _tensor_to(out, torch.float64)
+    return mx, mn, _tensor_sum(x), _vector_norm(x)
 
 
 @torch.no_grad()

@@ -1,0 +1,114 @@
+"""Dump overhead on the small GPT (CPU, 2 threads): ratio of each configuration to no tool.
+
+Each configuration runs in a fresh process: build the model, one warm-up step, then ``--steps`` timed
+steps with ``start(model)`` before the forward and ``stop(); step()`` after ``optimizer.step()``. The
+per-step time is the median over ``--repeats`` processes' means. Also measures what importing
+``msprobe_core.pytorch`` adds to ``import torch``.
+
+    python benchmarks/dump_overhead.py [--steps 5] [--repeats 3] [--only L1,mix]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+# name -> (level, task, summary_mode); None = the tool is not imported; "idle" = imported, never started
+CONFIGS = {
+    "none": None,
+    "idle": "idle",
+    "L0": ("L0", "statistics", "statistics"),
+    "L1": ("L1", "statistics", "statistics"),
+    "mix": ("mix", "statistics", "statistics"),
+    "L1 md5": ("L1", "statistics", "md5"),
+    "L1 tensor": ("L1", "tensor", "statistics"),
+}
+TARGETS = {"idle": 1.01, "L0": 1.2, "L1": 1.8, "mix": 2.0, "L1 md5": 2.2, "L1 tensor": 5.0}
+
+CHILD = r"""
+import json, os, sys, time
+sys.path.insert(0, {here!r})
+import torch
+torch.set_num_threads(2)
+import small_gpt
+cfg = {cfg!r}
+model, opt, data = small_gpt.build()
+before = after = None
+if cfg is not None:
+    from msprobe_core.pytorch import PrecisionDebugger
+    if cfg != "idle":
+        level, task, mode = cfg
+        dbg = PrecisionDebugger({{"task": task, "dump_path": {out!r}, "level": level,
+                                  task: {{"summary_mode": mode}}}})
+        before = lambda i: dbg.start(model)
+        after = lambda i: (dbg.stop(), dbg.step())
+small_gpt.train(model, opt, data, 1, before, after)
+losses, seconds = small_gpt.train(model, opt, data, {steps}, before, after)
+print(json.dumps({{"step_s": seconds / {steps}, "losses": losses}}))
+"""
+
+
+def run_config(cfg, steps: int) -> dict:
+    out = tempfile.mkdtemp(prefix="msprobe_bench_")
+    shutil.rmtree(out)
+    code = CHILD.format(here=HERE, cfg=cfg, out=out, steps=steps)
+    env = dict(os.environ, OMP_NUM_THREADS="2", MKL_NUM_THREADS="2", MSPROBE_LOG_LEVEL="WARNING",
+               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    try:
+        res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+        result = json.loads(res.stdout.strip().splitlines()[-1])
+        result["bytes"] = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(out) for f in fs) if os.path.isdir(out) else 0
+        return result
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def import_cost(repeats: int) -> float:
+    def t(stmt: str) -> float:
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            subprocess.run([sys.executable, "-c", stmt], check=True, env=dict(os.environ, PYTHONPATH=ROOT))
+            times.append(time.perf_counter() - t0)
+        return min(times)
+    return t("import torch; import msprobe_core.pytorch") - t("import torch")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--only", default="", help="comma-separated configurations (default: all)")
+    args = ap.parse_args()
+    names = [n for n in CONFIGS if not args.only or n in args.only.split(",") or n == "none"]
+    times: dict[str, list[float]] = {n: [] for n in names}
+    losses: dict[str, list[float]] = {}
+    sizes: dict[str, int] = {}
+    for _ in range(args.repeats):  # interleave configurations so background load hits all of them alike
+        for n in names:
+            r = run_config(CONFIGS[n], args.steps)
+            times[n].append(r["step_s"])
+            losses[n] = r["losses"]
+            sizes[n] = r["bytes"]
+    base = statistics.median(times["none"])
+    print(f"{'config':<10} {'step ms':>8} {'ratio':>6} {'target':>7} {'MB/step':>8}  losses equal")
+    for n in names:
+        med = statistics.median(times[n])
+        target = TARGETS.get(n)
+        print(f"{n:<10} {med * 1e3:8.1f} {med / base:6.2f}x {('<= %.2fx' % target) if target else '':>7} "
+              f"{sizes[n] / 1e6 / (args.steps + 1):8.1f}  {losses[n] == losses['none']}")
+    print(f"import msprobe_core.pytorch adds {import_cost(args.repeats):.3f} s to import torch (target <= 0.3 s)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,96 @@
+"""One step's statistics, kept on the device until the step ends, then copied to the host once.
+
+Hooks and readers call ``record``; statistics are computed right away (so an in-place change made later
+in the step cannot alter them) as small device tensors. ``finalize`` concatenates every block of the
+step per device, copies it to the host in one transfer and returns ``MetricRow``s in call order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from msprobe_core.monitor.records import MetricRow
+from msprobe_core.monitor.stats import StatsEngine
+
+
+@dataclass
+class _Entry:
+    kind: str
+    name: str
+    module: str
+    micro_step: int | None
+    call_id: int
+    numel: int
+    device: torch.device
+    row: int
+
+
+class StepCollector:
+    """Accumulates one step's statistics blocks and names; ``finalize`` copies them to the host once."""
+
+    def __init__(self, engine: StatsEngine):
+        self.engine = engine
+        self._blocks: dict[torch.device, list[torch.Tensor]] = {}
+        self._rows: dict[torch.device, int] = {}
+        self._entries: list[_Entry] = []
+        self._call_id = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def compute(self, tensors: Sequence[torch.Tensor]) -> list[tuple[torch.device, int]]:
+        """Statistics of ``tensors`` (any devices); returns the (device, row) of each, in order."""
+        by_device: dict[torch.device, list[int]] = {}
+        for i, t in enumerate(tensors):
+            by_device.setdefault(t.device, []).append(i)
+        where: list[tuple[torch.device, int]] = [(torch.device("cpu"), 0)] * len(tensors)
+        for device, idx in by_device.items():
+            block = self.engine.compute([tensors[i] for i in idx])
+            base = self.add_block(block)
+            for k, i in enumerate(idx):
+                where[i] = (device, base + k)
+        return where
+
+    def add_block(self, block: torch.Tensor) -> int:
+        """Store an already computed [n, len(ops)] block; returns the row of its first line."""
+        device = block.device
+        base = self._rows.get(device, 0)
+        self._blocks.setdefault(device, []).append(block)
+        self._rows[device] = base + block.shape[0]
+        return base
+
+    def add_entry(self, kind: str, name: str, module: str, micro_step: int | None, numel: int,
+                  where: tuple[torch.device, int]) -> None:
+        """Name a computed row (a row may carry several names: the same tensor seen twice)."""
+        self._entries.append(_Entry(kind, name, module, micro_step, self._call_id, numel, where[0], where[1]))
+        self._call_id += 1
+
+    def record(self, kind: str, named: Sequence[tuple[str, str, torch.Tensor]], micro_step: int | None = None) -> None:
+        """Compute and name statistics of ``(name, module, tensor)`` triples; empty tensors are skipped."""
+        named = [item for item in named if item[2].numel() > 0]
+        if not named:
+            return
+        where = self.compute([t for _, _, t in named])
+        for (name, module, t), w in zip(named, where):
+            self.add_entry(kind, name, module, micro_step, t.numel(), w)
+
+    @torch.no_grad()
+    def finalize(self) -> list[MetricRow]:
+        """All rows of the step, in call order, after one host copy per device; then reset."""
+        host: dict[torch.device, list[list[float]]] = {}
+        for device, blocks in self._blocks.items():
+            stacked = blocks[0] if len(blocks) == 1 else torch.cat(blocks)
+            host[device] = stacked.cpu().tolist()
+        rows = [MetricRow(e.kind, e.name, e.module, e.micro_step, e.call_id, e.numel, host[e.device][e.row])
+                for e in self._entries]
+        self.reset()
+        return rows
+
+    def reset(self) -> None:
+        self._blocks.clear()
+        self._rows.clear()
+        self._entries.clear()
+        self._call_id = 0

@@ -1,0 +1,82 @@
+"""Where gradients, weights and optimizer states live: the pluggable ``StateReader``.
+
+The monitor asks its reader for three mappings ``{parameter name: tensor}`` at each monitored step:
+weights (before the update), gradients (before the update, or earlier when an integration calls
+``TrainerMon.collect_grads()`` before clipping) and optimizer states (after the update), the latter
+as ``{kind: {name: tensor}}`` with kinds ``exp_avg`` and ``exp_avg_sq``.
+
+``TorchStateReader`` (the default) reads ``param.main_grad`` when present and ``params_have_main_grad``
+(Megatron), else ``param.grad``; and ``optimizer.state[param]``: Adam/AdamW ``exp_avg``/``exp_avg_sq``,
+SGD's ``momentum_buffer`` (reported as ``exp_avg``, the first moment).
+
+A sharded reader (DeepSpeed ZeRO, a distributed optimizer) sets ``sharded = True`` and returns this
+rank's *shards*. The monitor then computes per-shard partial sums and combines them over
+``group`` (or the ``dp_group`` given to ``set_monitor``) as scalars, so every rank writes the statistics
+of the full tensors. Every rank of the group must return the same names (an empty tensor where it holds
+no piece); rows are combined in sorted-name order.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, Mapping
+
+import torch
+
+from msprobe_core.monitor.records import EXP_AVG, EXP_AVG_SQ
+
+# optimizer.state key -> monitor kind
+STATE_KINDS: dict[str, str] = {"exp_avg": EXP_AVG, "exp_avg_sq": EXP_AVG_SQ, "momentum_buffer": EXP_AVG}
+
+
+class StateReader(ABC):
+    """Reads gradients, weights and optimizer states of the monitored parameters."""
+
+    sharded: bool = False
+    """True when the tensors returned are per-rank shards to be combined over ``group``."""
+    group: Any = None
+    """The process group over which shard statistics are combined (None: the monitor's dp_group)."""
+
+    @abstractmethod
+    def grads(self, params: Mapping[str, torch.nn.Parameter]) -> dict[str, torch.Tensor]:
+        """``{name: gradient}`` for parameters that have one; parameters without a gradient are left out."""
+
+    @abstractmethod
+    def optimizer_states(self, optimizer: Any, params: Mapping[str, torch.nn.Parameter]) -> dict[str, dict[str, torch.Tensor]]:
+        """``{kind: {name: tensor}}`` with kinds ``exp_avg`` / ``exp_avg_sq``; missing states are left out."""
+
+    def weights(self, params: Mapping[str, torch.nn.Parameter]) -> dict[str, torch.Tensor]:
+        """``{name: weight}``; the default returns the parameters themselves."""
+        return dict(params)
+
+
+class TorchStateReader(StateReader):
+    """Plain PyTorch (and Megatron ``main_grad``) gradients, torch optimizer ``state`` dicts."""
+
+    def __init__(self, params_have_main_grad: bool = True):
+        self.params_have_main_grad = params_have_main_grad
+
+    def grads(self, params: Mapping[str, torch.nn.Parameter]) -> dict[str, torch.Tensor]:
+        out: dict[str, torch.Tensor] = {}
+        for name, p in params.items():
+            g = getattr(p, "main_grad", None) if self.params_have_main_grad else None
+            if g is None:
+                g = p.grad
+            if g is not None:
+                out[name] = g
+        return out
+
+    def optimizer_states(self, optimizer: Any, params: Mapping[str, torch.nn.Parameter]) -> dict[str, dict[str, torch.Tensor]]:
+        state = getattr(optimizer, "state", None)
+        out: dict[str, dict[str, torch.Tensor]] = {}
+        if not state:
+            return out
+        for name, p in params.items():
+            s = state.get(p)
+            if not s:
+                continue
+            for key, kind in STATE_KINDS.items():
+                t = s.get(key)
+                if isinstance(t, torch.Tensor):
+                    out.setdefault(kind, {})[name] = t
+        return out

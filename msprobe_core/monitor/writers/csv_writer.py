@@ -1,0 +1,73 @@
+"""The ``csv`` format: one file per rank and kind, header ``name,step,[micro_step,]<ops...>``.
+
+A file holds ``step_count_per_record`` monitored steps and is named ``{kind}_{first}-{last}.csv`` after
+the steps it covers (``last`` is ``first + (step_count_per_record - 1) * step_interval``). Values are
+written with ``ndigits`` significant digits, so tiny gradients are not rounded to zero. Files are
+flushed after every step.
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from typing import IO, Sequence
+
+from msprobe_core.monitor.records import MetricRow
+from msprobe_core.monitor.writers.base import MetricWriter, WriterContext
+
+
+@dataclass
+class _OpenFile:
+    handle: IO[str]
+    writer: "csv._writer"  # type: ignore[name-defined]
+    steps: int
+    last_step: int | None
+    with_micro: bool
+
+
+class CsvWriter(MetricWriter):
+    """Writes one CSV per kind, rolled over every ``step_count_per_record`` steps."""
+
+    def __init__(self, context: WriterContext):
+        self.context = context
+        self._files: dict[str, _OpenFile] = {}
+        self._fmt = f"{{:.{context.ndigits}g}}"
+
+    def write(self, step: int, rows: Sequence[MetricRow]) -> None:
+        fmt = self._fmt.format
+        for row in rows:
+            f = self._file(row.kind, step, row.micro_step is not None)
+            values = [fmt(v) for v in row.values]
+            if f.with_micro:
+                f.writer.writerow([row.name, step, -1 if row.micro_step is None else row.micro_step, *values])
+            else:
+                f.writer.writerow([row.name, step, *values])
+        self.flush()
+
+    def _file(self, kind: str, step: int, micro: bool) -> _OpenFile:
+        f = self._files.get(kind)
+        if f is not None and f.last_step != step:
+            if f.steps >= self.context.step_count_per_record:
+                f.handle.close()
+                f = None
+            else:
+                f.steps += 1
+                f.last_step = step
+        if f is None:
+            ctx = self.context
+            last = step + (ctx.step_count_per_record - 1) * ctx.step_interval
+            ctx.rank_dir.mkdir(parents=True, exist_ok=True)
+            handle = open(ctx.rank_dir / f"{kind}_{step}-{last}.csv", "w", newline="", encoding="utf-8")
+            writer = csv.writer(handle)
+            writer.writerow(["name", "step", *(["micro_step"] if micro else []), *ctx.ops])
+            f = self._files[kind] = _OpenFile(handle, writer, 1, step, micro)
+        return f
+
+    def flush(self) -> None:
+        for f in self._files.values():
+            f.handle.flush()
+
+    def close(self) -> None:
+        for f in self._files.values():
+            f.handle.close()
+        self._files.clear()
