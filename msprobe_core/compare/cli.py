@@ -19,13 +19,15 @@ Records pair by name; when one run made extra calls, they align on the sequence 
 modules, and what only one side holds is listed.
 
 verdicts (per tensor; a record takes its worst tensor's):
-  tensor dumps:     error   cosine < COSINE and max abs error > MAX_ABS (ptdbg's rule), different
-                            shapes, or NaN/Inf at different positions
-                    warning one of the two conditions, or different dtypes
+  tensor dumps:     error   max abs error > MAX_ABS and (cosine < COSINE (ptdbg's rule) or the L2
+                            norms differ by more than REL_ERROR relatively (a wrong scale));
+                            different shapes; NaN/Inf at different positions
+                    warning some of these conditions, or different dtypes
   statistics dumps: error   Max, Min or Norm differs by more than MAX_ABS and by more than
-                            STAT_REL_ERROR relatively; different shapes; NaN/Inf on one side; md5
+                            REL_ERROR relatively; different shapes; NaN/Inf on one side; md5
                             digests that differ
-                    warning any statistic differs by more than MAX_ABS and STAT_REL_WARNING relatively
+                    warning any statistic differs by more than MAX_ABS and REL_WARNING relatively
+  defaults: COSINE 0.99, MAX_ABS 0.001, REL_ERROR 0.1, REL_WARNING 0.01
 The first error in execution order (drilled down to the innermost failing module or API) is named at
 the end, with its stack and parent module.
 
@@ -51,11 +53,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"cosine similarity below which a tensor may fail (default {d.cosine})")
     parser.add_argument("--max-abs", type=float, default=d.max_abs, metavar="MAX_ABS",
                         help=f"max absolute error above which a tensor may fail (default {d.max_abs})")
-    parser.add_argument("--stat-rel-error", type=float, default=d.stat_rel_error, metavar="STAT_REL_ERROR",
-                        help=f"relative difference of Max/Min/Norm that fails (default {d.stat_rel_error})")
-    parser.add_argument("--stat-rel-warning", type=float, default=d.stat_rel_warning,
-                        metavar="STAT_REL_WARNING",
-                        help=f"relative difference of a statistic that warns (default {d.stat_rel_warning})")
+    parser.add_argument("--rel-error", type=float, default=d.rel_error, metavar="REL_ERROR",
+                        help=f"relative difference of norms (or of Max/Min/Norm) that fails (default {d.rel_error})")
+    parser.add_argument("--rel-warning", type=float, default=d.rel_warning, metavar="REL_WARNING",
+                        help=f"relative difference of a statistic that warns (default {d.rel_warning})")
     parser.add_argument("--stack", action="store_true", help="add each record's stack to the CSV/xlsx")
     parser.add_argument("--no-xlsx", action="store_true", help="write only the CSV")
     parser.add_argument("-q", "--quiet", action="store_true",
@@ -67,8 +68,8 @@ def run(args: argparse.Namespace) -> int:
     from msprobe_core.compare.engine import compare_dumps
     from msprobe_core.compare.report import summary_text, write_outputs
 
-    thresholds = Thresholds(cosine=args.cosine, max_abs=args.max_abs, stat_rel_error=args.stat_rel_error,
-                            stat_rel_warning=args.stat_rel_warning)
+    thresholds = Thresholds(cosine=args.cosine, max_abs=args.max_abs, rel_error=args.rel_error,
+                            rel_warning=args.rel_warning)
     result = compare_dumps(args.target, args.golden, thresholds=thresholds, workers=args.workers,
                            progress=not args.quiet and sys.stderr.isatty())
     write_outputs(result, Path(args.output), xlsx=not args.no_xlsx, with_stack=args.stack)

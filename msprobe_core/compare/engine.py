@@ -14,7 +14,7 @@ from typing import Mapping, Optional, Sequence
 from msprobe_core.compare.align import align_records
 from msprobe_core.compare.dumpdir import DumpUnit, RankDump, load_rank_dump, pair_dumps
 from msprobe_core.compare.records import direction
-from msprobe_core.compare.rows import Row, build_rows, compare_mode
+from msprobe_core.compare.rows import Row, build_rows, compare_mode, record_distance
 from msprobe_core.compare.thresholds import ERROR, PASS, UNMATCHED, WARNING, Thresholds, worst
 
 
@@ -117,7 +117,8 @@ def compare_dumps(target: str | Path, golden: str | Path, thresholds: Thresholds
     for t_unit, g_unit in pair_dumps(Path(target), Path(golden)):
         t_dump, g_dump = load_rank_dump(t_unit.path), load_rank_dump(g_unit.path)
         mode, notes = compare_mode(t_dump, g_dump)
-        merged = align_records(list(t_dump.data), list(g_dump.data), t_dump.construct, g_dump.construct)
+        merged = align_records(list(t_dump.data), list(g_dump.data), t_dump.construct, g_dump.construct,
+                               distance=_distance(t_dump, g_dump))
         rows = build_rows(merged, t_dump, g_dump, mode, thresholds)
         pairs.append(PairResult(t_unit, g_unit, t_dump, g_dump, mode, notes, merged, rows))
     _run_tensor_jobs([row for pair in pairs for row in pair.rows if row.job is not None], thresholds,
@@ -126,6 +127,12 @@ def compare_dumps(target: str | Path, golden: str | Path, thresholds: Thresholds
         pair.divergence = find_divergence(pair, ERROR)
         pair.first_warning = find_divergence(pair, WARNING) if pair.divergence is None else None
     return CompareResult(Path(target), Path(golden), thresholds, pairs, time.perf_counter() - start)
+
+
+def _distance(target: RankDump, golden: RankDump):
+    def distance(t_name: str, g_name: str) -> float:
+        return record_distance(target.data[t_name], golden.data[g_name])
+    return distance
 
 
 def _run_tensor_jobs(rows: Sequence[Row], thresholds: Thresholds, workers: Optional[int], progress: bool) -> None:
@@ -144,7 +151,7 @@ def _run_tensor_jobs(rows: Sequence[Row], thresholds: Thresholds, workers: Optio
         if res.note:
             row.messages.append(res.note)
         if res.max_abs is not None:
-            row.judge(*thresholds.tensor_verdict(res.cosine, res.max_abs))
+            row.judge(*thresholds.tensor_verdict(res.cosine, res.max_abs, res.norm_rel))
 
 
 def is_descendant(name: str, ancestor: str, construct: Mapping[str, Optional[str]]) -> bool:

@@ -173,8 +173,8 @@ def summary_dict(result: CompareResult) -> dict:
         })
     th = result.thresholds
     return {"target": str(result.target), "golden": str(result.golden), "seconds": round(result.seconds, 3),
-            "thresholds": {"cosine": th.cosine, "max_abs": th.max_abs, "stat_rel_error": th.stat_rel_error,
-                           "stat_rel_warning": th.stat_rel_warning},
+            "thresholds": {"cosine": th.cosine, "max_abs": th.max_abs, "rel_error": th.rel_error,
+                           "rel_warning": th.rel_warning},
             "pairs": pairs}
 
 

@@ -118,6 +118,34 @@ def build_rows(merged: Sequence[tuple[Optional[str], Optional[str]]], target: Ra
     return rows
 
 
+def record_distance(target_record: Any, golden_record: Any) -> float:
+    """How unlike two records are from their summaries (0 = alike; about 1 per differing tensor).
+
+    Used to decide which of several identical neighbouring calls is the extra one.
+    """
+    t_leaves = {leaf.path: leaf.summary for leaf in flatten_record(target_record)}
+    g_leaves = {leaf.path: leaf.summary for leaf in flatten_record(golden_record)}
+    cost = 0.0
+    for path in t_leaves.keys() | g_leaves.keys():
+        t, g = t_leaves.get(path), g_leaves.get(path)
+        if t is None or g is None or t.get("shape") != g.get("shape") or t.get("type") != g.get("type"):
+            cost += 1.0
+        elif not _is_tensor(t):
+            cost += 0.0 if t.get("value") == g.get("value") else 1.0
+        elif t.get("md5") is not None and t.get("md5") == g.get("md5"):
+            continue
+        else:
+            for key in STAT_KEYS:
+                tv, gv = number(t.get(key)), number(g.get(key))
+                if tv is None or gv is None or tv == gv:
+                    continue
+                if math.isfinite(tv) and math.isfinite(gv):
+                    cost += abs(tv - gv) / (abs(tv) + abs(gv)) / len(STAT_KEYS)
+                elif not (math.isnan(tv) and math.isnan(gv)):
+                    cost += 1.0 / len(STAT_KEYS)
+    return cost
+
+
 def number(value: Any) -> Optional[float]:
     """A statistic from dump.json as a float (NaN/Infinity included); None when absent or not numeric."""
     if value is None or isinstance(value, (dict, list)):

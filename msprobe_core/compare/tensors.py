@@ -5,6 +5,7 @@ For two tensors of the same shape (after float16/bfloat16 -> float32, ints -> fl
 * Cosine: cosine similarity (1.0 when both are all zeros; undefined when only one is);
 * RMSE: root mean square of the difference;
 * MaxAbsErr: max ``|t - g|``;
+* norm_rel (for the verdict): ``| ||t|| - ||g|| | / ||g||``;
 * MaxRelativeErr: max ``|t - g| / |g|`` (a zero golden element gives inf unless both are 0);
 * One Thousandth / One Ten-Thousandth Err Ratio: the share of elements whose relative error is at most
   1e-3 / 1e-4.
@@ -42,11 +43,12 @@ class TensorResult:
     max_rel: Optional[float] = None
     ratio_1e3: Optional[float] = None
     ratio_1e4: Optional[float] = None
+    norm_rel: Optional[float] = None
     problem: str = ""
     note: str = ""
 
 
-IDENTICAL = TensorResult(1.0, 0.0, 0.0, 0.0, 1.0, 1.0)
+IDENTICAL = TensorResult(1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0)
 
 
 class _Scratch:
@@ -130,7 +132,8 @@ def _metrics(a: np.ndarray, b: np.ndarray, na2: float, nb2: float, problem: str)
     mask = _SCRATCH.get(2, n, np.bool_)
     within_3 = int(np.count_nonzero(np.less_equal(rel, 1e-3, out=mask))) / n
     within_4 = int(np.count_nonzero(np.less_equal(rel, 1e-4, out=mask))) / n
-    return TensorResult(cosine, math.sqrt(nd2 / n), max_abs, max_rel, within_3, within_4, problem)
+    norm_rel = abs(na - nb) / nb if nb else (0.0 if na == 0 else math.inf)
+    return TensorResult(cosine, math.sqrt(nd2 / n), max_abs, max_rel, within_3, within_4, norm_rel, problem)
 
 
 def compare_files(target_file: str, golden_file: str) -> TensorResult:
