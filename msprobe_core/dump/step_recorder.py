@@ -275,6 +275,22 @@ def replay_journal(lines: Iterable[str]) -> tuple[dict[str, Any], str, dict, dic
     return header, json_name, ordered, stack, construct
 
 
+def _drop_missing_files(obj: Any, tensor_dir: Path) -> int:
+    """Tensor files still in the writer queue when the process died: drop their ``data_name``."""
+    lost = 0
+    if isinstance(obj, dict):
+        name = obj.get("data_name")
+        if isinstance(name, str) and not (tensor_dir / name).exists():
+            del obj["data_name"]
+            lost += 1
+        for v in obj.values():
+            lost += _drop_missing_files(v, tensor_dir)
+    elif isinstance(obj, list):
+        for v in obj:
+            lost += _drop_missing_files(v, tensor_dir)
+    return lost
+
+
 def recover_journal(journal: Path) -> bool:
     """Rebuild the JSON files of a rank folder from one of its journals. Returns False when it is gone."""
     rank_dir = journal.parent
@@ -282,9 +298,14 @@ def recover_journal(journal: Path) -> bool:
         return False
     with open(journal, encoding="utf-8", errors="replace") as f:
         header, json_name, data, stack, construct = replay_journal(f)
+    for leftover in [*rank_dir.glob(".*.tmp"), *(rank_dir / TENSOR_DIR_NAME).glob("*.tmp")]:
+        leftover.unlink()  # files the process was writing when it died
+    lost = _drop_missing_files(data, rank_dir / TENSOR_DIR_NAME)
     doc = dict(header)
     doc["data"] = data
     doc["recovered"] = True
+    if lost:
+        doc["lost_tensor_files"] = lost
     write_json_atomic(rank_dir / json_name, doc)
     if json_name == "dump.json":
         write_json_atomic(rank_dir / "stack.json", {k: [format_frame(tuple(f)) for f in v] for k, v in stack.items()})

@@ -8,11 +8,15 @@ Why it does not cry wolf (msprobe raised over a thousand alerts on a healthy 5-s
 * **Warm-up.** A series (kind, name, metric) is only judged after it was seen on ``warmup`` steps
   (default 5).
 * **Missing is not NaN.** Tensors without a gradient produce no row at all, so nothing to flag.
-* **A jump, not a trend.** The running average is an exponential average of |value| (``beta``, default
-  0.7). A value is turbulent when |value| > (1 + threshold) x average *and* it exceeds the average by
-  more than ``JITTER_FACTOR`` times the series' typical step-to-step change. Smooth growth such as
-  Adam's second moment filling up from zero, or a norm that grows a few percent a step, never alerts;
-  a x50 spike does.
+* **A jump, not a trend.** The running average is a geometric one: an exponential average of
+  log|value| (``beta``, default 0.6). A value is turbulent when |value| > (1 + threshold) x that
+  average *and* its log exceeds the average by more than ``JITTER_FACTOR`` times the series' typical
+  step-to-step change of log|value|. Steady growth (a norm growing some percent every step) and noise
+  around zero (the mean of a zero-centred gradient) never alert; a x50 spike does. Zeros are skipped.
+* **Gradients, not their averages.** By default the rule judges ``actv``, ``actv_grad``, ``grad`` and
+  ``param`` (rule argument ``kinds``). Adam's moments are exponential averages of the gradients, so
+  a spike shows at the gradient first, and in the first ~1/(1 - beta2) steps the raw moments grow by
+  construction (they carry no bias correction). NaN/Inf is checked on every kind.
 * **Means must matter.** A mean is judged only when it is a material part of the tensor's magnitude
   (|mean| >= ``MEAN_MATERIAL`` x RMS, with RMS = norm / sqrt(numel), when ``norm`` is collected):
   the mean of a zero-centred gradient is sign noise, not a signal.
@@ -187,25 +191,28 @@ class AnomalyDetector:
         turb = self.alert.turbulence
         assert turb is not None
         value = row.values[col]
-        if not math.isfinite(value):
+        v = abs(value)
+        if not (0.0 < v < math.inf) or row.kind not in turb.kinds:
             return None
+        x = math.log(v)
         key = (row.kind, row.name, metric)
         s = self._series.get(key)
         if s is None:
             s = self._series[key] = _Series()
-        v = abs(value)
         found = None
-        if (s.steps >= turb.warmup and v > (1.0 + turb.threshold) * s.level
-                and v - s.level > JITTER_FACTOR * s.jitter and self._material(row, metric, v)):
-            found = self._make(rank, step, row, metric, value, s.level, TURBULENCE_RULE)
-        # update the running statistics (after judging, so a spike is compared with the past)
+        if s.steps >= turb.warmup:
+            baseline = math.exp(s.level)
+            if (v > (1.0 + turb.threshold) * baseline and x - s.level > JITTER_FACTOR * s.jitter
+                    and self._material(row, metric, v)):
+                found = self._make(rank, step, row, metric, value, baseline, TURBULENCE_RULE)
+        # update the running statistics after judging, so a spike is compared with the past only
         if s.count == 0:
-            s.level = v
+            s.level = x
         else:
             s.diffs += 1
-            s.jitter += (abs(v - s.prev) - s.jitter) / min(s.diffs, _JITTER_WINDOW)
-            s.level = turb.beta * s.level + (1.0 - turb.beta) * v
-        s.prev = v
+            s.jitter += (abs(x - s.prev) - s.jitter) / min(s.diffs, _JITTER_WINDOW)
+            s.level = turb.beta * s.level + (1.0 - turb.beta) * x
+        s.prev = x
         s.count += 1
         if s.last_step != step:
             s.steps += 1

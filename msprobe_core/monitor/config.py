@@ -25,6 +25,7 @@ DEFAULT_OPS = ("min", "max", "norm", "mean", "nans")
 FORMATS = ("csv", "tensorboard", "api")
 RULE_NAMES = ("AnomalyTurbulence", "AnomalyNan")
 TURBULENCE_METRICS = ("norm", "mean")
+TURBULENCE_KINDS = ("actv", "actv_grad", "grad", "param")
 IO_KEYS = ("input", "output", "input_grad", "output_grad")
 DEFAULT_COLLECT_TIMES = 100_000_000
 MAX_NDIGITS = 20
@@ -74,7 +75,8 @@ class TurbulenceRuleConfig:
     threshold: float
     warmup: int = 5
     metrics: tuple[str, ...] = TURBULENCE_METRICS
-    beta: float = 0.7
+    beta: float = 0.6
+    kinds: tuple[str, ...] = TURBULENCE_KINDS
 
 
 @dataclass(frozen=True)
@@ -340,7 +342,7 @@ def _alert(value: Any, source: str | None) -> AlertConfig:
 
 
 def _turbulence(args: Mapping[str, Any], where: str, source: str | None) -> TurbulenceRuleConfig:
-    known = ("threshold", "warmup", "metrics", "beta")
+    known = ("threshold", "warmup", "metrics", "beta", "kinds")
     for key in args:
         if key not in known:
             raise UnknownKeyError(f"{where}.args.{key}", [f"{where}.args.{k}" for k in known], source)
@@ -355,10 +357,17 @@ def _turbulence(args: Mapping[str, Any], where: str, source: str | None) -> Turb
         metrics = [metrics]
     if not isinstance(metrics, (list, tuple)) or not metrics or any(m not in TURBULENCE_METRICS for m in metrics):
         raise ConfigError(f"{where}.args.metrics", metrics, "a non-empty list of norm, mean", source)
-    beta = args.get("beta", 0.7)
+    beta = args.get("beta", 0.6)
     if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not (0 <= beta < 1):
         raise ConfigError(f"{where}.args.beta", beta, "a number >= 0 and < 1 (running-average decay)", source)
-    return TurbulenceRuleConfig(threshold=threshold, warmup=warmup, metrics=tuple(dict.fromkeys(metrics)), beta=float(beta))
+    kinds = args.get("kinds", list(TURBULENCE_KINDS))
+    if isinstance(kinds, str):
+        kinds = [kinds]
+    if not isinstance(kinds, (list, tuple)) or not kinds or not all(isinstance(k, str) and k for k in kinds):
+        raise ConfigError(f"{where}.args.kinds", kinds,
+                          "a non-empty list of kinds (actv, actv_grad, grad, param, exp_avg, exp_avg_sq)", source)
+    return TurbulenceRuleConfig(threshold=threshold, warmup=warmup, metrics=tuple(dict.fromkeys(metrics)),
+                                beta=float(beta), kinds=tuple(dict.fromkeys(kinds)))
 
 
 def _nan_rule(args: Mapping[str, Any], where: str, source: str | None) -> NanRuleConfig:

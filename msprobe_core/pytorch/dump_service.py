@@ -204,7 +204,7 @@ class DumpService:
         last = self.cfg.step.last()
         if last is not None and self.current_step > last and not self.finished:
             self.finished = True
-            logger.info("msprobe: the last configured step (%d) is dumped; msprobe ends successfully", last)
+            logger.info("the last configured step (%d) is dumped; msprobe ends successfully", last)
 
     def set_init_step(self, step: int) -> None:
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
@@ -233,7 +233,7 @@ class DumpService:
                 finally:
                     self._tls.depth -= 1
                 rec.finish()
-                logger.info("msprobe: %s is at %s", rec.json_name, rec.rank_dir)
+                logger.info("%s is at %s", rec.json_name, rec.rank_dir)
         self.recorder = None
         self.debug_recorder = None
         self._counters.clear()
@@ -323,7 +323,7 @@ class DumpService:
     def _error(self, where: str, exc: BaseException) -> None:
         rec = self.recorder or self._open_step()
         rec.log_error(f"{where}: {exc!r}")
-        logger.warning("msprobe: error while dumping %s: %r (see dump_error_info.log)", where, exc)
+        logger.warning("error while dumping %s: %r (see dump_error_info.log)", where, exc)
 
     # ================================================================== L1 APIs
     def _silenced(self, original: Callable) -> Callable:
@@ -430,7 +430,7 @@ class DumpService:
             return False
         self._overflows += 1
         if self.cfg.overflow_nums != -1 and self._overflows >= self.cfg.overflow_nums:
-            logger.warning("msprobe: overflow_nums=%d reached; no further overflow is recorded", self.cfg.overflow_nums)
+            logger.warning("overflow_nums=%d reached; no further overflow is recorded", self.cfg.overflow_nums)
         return True
 
     def _hook_grads(self, tensors: list, call: _Call, field: str) -> None:
