@@ -159,18 +159,22 @@ def default_workers() -> int:
     return max(1, min(8, cpus))
 
 
-def file_sizes(pairs: Iterable[tuple[str, str]]) -> list[int]:
-    """Bytes of each (target, golden) file pair; ``DumpInputError`` naming the first missing file."""
-    sizes = []
+def file_stats(pairs: Iterable[tuple[str, str]]) -> list[tuple[int, tuple]]:
+    """Per (target, golden) file pair: total bytes and an identity key (the two files' inodes);
+    ``DumpInputError`` naming the first missing file."""
+    out = []
     for t, g in pairs:
         total = 0
+        key = []
         for path in (t, g):
             try:
-                total += os.stat(path).st_size
+                st = os.stat(path)
             except FileNotFoundError:
                 raise DumpInputError(f"{path}: missing tensor file (dump.json names it as a data_name)") from None
-        sizes.append(total)
-    return sizes
+            total += st.st_size
+            key.append((st.st_dev, st.st_ino) if st.st_ino else path)
+        out.append((total, tuple(key)))
+    return out
 
 
 def _batches(indexed: list[tuple[int, str, str]], sizes: list[int], parts: int) -> list[list[tuple[int, str, str]]]:
@@ -193,19 +197,28 @@ def run_jobs(pairs: Sequence[tuple[str, str]], workers: Optional[int] = None, pr
     Every file is checked to exist first. Large sets run in ``workers`` processes (default: the usable
     CPUs, at most 8); ``progress`` shows a tqdm bar on stderr when tqdm is installed.
     """
-    sizes = file_sizes(pairs)
+    stats = file_stats(pairs)
     workers = default_workers() if workers is None else max(1, workers)
-    indexed = [(i, t, g) for i, (t, g) in enumerate(pairs)]
+    # The dumper hard-links a tensor saved twice (an output that is the next call's input): compare
+    # each distinct pair of files once.
+    first_of: dict[tuple, int] = {}
+    unique: list[tuple[int, str, str]] = []
+    sizes: list[int] = []
+    for i, ((t, g), (size, key)) in enumerate(zip(pairs, stats)):
+        if key not in first_of:
+            first_of[key] = i
+            unique.append((i, t, g))
+            sizes.append(size)
     results: list[Optional[TensorResult]] = [None] * len(pairs)
-    bar = _progress_bar(len(pairs), progress)
+    bar = _progress_bar(len(unique), progress)
     try:
-        if workers == 1 or sum(sizes) < parallel_min_bytes or len(pairs) < 2 * workers:
-            for index, t, g in indexed:
+        if workers == 1 or sum(sizes) < parallel_min_bytes or len(unique) < 2 * workers:
+            for index, t, g in unique:
                 results[index] = compare_files(t, g)
                 bar.update(1)
         else:
             context = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
-            batches = _batches(indexed, sizes, workers * 8)
+            batches = _batches(unique, sizes, workers * 8)
             with ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker) as pool:
                 futures = [pool.submit(_run_batch, batch) for batch in batches]
                 for future in as_completed(futures):
@@ -215,6 +228,9 @@ def run_jobs(pairs: Sequence[tuple[str, str]], workers: Optional[int] = None, pr
                     bar.update(len(done))
     finally:
         bar.close()
+    for i, (_, key) in enumerate(stats):
+        if results[i] is None:
+            results[i] = results[first_of[key]]
     return results  # type: ignore[return-value]
 
 
