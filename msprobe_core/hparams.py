@@ -156,6 +156,8 @@ def capture(source: str, sections: Mapping[str, Any], optimizer: Any = None, sch
         if isinstance(betas, list) and len(betas) == 2:
             group.setdefault("adam_beta1", betas[0])
             group.setdefault("adam_beta2", betas[1])
+        if "eps" in group:
+            group.setdefault("adam_epsilon", group["eps"])
         group.setdefault("optimizer", opt["class"].rsplit(".", 1)[-1])
         lookup["optimizer"] = group
     values, origin = normalize(lookup)
