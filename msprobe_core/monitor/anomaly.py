@@ -147,6 +147,8 @@ class AnomalyDetector:
             return []
         found: list[Anomaly] = []
         for row in rows:
+            if row.alias:
+                continue
             is_bad, anomaly = self._check_nan(rank, step, row)
             if is_bad:
                 if anomaly is not None:

@@ -26,6 +26,7 @@ class _Entry:
     numel: int
     device: torch.device
     row: int
+    alias: bool
 
 
 class StepCollector:
@@ -36,6 +37,7 @@ class StepCollector:
         self._blocks: dict[torch.device, list[torch.Tensor]] = {}
         self._rows: dict[torch.device, int] = {}
         self._entries: list[_Entry] = []
+        self._named: set[tuple[str, torch.device, int]] = set()
         self._call_id = 0
 
     def __len__(self) -> int:
@@ -65,7 +67,10 @@ class StepCollector:
     def add_entry(self, kind: str, name: str, module: str, micro_step: int | None, numel: int,
                   where: tuple[torch.device, int]) -> None:
         """Name a computed row (a row may carry several names: the same tensor seen twice)."""
-        self._entries.append(_Entry(kind, name, module, micro_step, self._call_id, numel, where[0], where[1]))
+        key = (kind, where[0], where[1])
+        alias = key in self._named
+        self._named.add(key)
+        self._entries.append(_Entry(kind, name, module, micro_step, self._call_id, numel, where[0], where[1], alias))
         self._call_id += 1
 
     def record(self, kind: str, named: Sequence[tuple[str, str, torch.Tensor]], micro_step: int | None = None) -> None:
@@ -84,7 +89,7 @@ class StepCollector:
         for device, blocks in self._blocks.items():
             stacked = blocks[0] if len(blocks) == 1 else torch.cat(blocks)
             host[device] = stacked.cpu().tolist()
-        rows = [MetricRow(e.kind, e.name, e.module, e.micro_step, e.call_id, e.numel, host[e.device][e.row])
+        rows = [MetricRow(e.kind, e.name, e.module, e.micro_step, e.call_id, e.numel, host[e.device][e.row], e.alias)
                 for e in self._entries]
         self.reset()
         return rows
@@ -93,4 +98,5 @@ class StepCollector:
         self._blocks.clear()
         self._rows.clear()
         self._entries.clear()
+        self._named.clear()
         self._call_id = 0

@@ -48,6 +48,8 @@ class MetricRow:
     call_id: int
     numel: int
     values: Sequence[float]
+    alias: bool = False
+    """The same tensor as an earlier row of this kind (ln.output is linear.input): written, not judged."""
 
     @property
     def stage(self) -> str:

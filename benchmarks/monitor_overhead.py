@@ -1,0 +1,120 @@
+"""Overhead of the training monitor on the small-GPT workload (CPU), as a ratio to no monitor.
+
+Each configuration runs in a fresh process (``--worker``), the same workload with and without the
+tool: ``benchmarks.small_gpt`` (4 layers, hidden 256, 4 heads, seq 128, batch 8, AdamW). Step times are
+taken after ``--warmup`` steps; the reported time of a configuration is the median step time over
+all its runs, and runs of the configurations are interleaved (``--rounds``) so a busy machine slows
+them all alike. Each worker also checks that the losses match the unmonitored run bit for bit.
+
+Configurations (all with ops min, max, norm, mean, zeros, nans and format csv, as msprobe's example):
+
+    everything   xy (forward + backward, all modules) + weight grads + moments + weights
+    activations  xy only
+    grads+moments  weight grads + Adam moments
+    grads        weight grads only
+
+Usage: ``python benchmarks/monitor_overhead.py [--steps 8] [--rounds 2] [--format csv]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+OPS = ["min", "max", "norm", "mean", "zeros", "nans"]
+CONFIGS: dict[str, dict | None] = {
+    "none": None,
+    "everything": {"xy_distribution": True, "wg_distribution": True, "mv_distribution": True, "param_distribution": True},
+    "activations": {"xy_distribution": True},
+    "grads+moments": {"wg_distribution": True, "mv_distribution": True},
+    "grads": {"wg_distribution": True},
+}
+TARGETS = {"everything": 1.5, "activations": 1.4, "grads+moments": 1.1, "grads": 1.05}
+
+
+def worker(name: str, steps: int, warmup: int, fmt: str, out_dir: str) -> dict:
+    """Train ``warmup + steps`` steps with configuration ``name``; step times and losses."""
+    import torch
+
+    from benchmarks.small_gpt import build, train
+
+    model, opt, data = build()
+    mon = None
+    if CONFIGS[name] is not None:
+        from msprobe_core.pytorch.monitor import TrainerMon
+
+        cfg = dict(CONFIGS[name], ops=OPS, format=fmt,
+                   alert={"rules": [{"rule_name": "AnomalyTurbulence", "args": {"threshold": 0.5}}]})
+        path = Path(out_dir) / f"{name}.json"
+        path.write_text(json.dumps(cfg))
+        mon = TrainerMon(str(path), output_dir=str(Path(out_dir) / name))
+        mon.set_monitor(model, 1, opt)
+    stamps: list[float] = []
+    losses, _ = train(model, opt, data, steps=warmup + steps, before_step=lambda i: stamps.append(time.perf_counter()))
+    stamps.append(time.perf_counter())
+    if mon is not None:
+        mon.close()
+    times = [b - a for a, b in zip(stamps[warmup:], stamps[warmup + 1:])]
+    return {"name": name, "times": times, "losses": losses, "threads": torch.get_num_threads(),
+            "anomalies": len(mon.anomalies) if mon is not None else 0}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=8, help="measured steps per run")
+    p.add_argument("--warmup", type=int, default=2, help="unmeasured steps first")
+    p.add_argument("--rounds", type=int, default=2, help="runs of every configuration (interleaved)")
+    p.add_argument("--format", default="csv", help="monitor output format (csv, tensorboard, api)")
+    p.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated subset of " + ", ".join(CONFIGS))
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    p.add_argument("--out", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+
+    if args.worker:
+        print(json.dumps(worker(args.worker, args.steps, args.warmup, args.format, args.out)))
+        return 0
+
+    names = [n for n in args.configs.split(",") if n]
+    if "none" not in names:
+        names.insert(0, "none")
+    times: dict[str, list[float]] = {n: [] for n in names}
+    losses: dict[str, list[float]] = {}
+    anomalies: dict[str, int] = {}
+    with tempfile.TemporaryDirectory(prefix="monitor_bench_") as tmp:
+        for _ in range(args.rounds):
+            for name in names:
+                cmd = [sys.executable, __file__, "--worker", name, "--steps", str(args.steps),
+                       "--warmup", str(args.warmup), "--format", args.format, "--out", tmp]
+                res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                if res.returncode != 0:
+                    print(res.stderr, file=sys.stderr)
+                    return 1
+                r = json.loads(res.stdout.strip().splitlines()[-1])
+                times[name].extend(r["times"])
+                losses.setdefault(name, r["losses"])
+                anomalies[name] = anomalies.get(name, 0) + r["anomalies"]
+    base = statistics.median(times["none"])
+    print(f"small GPT, CPU ({os.cpu_count()} cores), {args.steps} steps x {args.rounds} runs, "
+          f"ops {','.join(OPS)}, format {args.format}")
+    print(f"{'configuration':15s} {'median step':>12s} {'ratio':>7s} {'target':>7s}  losses identical  alerts")
+    for name in names:
+        med = statistics.median(times[name])
+        same = losses[name] == losses["none"]
+        target = f"<={TARGETS[name]}x" if name in TARGETS else ""
+        print(f"{name:15s} {med * 1e3:10.1f}ms {med / base:6.2f}x {target:>7s}  {str(same):16s}  {anomalies.get(name, 0)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
