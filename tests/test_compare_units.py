@@ -48,6 +48,13 @@ def test_flatten_backward_and_param_grad():
     assert [l.path for l in flatten_record({"weight": [t], "bias": [t]})] == ["weight", "bias"]
 
 
+def test_flatten_debug_records():
+    t = {"type": "torch.Tensor", "dtype": "torch.float32", "shape": [2]}
+    assert [(l.path, l.is_tensor) for l in flatten_record(t)] == [("", True)]
+    assert [l.path for l in flatten_record({"a": t, "b": [t, {"type": "int", "value": 1}]})] == ["a", "b.0", "b.1"]
+    assert [l.path for l in flatten_record([t, t])] == ["0", "1"]
+
+
 def test_align_same_names_pairs_by_name():
     names = ["Functional.a.0.forward", "Functional.b.0.forward"]
     assert align_records(names, list(reversed(names))) == [(n, n) for n in names]

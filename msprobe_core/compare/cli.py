@@ -65,13 +65,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the comparison; 0 when the runs agree, 1 when they diverge."""
-    from msprobe_core.compare.engine import compare_dumps
-    from msprobe_core.compare.report import summary_text, write_outputs
+    from msprobe_core.compare.engine import PairResult, compare_dumps
+    from msprobe_core.compare.report import summary_text, write_pair_outputs, write_summary
 
     thresholds = Thresholds(cosine=args.cosine, max_abs=args.max_abs, rel_error=args.rel_error,
                             rel_warning=args.rel_warning)
+    output = Path(args.output)
+
+    def write(pair: PairResult, total: int) -> None:
+        write_pair_outputs(pair, output, single=total == 1, xlsx=not args.no_xlsx, with_stack=args.stack)
+
     result = compare_dumps(args.target, args.golden, thresholds=thresholds, workers=args.workers,
-                           progress=not args.quiet and sys.stderr.isatty())
-    write_outputs(result, Path(args.output), xlsx=not args.no_xlsx, with_stack=args.stack)
+                           progress=not args.quiet and sys.stderr.isatty(), on_pair=write, keep_rows=False)
+    write_summary(result, output)
     print(summary_text(result, quiet=args.quiet))
     return 1 if result.has_errors else 0

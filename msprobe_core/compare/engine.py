@@ -6,10 +6,11 @@
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 from msprobe_core.compare.align import align_records
 from msprobe_core.compare.dumpdir import DumpUnit, RankDump, load_rank_dump, pair_dumps
@@ -51,6 +52,8 @@ class PairResult:
     divergence: Optional[Divergence] = None
     first_warning: Optional[Divergence] = None
     outputs: list[Path] = field(default_factory=list)
+    row_counts: Counter = field(default_factory=Counter)
+    seconds: float = 0.0
 
     @property
     def label(self) -> str:
@@ -65,8 +68,15 @@ class PairResult:
         return out
 
     def counts(self) -> Counter:
-        """Rows by verdict."""
-        return Counter(row.verdict for row in self.rows)
+        """Rows by verdict (kept after ``release``)."""
+        return self.row_counts if not self.rows else Counter(row.verdict for row in self.rows)
+
+    def release(self) -> None:
+        """Drop the rows and the dumps' records (the summary, divergence and counts stay)."""
+        self.row_counts = self.counts()
+        self.rows = []
+        self.target.data = {}
+        self.golden.data = {}
 
     @property
     def only_target(self) -> list[str]:
@@ -104,29 +114,46 @@ class CompareResult:
 
 
 def compare_dumps(target: str | Path, golden: str | Path, thresholds: Thresholds = Thresholds(),
-                  workers: Optional[int] = None, progress: bool = False) -> CompareResult:
+                  workers: Optional[int] = None, progress: bool = False,
+                  on_pair: Optional[Callable[[PairResult, int], None]] = None,
+                  keep_rows: bool = True) -> CompareResult:
     """Compare the dump at ``target`` against the trusted one at ``golden``.
 
-    Each may be a rank folder, a step folder or a whole dump path; their steps and ranks must match.
-    Raises ``DumpInputError`` for inputs that are not (finished, compatible) dumps or missing files.
+    Each may be a rank folder, a step folder or a whole dump path; their steps and ranks must match,
+    and every rank folder is checked before any is compared. Pairs are compared one at a time;
+    ``on_pair(pair, number of pairs)`` sees each as soon as it is done (to write its files), after which
+    ``keep_rows=False`` releases its rows to bound memory on many-rank dumps. Raises
+    ``DumpInputError`` for inputs that are not (finished, compatible) dumps, or missing tensor files.
     """
-    import time
-
     start = time.perf_counter()
+    units = pair_dumps(Path(target), Path(golden))
     pairs: list[PairResult] = []
-    for t_unit, g_unit in pair_dumps(Path(target), Path(golden)):
-        t_dump, g_dump = load_rank_dump(t_unit.path), load_rank_dump(g_unit.path)
-        mode, notes = compare_mode(t_dump, g_dump)
-        merged = align_records(list(t_dump.data), list(g_dump.data), t_dump.construct, g_dump.construct,
-                               distance=_distance(t_dump, g_dump))
-        rows = build_rows(merged, t_dump, g_dump, mode, thresholds)
-        pairs.append(PairResult(t_unit, g_unit, t_dump, g_dump, mode, notes, merged, rows))
-    _run_tensor_jobs([row for pair in pairs for row in pair.rows if row.job is not None], thresholds,
-                     workers, progress)
-    for pair in pairs:
-        pair.divergence = find_divergence(pair, ERROR)
-        pair.first_warning = find_divergence(pair, WARNING) if pair.divergence is None else None
+    for t_unit, g_unit in units:
+        pair = compare_pair(t_unit, g_unit, thresholds, workers, progress)
+        if on_pair is not None:
+            on_pair(pair, len(units))
+        if not keep_rows:
+            pair.release()
+        pairs.append(pair)
     return CompareResult(Path(target), Path(golden), thresholds, pairs, time.perf_counter() - start)
+
+
+def compare_pair(t_unit: DumpUnit, g_unit: DumpUnit, thresholds: Thresholds = Thresholds(),
+                 workers: Optional[int] = None, progress: bool = False) -> PairResult:
+    """Compare one target rank folder against one golden rank folder."""
+    start = time.perf_counter()
+    t_dump, g_dump = load_rank_dump(t_unit.path), load_rank_dump(g_unit.path)
+    mode, notes = compare_mode(t_dump, g_dump)
+    merged = align_records(list(t_dump.data), list(g_dump.data), t_dump.construct, g_dump.construct,
+                           distance=_distance(t_dump, g_dump))
+    rows = build_rows(merged, t_dump, g_dump, mode, thresholds)
+    pair = PairResult(t_unit, g_unit, t_dump, g_dump, mode, notes, merged, rows)
+    _run_tensor_jobs([row for row in rows if row.job is not None], thresholds, workers, progress)
+    pair.divergence = find_divergence(pair, ERROR)
+    pair.first_warning = find_divergence(pair, WARNING) if pair.divergence is None else None
+    pair.row_counts = pair.counts()
+    pair.seconds = time.perf_counter() - start
+    return pair
 
 
 def _distance(target: RankDump, golden: RankDump):

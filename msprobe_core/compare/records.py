@@ -85,18 +85,22 @@ def is_module(name: str) -> bool:
     return name.split(".", 1)[0] in MODULE_PREFIXES
 
 
+def _join(path: str, part: Any) -> str:
+    return f"{path}.{part}" if path else str(part)
+
+
 def _walk(path: str, arg: Any) -> Iterator[Leaf]:
     if arg is None:
         return
     if isinstance(arg, (list, tuple)):
         for i, item in enumerate(arg):
-            yield from _walk(f"{path}.{i}", item)
+            yield from _walk(_join(path, i), item)
     elif isinstance(arg, dict):
         if "type" in arg or _is_tensor(arg):
             yield Leaf(path, arg)
         else:
             for key, item in arg.items():
-                yield from _walk(f"{path}.{key}", item)
+                yield from _walk(_join(path, key), item)
 
 
 def _section(prefix: str, value: Any) -> Iterator[Leaf]:
@@ -111,7 +115,12 @@ def _section(prefix: str, value: Any) -> Iterator[Leaf]:
 
 
 def flatten_record(record: Any) -> list[Leaf]:
-    """The leaves of one dump.json record, in msprobe's order (inputs, kwargs, outputs, parameters)."""
+    """The leaves of one dump.json record, in msprobe's order (inputs, kwargs, outputs, parameters).
+
+    A record that is itself a value (``save()``'s ``{name}.{n}.debug`` records) is one leaf with path ''.
+    """
+    if isinstance(record, (list, tuple)) or (isinstance(record, dict) and ("type" in record or _is_tensor(record))):
+        return list(_walk("", record))
     if not isinstance(record, dict):
         return []
     leaves: list[Leaf] = []

@@ -124,26 +124,37 @@ def output_stem(pair: PairResult, single: bool) -> str:
     return "compare_result_" + "_".join(parts or [pair.target_unit.path.name])
 
 
-def write_outputs(result: CompareResult, output_dir: Path, xlsx: bool = True, with_stack: bool = False) -> list[Path]:
-    """Write every pair's CSV (and .xlsx) plus compare_summary.json into ``output_dir``."""
+def write_pair_outputs(pair: PairResult, output_dir: Path, single: bool, xlsx: bool = True,
+                       with_stack: bool = False) -> list[Path]:
+    """Write one pair's CSV (and .xlsx) into ``output_dir``; ``single`` drops the step/rank suffix."""
     output_dir.mkdir(parents=True, exist_ok=True)
-    written: list[Path] = []
-    single = len(result.pairs) == 1
-    for pair in result.pairs:
-        cols = columns(pair, with_stack)
-        stem = output_stem(pair, single)
-        csv_path = output_dir / f"{stem}.csv"
-        write_csv(csv_path, pair, cols)
-        pair.outputs = [csv_path]
-        if xlsx:
-            xlsx_path = output_dir / f"{stem}.xlsx"
-            write_xlsx(xlsx_path, pair, cols)
-            pair.outputs.append(xlsx_path)
-        written.extend(pair.outputs)
+    cols = columns(pair, with_stack)
+    stem = output_stem(pair, single)
+    csv_path = output_dir / f"{stem}.csv"
+    write_csv(csv_path, pair, cols)
+    pair.outputs = [csv_path]
+    if xlsx:
+        xlsx_path = output_dir / f"{stem}.xlsx"
+        write_xlsx(xlsx_path, pair, cols)
+        pair.outputs.append(xlsx_path)
+    return pair.outputs
+
+
+def write_summary(result: CompareResult, output_dir: Path) -> Path:
+    """Write compare_summary.json into ``output_dir``."""
+    output_dir.mkdir(parents=True, exist_ok=True)
     summary_path = output_dir / "compare_summary.json"
     with open(summary_path, "w", encoding="utf-8") as f:
         json.dump(summary_dict(result), f, indent=1, default=str)
-    written.append(summary_path)
+    return summary_path
+
+
+def write_outputs(result: CompareResult, output_dir: Path, xlsx: bool = True, with_stack: bool = False) -> list[Path]:
+    """Write every pair's CSV (and .xlsx) plus compare_summary.json into ``output_dir``."""
+    written: list[Path] = []
+    for pair in result.pairs:
+        written.extend(write_pair_outputs(pair, output_dir, len(result.pairs) == 1, xlsx, with_stack))
+    written.append(write_summary(result, output_dir))
     return written
 
 
@@ -164,7 +175,7 @@ def summary_dict(result: CompareResult) -> dict:
         pairs.append({
             "label": pair.label, "step": pair.target_unit.step, "rank": pair.target_unit.rank,
             "target": str(pair.target_unit.path), "golden": str(pair.golden_unit.path), "mode": pair.mode,
-            "notes": pair.notes, "records": len(pair.merged),
+            "notes": pair.notes, "records": len(pair.merged), "seconds": round(pair.seconds, 3),
             "rows": {v: counts.get(v, 0) for v in (PASS, WARNING, ERROR, UNMATCHED)},
             "first_divergence": _divergence_dict(pair.divergence),
             "first_warning": _divergence_dict(pair.first_warning),
@@ -217,7 +228,7 @@ def summary_text(result: CompareResult, quiet: bool = False) -> str:
     for pair in result.pairs:
         counts = pair.counts()
         tally = ", ".join(f"{counts.get(v, 0)} {v}" for v in (PASS, WARNING, ERROR) if counts.get(v, 0) or v == PASS)
-        head = (f"{pair.label}: {len(pair.merged)} records, {len(pair.rows)} rows ({pair.mode}): {tally}")
+        head = (f"{pair.label}: {len(pair.merged)} records, {sum(counts.values())} rows ({pair.mode}): {tally}")
         if quiet:
             div = pair.divergence
             lines.append(head + (f"; first divergence {div.target_record}" if div else ""))

@@ -181,21 +181,21 @@ def _compare_leaf(order: int, t_name: str, g_name: str, path: str, t: Optional[d
     if t_tensor != g_tensor:
         row.judge(WARNING, [f"{t.get('type')} vs {g.get('type')}"])
         return row
-    if t.get("shape") != g.get("shape"):
+    same_shape = t.get("shape") == g.get("shape")
+    if not same_shape:
         row.judge(ERROR, [f"shape {t.get('shape')} vs {g.get('shape')}"])
     if t.get("dtype") != g.get("dtype"):
         row.judge(WARNING, [f"dtype {t.get('dtype')} vs {g.get('dtype')}"])
-    diffs = _stat_diffs(row, t, g)
-    if mode == "tensor" and row.verdict != ERROR:
+    if mode == "tensor" and same_shape:
         t_file, g_file = _data_file(t_dir, t), _data_file(g_dir, g)
         if t_file and g_file:
-            row.job = TensorJob(t_file, g_file)
+            row.job = TensorJob(t_file, g_file)  # judged from the files, NaN/Inf included
             return row
         row.messages.append("no tensor file on " + ("either side" if not (t_file or g_file)
                                                     else "the " + ("golden" if t_file else "target") + " side")
                             + "; judged from statistics")
     if mode != "structure":
-        row.judge(*th.stat_verdict(diffs))
+        row.judge(*th.stat_verdict(_stat_diffs(row, t, g)))
         t_md5, g_md5 = t.get("md5"), g.get("md5")
         if t_md5 is not None and g_md5 is not None and t_md5 != g_md5:
             row.judge(ERROR, [f"md5 {t_md5} vs {g_md5}"])
