@@ -220,3 +220,11 @@ def test_xlsx_reads_back_with_openpyxl(tmp_path):
     assert ws["A2"].fill.fgColor.rgb == "FFFFC7CE" and ws["A4"].fill.fgColor.rgb == "FFFFEB9C"
     assert ws["A3"].fill.fill_type is None
     assert ws.freeze_panes == "C2" and ws.auto_filter.ref == "A1:C4"
+
+
+def test_progress_bar_does_not_disturb_results(tmp_path, capsys):
+    torch = pytest.importorskip("torch")
+    torch.save(torch.ones(3), tmp_path / "a.pt")
+    torch.save(torch.zeros(3), tmp_path / "b.pt")
+    results = run_jobs([(str(tmp_path / "a.pt"), str(tmp_path / "b.pt"))] * 3, workers=1, progress=True)
+    assert [r.cosine for r in results] == [None] * 3 and results[0].max_abs == 1.0

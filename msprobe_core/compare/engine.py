@@ -33,8 +33,8 @@ class Divergence:
 
     @property
     def inputs_differ(self) -> bool:
-        """True when the record's inputs already fail: the divergence began in code the dump missed."""
-        return any(r.verdict == ERROR and r.path.startswith("input") for r in self.rows)
+        """True when the record's inputs already fail: they were made outside the dumped calls."""
+        return any(r.verdict == self.verdict and r.path.startswith("input") for r in self.rows)
 
 
 @dataclass

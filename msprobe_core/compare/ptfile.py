@@ -11,6 +11,7 @@ which is most of the time a small compare takes.
 from __future__ import annotations
 
 import collections
+import io
 import mmap
 import pickle
 import struct
@@ -94,7 +95,6 @@ def _rebuild_tensor_v2(storage: tuple[np.ndarray, str], offset: int, size: Any, 
 
 class _TensorUnpickler(pickle.Unpickler):
     def __init__(self, data: bytes, storage_loader):
-        import io
         super().__init__(io.BytesIO(data))
         self._load_storage = storage_loader
 

@@ -12,15 +12,12 @@ from __future__ import annotations
 
 import csv
 import json
-import logging
 from pathlib import Path
 from typing import Any, Optional
 
 from msprobe_core.compare.engine import CompareResult, Divergence, PairResult
 from msprobe_core.compare.rows import STAT_DIFFS, TENSOR_METRICS, Row
 from msprobe_core.compare.thresholds import ERROR, PASS, STAT_KEYS, UNMATCHED, WARNING
-
-logger = logging.getLogger("msprobe_core")
 
 FILLS = {ERROR: "FFC7CE", WARNING: "FFEB9C", UNMATCHED: "D9D9D9"}
 STACK_LINES = 6

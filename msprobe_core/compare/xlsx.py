@@ -117,8 +117,7 @@ def write_xlsx(path: Path, header: Sequence[str], rows: Iterable[Sequence[Any]],
                  '<sheetFormatPr defaultRowHeight="15"/>'
                  f'<cols>{cols}</cols><sheetData>{"".join(parts)}</sheetData>'
                  f'<autoFilter ref="{ref}"/></worksheet>')
-    abs_ref = "$" + "$".join(re.match(r"([A-Z]+)(\d+)", "A1").groups()) + ":$" + "$".join(
-        re.match(r"([A-Z]+)(\d+)", last).groups())
+    abs_ref = f"$A$1:${letters[-1] if letters else 'A'}${count}"
     with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=1) as zf:
         zf.writestr("[Content_Types].xml", CONTENT_TYPES)
         zf.writestr("_rels/.rels", ROOT_RELS)
