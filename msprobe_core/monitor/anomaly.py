@@ -21,7 +21,8 @@ Why it does not cry wolf (msprobe raised over a thousand alerts on a healthy 5-s
   (|mean| >= ``MEAN_MATERIAL`` x RMS, with RMS = norm / sqrt(numel), when ``norm`` is collected):
   the mean of a zero-centred gradient is sign noise, not a signal.
 * **No repeats.** A series that stays NaN (or above the NaN rule's threshold) is reported once, when it
-  turns bad, not every step after.
+  turns bad, not every step after; after a jump the running average restarts at the new value, so a
+  lasting shift (a weight multiplied by 50) is reported once too.
 """
 
 from __future__ import annotations
@@ -208,8 +209,8 @@ class AnomalyDetector:
                     and self._material(row, metric, v)):
                 found = self._make(rank, step, row, metric, value, baseline, TURBULENCE_RULE)
         # update the running statistics after judging, so a spike is compared with the past only
-        if s.count == 0:
-            s.level = x
+        if s.count == 0 or found is not None:
+            s.level = x  # first value, or a jump: re-baseline so a lasting shift is reported once
         else:
             s.diffs += 1
             s.jitter += (abs(x - s.prev) - s.jitter) / min(s.diffs, _JITTER_WINDOW)
