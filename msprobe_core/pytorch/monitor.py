@@ -57,7 +57,7 @@ AnomalyCallback = Callable[[Anomaly], None]
 class TrainerMon:
     """The training monitor of one rank. See the module docstring for the call sequence."""
 
-    def __init__(self, config_file_path: str | os.PathLike, process_group: Any = None,
+    def __init__(self, config_file_path: str | os.PathLike | Mapping[str, Any], process_group: Any = None,
                  params_have_main_grad: bool = True, *, output_dir: str | os.PathLike | None = None,
                  state_reader: StateReader | None = None):
         """Load and validate the config (``ConfigError`` on invalid values); nothing is hooked yet.
@@ -67,15 +67,16 @@ class TrainerMon:
         overrides ``MONITOR_OUTPUT_DIR``; ``state_reader`` replaces where gradients/optimizer states are
         read from (see ``msprobe_core.monitor.state_readers``).
         """
-        self.config_file_path = os.fspath(config_file_path)
-        self.config: MonitorConfig = load_monitor_config(self.config_file_path)
+        # a mapping works too (integrations accept dicts); dynamic_on then has no file to watch
+        self.config_file_path = None if isinstance(config_file_path, Mapping) else os.fspath(config_file_path)
+        self.config: MonitorConfig = load_monitor_config(config_file_path)
         self.process_group = process_group
         self.params_have_main_grad = params_have_main_grad
         self.reader: StateReader = state_reader or TorchStateReader(params_have_main_grad)
         self.rank, self.pp_stage = _rank_info(process_group)
         self.output_dir = Path(output_dir if output_dir is not None else os.environ.get(OUTPUT_DIR_ENV, DEFAULT_OUTPUT_DIR))
         self.rank_dir = self.output_dir / f"rank{self.rank}"
-        self.dynamic = dynamic_requested(self.config)
+        self.dynamic = dynamic_requested(self.config) and self.config_file_path is not None
         self._watcher = ConfigWatcher(self.config_file_path) if self.dynamic else None
 
         self.step_index = 0

@@ -1,0 +1,218 @@
+"""Hugging Face ``Trainer`` integration: one callback for dump, monitor, alerts and hyperparameters.
+
+    from msprobe_integrations.hf import MsprobeCallback
+    trainer = Trainer(..., callbacks=[MsprobeCallback(config_path="dump.json", monitor_config_path="monitor.json")])
+
+- Dump: one dump step per optimizer step, named by the Trainer's global step (``step1`` is the first
+  optimizer step, as in the Trainer's logs), covering every micro-batch of gradient accumulation.
+- Monitor: driven at the optimizer step (TensorBoard/CSV steps = global steps). Weight gradients are
+  read *before* gradient clipping (the callback wraps ``Accelerator.clip_grad_norm_`` while training, as
+  Lightning reports them in ``on_before_optimizer_step``); without clipping, at ``on_pre_optimizer_step``.
+  Under DeepSpeed the engine steps inside ``backward()``, so gradients and optimizer states are read
+  where the engine keeps them (``msprobe_integrations.deepspeed``).
+- Alerts: anomalies go to the Trainer's logs (``msprobe/anomalies`` in ``on_log`` and ``log_history``);
+  ``stop_on_nan=True`` stops training after a step with a NaN/Inf and says why.
+- Hyperparameters: captured at ``on_train_begin`` into ``hyperparameters.json`` at the top of the dump
+  path and the monitor folder, and into TensorBoard as text and hparams.
+
+Everything here is glue: statistics, files and rules live in ``msprobe_core``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Mapping, Optional, Union
+
+from transformers import TrainerCallback
+
+from msprobe_core import hparams
+from msprobe_core.monitor.anomaly import NAN_RULE
+from msprobe_core.pytorch.session import ProbeSession
+
+logger = logging.getLogger("msprobe_integrations.hf")
+
+ConfigLike = Union[str, os.PathLike, Mapping[str, Any], None]
+
+
+_WRAPPER_NAMES = ("DistributedDataParallel", "DataParallel", "DeepSpeedEngine", "PipelineEngine")
+
+
+def unwrap_model(model: Any) -> Any:
+    """The module really being trained (DDP/DataParallel ``.module``, a DeepSpeed engine's ``.module``)."""
+    while type(model).__name__ in _WRAPPER_NAMES and hasattr(model, "module"):
+        model = model.module
+    return model
+
+
+def unwrap_optimizer(optimizer: Any) -> Any:
+    """The torch optimizer under Accelerate's ``AcceleratedOptimizer`` (and similar wrappers)."""
+    seen = set()
+    while hasattr(optimizer, "optimizer") and id(optimizer) not in seen and not hasattr(optimizer, "state_dict_hook"):
+        seen.add(id(optimizer))
+        inner = optimizer.optimizer
+        if inner is optimizer or not hasattr(inner, "param_groups"):
+            break
+        optimizer = inner
+    return optimizer
+
+
+def using_deepspeed(args: Any) -> bool:
+    return bool(getattr(args, "deepspeed", None) or getattr(args, "hf_deepspeed_config", None))
+
+
+def capture_hyperparameters(args: Any, state: Any, model: Any, optimizer: Any, lr_scheduler: Any) -> dict:
+    """TrainingArguments, model config, PEFT config, optimizer, scheduler, seed, world size, precision."""
+    sections: dict[str, Any] = {"training_args": args.to_dict()}
+    config = getattr(model, "config", None)
+    if config is not None and hasattr(config, "to_dict"):
+        sections["model_config"] = config.to_dict()
+    peft = getattr(model, "peft_config", None)
+    if isinstance(peft, Mapping):
+        sections["peft_config"] = {k: (v.to_dict() if hasattr(v, "to_dict") else v) for k, v in peft.items()}
+    ds_config = getattr(getattr(args, "hf_deepspeed_config", None), "config", None)
+    if ds_config:
+        sections["ds_config"] = ds_config
+    precision = "bf16" if getattr(args, "bf16", False) else "fp16" if getattr(args, "fp16", False) else "fp32"
+    extra = {"world_size": getattr(args, "world_size", 1), "mixed_precision": precision, "seed": getattr(args, "seed", None),
+             "global_batch_size": getattr(args, "per_device_train_batch_size", 1) * getattr(args, "world_size", 1)
+             * getattr(args, "gradient_accumulation_steps", 1),
+             "max_steps": getattr(state, "max_steps", None) or getattr(args, "max_steps", None)}
+    return hparams.capture("transformers.Trainer", sections, unwrap_optimizer(optimizer), lr_scheduler, extra)
+
+
+class MsprobeCallback(TrainerCallback):
+    """Dump, monitor, alerts and hyperparameter capture for ``transformers.Trainer`` (and subclasses
+    such as TRL's ``SFTTrainer``). Either config may be omitted; a dict works in place of a path.
+
+    ``stop_on_nan``: stop training after the step in which the monitor saw a NaN/Inf.
+    ``capture_hyperparameters``: write ``hyperparameters.json`` (default True).
+    ``monitor_output_dir``: overrides ``MONITOR_OUTPUT_DIR`` for the monitor's output.
+    """
+
+    def __init__(self, config_path: ConfigLike = None, monitor_config_path: ConfigLike = None, *,
+                 stop_on_nan: bool = False, capture_hyperparameters: bool = True,
+                 monitor_output_dir: Optional[str] = None):
+        self.config_path = config_path
+        self.monitor_config_path = monitor_config_path
+        self.stop_on_nan = stop_on_nan
+        self.capture = capture_hyperparameters
+        self.monitor_output_dir = monitor_output_dir
+        self.session: Optional[ProbeSession] = None
+        self.hyperparameter_files: list = []
+        self._undo: list = []
+        self._new_anomalies: list = []
+        self._step_anomalies: list = []
+        self._deepspeed = False
+
+    # ------------------------------------------------------------------------------ training
+    def on_train_begin(self, args, state, control, model=None, optimizer=None, lr_scheduler=None, **kwargs):
+        session = ProbeSession(self.config_path, self.monitor_config_path, monitor_output_dir=self.monitor_output_dir)
+        self.session = session
+        module = unwrap_model(model)
+        self._deepspeed = using_deepspeed(args)
+        session.attach(module, unwrap_optimizer(optimizer), grad_acc_steps=max(1, args.gradient_accumulation_steps),
+                       start_iteration=state.global_step + 1)
+        if session.monitor is not None:
+            self._undo.append(session.on_anomaly(self._on_anomaly))
+            if self._deepspeed:
+                from msprobe_integrations.deepspeed import follow_trainer_engine
+                self._undo.append(follow_trainer_engine(session, lambda: self._current_step))
+            else:
+                self._undo.append(_clip_hook(session.gradients_ready))
+        self._current_step = state.global_step + 1
+        if self.capture:
+            doc = capture_hyperparameters(args, state, module, optimizer, lr_scheduler)
+            self.hyperparameter_files = session.write_hyperparameters(doc)
+        return control
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self._current_step = state.global_step + 1
+        self._step_anomalies = []
+        if self.session is not None:
+            self.session.begin_step(self._current_step)
+        return control
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        if self.session is not None and not self._deepspeed:
+            self.session.before_optimizer_step()
+        return control
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        if self.session is not None and not self._deepspeed:
+            self.session.after_optimizer_step(self._current_step)
+        return control
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.session is None:
+            return control
+        self.session.end_step()
+        if self.stop_on_nan:
+            nans = [a for a in self._step_anomalies if a.rule == NAN_RULE]
+            if nans:
+                first = nans[0]
+                control.should_training_stop = True
+                logger.warning("msprobe: stopping training after step %d: %s %s has %s=%s (stop_on_nan=True)",
+                               state.global_step, first.kind, first.name, first.metric, first.value)
+                state.log_history.append({"msprobe/stopped_on_nan": first.describe(), "step": state.global_step})
+        return control
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if self._new_anomalies:
+            found, self._new_anomalies = self._new_anomalies, []
+            summary = {"msprobe/anomalies": len(found), "msprobe/first_anomaly": found[0].describe()}
+            if logs is not None:
+                logs.update(summary)
+            if state.log_history:
+                state.log_history[-1].update(summary)
+        return control
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self._finish()
+        return control
+
+    # ------------------------------------------------------------------------------ internals
+    def _on_anomaly(self, anomaly) -> None:
+        self._new_anomalies.append(anomaly)
+        self._step_anomalies.append(anomaly)
+
+    def _finish(self) -> None:
+        for undo in reversed(self._undo):
+            if undo is not None:
+                undo()
+        self._undo.clear()
+        if self.session is not None:
+            self.session.close()
+
+    def __del__(self):  # pragma: no cover - best effort if training dies before on_train_end
+        try:
+            for undo in reversed(self._undo):
+                if undo is not None:
+                    undo()
+        except Exception:
+            pass
+
+
+def _clip_hook(before_clip) -> callable:
+    """Wrap ``Accelerator.clip_grad_norm_`` so gradients are recorded before they are clipped; returns the undo."""
+    try:
+        from accelerate import Accelerator
+    except ImportError:  # pragma: no cover
+        return lambda: None
+    original = Accelerator.__dict__["clip_grad_norm_"]
+
+    def clip_grad_norm_(self, *args, **kwargs):
+        try:
+            before_clip()
+        except Exception:  # never break training for monitoring
+            logger.exception("msprobe: recording gradients before clipping failed")
+        return original(self, *args, **kwargs)
+
+    clip_grad_norm_.__wrapped__ = original
+    Accelerator.clip_grad_norm_ = clip_grad_norm_
+
+    def undo() -> None:
+        if Accelerator.__dict__.get("clip_grad_norm_") is clip_grad_norm_:
+            Accelerator.clip_grad_norm_ = original
+
+    return undo
