@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml requirements/dev.txt $(CONSTRAINTS)
 	touch $(STAMP)
 
 demo: venv
-	$(BIN)/python recipes/hf_trainer.py --output-dir $(DEMO_OUT)
+	$(BIN)/python recipes/hf_trainer.py --output-dir $(DEMO_OUT) --steps 6 --nan-at-step 6
 
 test: venv
 	$(BIN)/python -m pytest -n 2 $(PYTEST_ARGS)
@@ -31,6 +31,7 @@ test: venv
 bench: venv
 	$(BIN)/python benchmarks/dump_overhead.py
 	$(BIN)/python benchmarks/monitor_overhead.py
+	$(BIN)/python benchmarks/compare_speed.py
 
 clean:
 	rm -rf $(VENV) $(DEMO_OUT)

@@ -20,17 +20,17 @@ Everything here is glue: statistics, files and rules live in ``msprobe_core``.
 
 from __future__ import annotations
 
-import logging
 import os
 from typing import Any, Mapping, Optional, Union
 
 from transformers import TrainerCallback
 
 from msprobe_core import hparams
+from msprobe_core.log import setup_logging
 from msprobe_core.monitor.anomaly import NAN_RULE
 from msprobe_core.pytorch.session import ProbeSession
 
-logger = logging.getLogger("msprobe_integrations.hf")
+logger = setup_logging()
 
 ConfigLike = Union[str, os.PathLike, Mapping[str, Any], None]
 
@@ -152,7 +152,7 @@ class MsprobeCallback(TrainerCallback):
             if nans:
                 first = nans[0]
                 control.should_training_stop = True
-                logger.warning("msprobe: stopping training after step %d: %s %s has %s=%s (stop_on_nan=True)",
+                logger.warning("stopping training after step %d: %s %s has %s=%s (stop_on_nan=True)",
                                state.global_step, first.kind, first.name, first.metric, first.value)
                 state.log_history.append({"msprobe/stopped_on_nan": first.describe(), "step": state.global_step})
         return control
@@ -205,7 +205,7 @@ def _clip_hook(before_clip) -> callable:
         try:
             before_clip()
         except Exception:  # never break training for monitoring
-            logger.exception("msprobe: recording gradients before clipping failed")
+            logger.exception("recording gradients before clipping failed")
         return original(self, *args, **kwargs)
 
     clip_grad_norm_.__wrapped__ = original
