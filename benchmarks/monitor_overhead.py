@@ -96,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
             for name in names:
                 cmd = [sys.executable, __file__, "--worker", name, "--steps", str(args.steps),
                        "--warmup", str(args.warmup), "--format", args.format, "--out", tmp]
-                res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+                res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": path})
                 if res.returncode != 0:
                     print(res.stderr, file=sys.stderr)
                     return 1

@@ -158,7 +158,7 @@ def parse_monitor_config(raw: Mapping[str, Any], source: str | None = None) -> M
         if key in KNOWN_KEYS:
             continue
         if key in IGNORED_KEYS:
-            if raw[key] not in (False, None, [], {}, "") and not (key == "cc_distribution" and not _enabled(raw[key])):
+            if _switched_on(key, raw[key]):
                 logger.warning("monitor config key '%s' is an msprobe feature this tool does not implement; ignored", key)
             continue
         raise UnknownKeyError(key, set(KNOWN_KEYS) | IGNORED_KEYS, source)
@@ -211,8 +211,13 @@ def parse_io_spec(field_name: str, value: Any, source: str | None) -> int:
 
 
 # ----------------------------------------------------------------------------------------- validators
-def _enabled(value: Any) -> bool:
-    return isinstance(value, Mapping) and bool(value.get("enable", False))
+def _switched_on(key: str, value: Any) -> bool:
+    """Whether an ignored msprobe key asks for something (worth a warning) rather than leaving it off."""
+    if key == "cc_distribution":
+        return isinstance(value, Mapping) and bool(value.get("enable", False))
+    if key == "squash_name":  # msprobe's default is true; a name-shortening option, harmless to ignore
+        return False
+    return value not in (False, None, [], {}, "")
 
 
 def _bool(raw: Mapping[str, Any], key: str, default: bool, source: str | None) -> bool:
