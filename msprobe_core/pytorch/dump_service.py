@@ -89,6 +89,11 @@ def capture_stack() -> list[tuple[str, int, str]]:
     return frames
 
 
+# APIs whose output holds exactly the input's values (same multiset): statistics are shared, not recomputed
+_SAME_VALUES = frozenset({"view", "view_as", "reshape", "reshape_as", "transpose", "permute", "t", "contiguous",
+                          "flatten", "squeeze", "unsqueeze", "movedim", "swapaxes", "swapdims", "clone", "detach",
+                          "unflatten", "adjoint"})
+
 _SKIPPED = object()  # a module call the tool did not look at (not recording, or nested in a recorded API)
 
 
@@ -357,6 +362,9 @@ class DumpService:
             out = original(*args, **kwargs)
             if call is not None:
                 try:
+                    if api in _SAME_VALUES and args and type(out) is torch.Tensor and isinstance(args[0], torch.Tensor) \
+                            and out.dtype == args[0].dtype and out.numel() == args[0].numel():
+                        self.summarizer.share(args[0], out)
                     self._end(call, out)
                 except Exception as e:
                     self._error(name, e)

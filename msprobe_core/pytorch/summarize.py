@@ -58,6 +58,9 @@ def _link_or_copy(src_future, src: Path, dst: Path) -> None:
         shutil.copyfile(src, dst)
 
 
+_DTYPE_NAMES: dict[torch.dtype, str] = {}
+
+
 class _Entry:
     """What is known about one tensor version: its statistics, CRC and first saved file."""
 
@@ -104,7 +107,11 @@ class Summarizer:
         return describe_value(obj)
 
     def tensor(self, t: torch.Tensor, file_base: Optional[str], save: bool) -> dict:
-        summary: dict[str, Any] = {"type": "torch.Tensor", "dtype": str(t.dtype), "shape": list(t.shape)}
+        dtype = t.dtype
+        name = _DTYPE_NAMES.get(dtype)
+        if name is None:
+            name = _DTYPE_NAMES[dtype] = str(dtype)
+        summary: dict[str, Any] = {"type": "torch.Tensor", "dtype": name, "shape": list(t.shape)}
         entry = self._entry(t)
         kind = summary_kind(t)
         if self.statistics:
@@ -136,6 +143,16 @@ class Summarizer:
         if save and file_base and self.tensor_dir is not None:
             summary["data_name"] = self._save(t, entry, file_base + ".pt")
         return summary
+
+    def share(self, source: torch.Tensor, target: torch.Tensor) -> None:
+        """``target`` holds exactly ``source``'s values (a view, reshape, transpose, ...): reuse its
+        statistics and checksum-free summary instead of computing them again."""
+        src = self._cache.get(id(source))
+        if src is None or src.ref() is not source or src.stats is None:
+            return
+        entry = self._entry(target)
+        if entry is not None and entry.stats is None:
+            entry.stats = src.stats
 
     def _entry(self, t: torch.Tensor) -> Optional[_Entry]:
         try:
