@@ -144,19 +144,12 @@ def test_token_range_needs_a_model(tmp_path):
 
 
 # ================================================================================== core behaviour
-@pytest.mark.xfail(strict=True, reason="dump core: the window stays open between the forward passes start..end "
-                   "but closes in the forward hook of `end`, so generate()'s own ops after a forward pass "
-                   "(Torch.argmax picking the token) are dumped for tokens 1 and 2 but not 3. Needs a consistent "
-                   "window: close at pre-hook end+1 (msprobe) or after every forward pass.")
 def test_work_between_forward_passes_is_dumped_for_every_token_or_for_none(llama, tmp_path):
     model, prompt, _ = llama
     _, data = dump_generation(model, prompt, tmp_path, "L1", [1, 3])
     assert len(api_calls(data, "Torch.argmax")) in (0, 3)
 
 
-@pytest.mark.xfail(strict=True, reason="dump core: a token_range start() leaves DumpService._token_ok False after "
-                   "stop(), so a later start() without token_range records nothing (needs _token_ok = True when the "
-                   "window's hooks are removed in stop(), or when start() gets no token_range).")
 def test_plain_dump_after_a_token_range_dump_records(llama, tmp_path):
     model, prompt, _ = llama
     debugger = PrecisionDebugger({"task": "statistics", "dump_path": str(tmp_path), "level": "L0"})

@@ -79,7 +79,7 @@ def test_in_process_levels_and_tokens_unchanged(tmp_path, level):
         emb = sorted(k for k in data if k.startswith("Functional.embedding."))
         assert emb == [f"Functional.embedding.{n}.forward" for n in range(3)]
         assert all(data[k]["input_args"][0]["shape"] == [1, 1] for k in emb)
-        # 2 blocks x (up, down) inside forward per pass; lm_head runs outside forward (see the xfail below)
+        # 2 blocks x (up, down) inside forward per pass; lm_head runs outside forward
         inside = [k for k in data if k.startswith("Functional.linear.")]
         assert len(inside) >= 3 * 4
     else:
@@ -292,10 +292,6 @@ def test_v1_worker_extension_without_pickling_two_generations(tmp_path, monkeypa
 
 
 # ================================================================================= core behaviour
-@pytest.mark.xfail(strict=True, reason="dump core: the token window closes in the root's forward hook after "
-                   "forward `end`, but stays open between the forward passes before it, so work that runs after "
-                   "forward() (vLLM's compute_logits / sampler) is dumped for tokens start..end-1 and not for `end` "
-                   "(lm_head: 2 of 3 tokens). See the report: close it at pre-hook end+1 (msprobe) or after every forward.")
 def test_out_of_forward_work_is_dumped_for_every_token_or_for_none(tmp_path):
     llm = S.InProcessLLM(S.build_model(0))
     with V.dump_tokens(llm, CFG, [1, 3], dump_path=str(tmp_path)) as session:

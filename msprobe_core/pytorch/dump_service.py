@@ -174,7 +174,10 @@ class DumpService:
             raise ConfigError("model", None, f"a torch.nn.Module or a list of them (level '{self.cfg.level}' dumps modules)")
         if model is not None:
             _check_model(model)
-        if self.finished or self._collecting:
+        if self._collecting:
+            logger.warning("start() called while already dumping: ignored (call stop() first)")
+            return
+        if self.finished:
             return
         rank = self._rank()
         if rank is not None and rank not in self.cfg.rank:
@@ -200,6 +203,7 @@ class DumpService:
             h.remove()
         self._forward_handles.clear()
         self._hooked_models.clear()
+        self._token_ok = True  # the token window (if any) ends with its hooks
         self._sync()
 
     def step(self) -> None:
@@ -581,6 +585,9 @@ class DumpService:
 
     # ================================================================== token range
     def _install_token_window(self, root: torch.nn.Module, window: tuple[int, int]) -> None:
+        """Count the root's forward calls (0 = prefill, then one per decode step): dumping is on from the
+        start of call ``start`` until the start of call ``end + 1`` (or ``stop()``), so each token's
+        work after its forward pass (logits, sampling) belongs to it, as in msprobe."""
         start, end = window
         counter = {"calls": 0}
 
@@ -590,16 +597,9 @@ class DumpService:
             self._token_ok = start <= idx <= end
             self._update_recording()
 
-        def post(module, args, output):
-            if counter["calls"] - 1 >= end:
-                self._token_ok = False
-                self._update_recording()
-
         self._token_ok = False
         self._update_recording()
-        self._forward_handles.append(root.register_forward_pre_hook(pre))
-        self._forward_handles.append(root.register_forward_hook(post))
-        # The root itself is not dumped, but its own hook decides token windows; keep it first.
+        self._forward_handles.append(root.register_forward_pre_hook(pre, prepend=True))
 
     # ================================================================== module_dump / save
     def module_dump(self, module: torch.nn.Module, name: str) -> None:
