@@ -137,3 +137,35 @@ def test_two_processes_torchrun(tmp_path):
     assert sorted(p.name for p in mon.iterdir() if p.is_dir()) == ["rank0", "rank1"]
     assert (dump / "hyperparameters.json").exists() and (mon / "hyperparameters.json").exists()
     assert json.loads((dump / "hyperparameters.json").read_text())["normalized"]["world_size"] == 2
+
+
+@pytest.mark.slow
+def test_trl_sft_trainer_subclass(tmp_path):
+    trl = pytest.importorskip("trl")
+    from datasets import Dataset
+
+    rows = TokenDataset(n=32)
+    ds = Dataset.from_dict({"input_ids": [r.tolist() for r in rows.ids]})
+    args = trl.SFTConfig(output_dir=str(tmp_path / "sft"), max_steps=2, per_device_train_batch_size=4, logging_steps=1,
+                         save_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True, seed=0,
+                         dataset_kwargs={"skip_prepare_dataset": True}, remove_unused_columns=False)
+    dump = tmp_path / "dump"
+    cb = MsprobeCallback(config_path={"level": "L0", "dump_path": str(dump)},
+                         monitor_config_path={"wg_distribution": True, "format": "api", "ops": ["norm"]},
+                         monitor_output_dir=str(tmp_path / "mon"))
+
+    def collate(batch):
+        ids = torch.tensor([b["input_ids"] for b in batch])
+        return {"input_ids": ids, "labels": ids, "attention_mask": torch.ones_like(ids)}
+
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = Tokenizer(models.WordLevel({f"t{i}": i for i in range(1000)}, unk_token="t0"))
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=vocab, unk_token="t0", pad_token="t1", eos_token="t2")
+    trainer = trl.SFTTrainer(model=tiny_llama(), args=args, train_dataset=ds, data_collator=collate, callbacks=[cb],
+                             processing_class=tokenizer)
+    trainer.train()
+    assert sorted(p.name for p in dump.iterdir() if p.is_dir()) == ["step1", "step2"]
+    assert json.loads((dump / "hyperparameters.json").read_text())["training_args"]["max_steps"] == 2
+    assert cb.session.monitor.get_metrics() == {} or cb.session.monitor.get_metrics()["step"] == 2
