@@ -5,13 +5,18 @@ appended to ``.dump.journal`` in the rank folder the moment it is made, so a pro
 loses nothing already recorded: ``python -m msprobe_core recover DUMP_PATH`` rebuilds the JSON files from
 the journal. ``finish()`` waits for pending tensor files, then writes dump.json, stack.json and
 construct.json atomically (temporary file + rename) and removes the journal.
+
+The journal is a private file: length-prefixed ``marshal`` frames (10x cheaper to write than JSON on the
+training thread); a frame torn by the crash is ignored. Recover with the same Python version.
 """
 
 from __future__ import annotations
 
 import json
 import linecache
+import marshal
 import os
+import struct
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -40,9 +45,10 @@ def format_frame(frame: Frame) -> str:
 
 
 _encode = json.JSONEncoder(ensure_ascii=False).encode  # the C encoder (no indent): fast
+_LEN = struct.Struct("<I")
 
 
-def dumps_by_line(obj: Any, encoded: Optional[dict[str, str]] = None) -> str:
+def dumps_by_line(obj: Any) -> str:
     """JSON with one line per entry of the top level and of its "data" object: as readable as an
     indented file for a person scrolling records, and written by the C encoder (10x faster)."""
     if not isinstance(obj, dict):
@@ -50,20 +56,18 @@ def dumps_by_line(obj: Any, encoded: Optional[dict[str, str]] = None) -> str:
     parts = []
     for key, value in obj.items():
         if key == "data" and isinstance(value, dict) and value:
-            known = encoded or {}
-            inner = ",\n".join(f"  {_encode(k)}: {known.get(k) or _encode(v)}" for k, v in value.items())
+            inner = ",\n".join(f"  {_encode(k)}: {_encode(v)}" for k, v in value.items())
             parts.append(f" {_encode(key)}: {{\n{inner}\n }}")
         else:
             parts.append(f" {_encode(key)}: {_encode(value)}")
     return "{\n" + ",\n".join(parts) + "\n}\n"
 
 
-def write_json_atomic(path: Path, obj: Any, encoded: Optional[dict[str, str]] = None) -> None:
-    """Write ``obj`` as JSON to ``path`` through a temporary file and an atomic rename; ``encoded``
-    holds already-encoded JSON of some entries of ``obj["data"]``."""
+def write_json_atomic(path: Path, obj: Any) -> None:
+    """Write ``obj`` as JSON to ``path`` through a temporary file and an atomic rename."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(tmp, "w", encoding="utf-8") as f:
-        f.write(dumps_by_line(obj, encoded))
+        f.write(dumps_by_line(obj))
     os.replace(tmp, path)  # atomic: readers see the old file or the new one, never a torn one
 
 
@@ -84,8 +88,7 @@ class StepRecorder:
         self._journal_fd: Optional[int] = None
         self._pool = writer_pool
         self._futures: list[Future] = []
-        self._queued: list[dict[str, Any]] = []
-        self._encoded: dict[str, str] = {}  # records that are complete: their JSON, reused by write_files
+        self._queued: list[tuple] = []
         self._lock = threading.Lock()
         self._dir_ready = False
         self.errors = 0
@@ -97,7 +100,7 @@ class StepRecorder:
         self.rank_dir.mkdir(parents=True, exist_ok=True)
         if self._journal_enabled:
             self._journal_fd = os.open(self.journal_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-            self._append({"k": "h", "v": self.header, "json": self.json_name})
+            self._append(("h", self.header, self.json_name))
             self.sync_journal()
         self._dir_ready = True
 
@@ -110,7 +113,7 @@ class StepRecorder:
     def tensor_dir(self) -> Path:
         return self.rank_dir / TENSOR_DIR_NAME
 
-    def _append(self, entry: dict[str, Any]) -> None:
+    def _append(self, entry: tuple) -> None:
         # Entries hold live objects whose statistics may still be on the device; sync_journal() writes them.
         if self._journal_fd is not None:
             self._queued.append(entry)
@@ -120,14 +123,12 @@ class StepRecorder:
         if not self._queued or self._journal_fd is None:
             return
         queued, self._queued = self._queued, []
-        lines = []
+        frames = []
         for e in queued:
-            if e.get("k") == "r" and e.get("final"):
-                value = self._encoded[e["n"]] = _encode(e["v"])
-                lines.append(f'{{"k":"r","n":{_encode(e["n"])},"s":{e["s"]},"v":{value}}}\n')
-            else:
-                lines.append(_encode(e) + "\n")
-        os.write(self._journal_fd, "".join(lines).encode())
+            body = marshal.dumps(e)
+            frames.append(_LEN.pack(len(body)))
+            frames.append(body)
+        os.write(self._journal_fd, b"".join(frames))
 
     # ---------------------------------------------------------------- records
     def reserve(self, name: str) -> int:
@@ -141,7 +142,7 @@ class StepRecorder:
     def put(self, name: str, record: Any, seq: int) -> None:
         """Store a complete record (e.g. a finished forward call) and journal it."""
         self.data[name] = record
-        self._append({"k": "r", "n": name, "s": seq, "v": record, "final": True})
+        self._append(("r", name, seq, record))
 
     def put_field(self, name: str, path: Sequence[Any], value: Any, skeleton: Callable[[], Any]) -> None:
         """Set one field of a record that fills in over time (backward grads, parameter grads)."""
@@ -150,23 +151,22 @@ class StepRecorder:
             record = skeleton()
             seq = self.reserve(name)
             self.data[name] = record
-            self._append({"k": "r", "n": name, "s": seq, "v": record})
+            self._append(("r", name, seq, record))
         target = _descend(record, path)
         last = path[-1]
         if isinstance(target, list) and isinstance(last, int):
             while len(target) <= last:
                 target.append(None)
         target[last] = value
-        self._encoded.pop(name, None)
-        self._append({"k": "f", "n": name, "p": list(path), "v": value})
+        self._append(("f", name, list(path), value))
 
     def put_stack(self, name: str, frames: list[Frame]) -> None:
         self.stack[name] = frames
-        self._append({"k": "s", "n": name, "v": frames})
+        self._append(("s", name, frames))
 
     def put_parent(self, name: str, parent: Optional[str]) -> None:
         self.construct[name] = parent
-        self._append({"k": "c", "n": name, "v": parent})
+        self._append(("c", name, parent))
 
     def submit_file(self, fn: Callable[[], None]) -> Optional[Future]:
         """Run a file write on the writer pool (or now, without one); finish() waits for it."""
@@ -205,7 +205,7 @@ class StepRecorder:
         self.sync_journal()
         doc = dict(self.header)
         doc["data"] = {k: v for k, v in self.data.items() if v is not None}
-        write_json_atomic(self.rank_dir / self.json_name, doc, self._encoded)
+        write_json_atomic(self.rank_dir / self.json_name, doc)
         if self.json_name == "dump.json":
             write_json_atomic(self.rank_dir / "stack.json",
                               {k: [format_frame(f) for f in v] for k, v in self.stack.items()})
@@ -240,37 +240,50 @@ def _descend(record: Any, path: Sequence[Any]) -> Any:
 
 
 # ------------------------------------------------------------------------------------------- recovery
-def replay_journal(lines: Iterable[str]) -> tuple[dict[str, Any], str, dict, dict, dict]:
-    """Rebuild (header, json_name, data, stack, construct) from journal lines; a torn last line is skipped."""
+def read_frames(raw: bytes) -> list[tuple]:
+    """The journal's entries; a frame cut short by the crash (or unreadable) ends the list."""
+    entries = []
+    pos, n = 0, len(raw)
+    while pos + _LEN.size <= n:
+        (size,) = _LEN.unpack_from(raw, pos)
+        start, end = pos + _LEN.size, pos + _LEN.size + size
+        if end > n:
+            break
+        try:
+            entries.append(marshal.loads(raw[start:end]))
+        except (ValueError, EOFError, TypeError):
+            break
+        pos = end
+    return entries
+
+
+def replay_journal(entries: Iterable[tuple]) -> tuple[dict[str, Any], str, dict, dict, dict]:
+    """Rebuild (header, json_name, data, stack, construct) from journal entries."""
     header: dict[str, Any] = {}
     json_name = "dump.json"
     data: dict[str, Any] = {}
     order: dict[str, int] = {}
     stack: dict[str, list] = {}
     construct: dict[str, Any] = {}
-    for line in lines:
-        try:
-            e = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # the line being written when the process died
-        k = e.get("k")
+    for e in entries:
+        k = e[0]
         if k == "h":
-            header, json_name = e["v"], e.get("json", "dump.json")
+            header, json_name = e[1], e[2]
         elif k == "r":
-            data[e["n"]] = e["v"]
-            order.setdefault(e["n"], e["s"])
+            data[e[1]] = e[3]
+            order.setdefault(e[1], e[2])
         elif k == "f":
-            path = e["p"]
-            target = _descend(data.setdefault(e["n"], {}), path)
+            path = e[2]
+            target = _descend(data.setdefault(e[1], {}), path)
             last = path[-1]
             if isinstance(target, list):
                 while len(target) <= last:
                     target.append(None)
-            target[last] = e["v"]
+            target[last] = e[3]
         elif k == "s":
-            stack[e["n"]] = e["v"]
+            stack[e[1]] = e[2]
         elif k == "c":
-            construct[e["n"]] = e["v"]
+            construct[e[1]] = e[2]
     ordered = dict(sorted(data.items(), key=lambda kv: order.get(kv[0], 1 << 62)))
     return header, json_name, ordered, stack, construct
 
@@ -296,8 +309,7 @@ def recover_journal(journal: Path) -> bool:
     rank_dir = journal.parent
     if not journal.exists():
         return False
-    with open(journal, encoding="utf-8", errors="replace") as f:
-        header, json_name, data, stack, construct = replay_journal(f)
+    header, json_name, data, stack, construct = replay_journal(read_frames(journal.read_bytes()))
     for leftover in [*rank_dir.glob(".*.tmp"), *(rank_dir / TENSOR_DIR_NAME).glob("*.tmp")]:
         leftover.unlink()  # files the process was writing when it died
     lost = _drop_missing_files(data, rank_dir / TENSOR_DIR_NAME)
