@@ -60,13 +60,18 @@ def worker(name: str, steps: int, warmup: int, fmt: str, out_dir: str) -> dict:
         path.write_text(json.dumps(cfg))
         mon = TrainerMon(str(path), output_dir=str(Path(out_dir) / name))
         mon.set_monitor(model, 1, opt)
-    stamps: list[float] = []
-    losses, _ = train(model, opt, data, steps=warmup + steps, before_step=lambda i: stamps.append(time.perf_counter()))
-    stamps.append(time.perf_counter())
+    stamps: list[tuple[float, float]] = []
+
+    def stamp(_: int = 0) -> None:
+        stamps.append((time.perf_counter(), time.process_time()))
+
+    losses, _ = train(model, opt, data, steps=warmup + steps, before_step=stamp)
+    stamp()
     if mon is not None:
         mon.close()
-    times = [b - a for a, b in zip(stamps[warmup:], stamps[warmup + 1:])]
-    return {"name": name, "times": times, "losses": losses, "threads": torch.get_num_threads(),
+    times = [b[0] - a[0] for a, b in zip(stamps[warmup:], stamps[warmup + 1:])]
+    cpu = [b[1] - a[1] for a, b in zip(stamps[warmup:], stamps[warmup + 1:])]
+    return {"name": name, "times": times, "cpu": cpu, "losses": losses, "threads": torch.get_num_threads(),
             "anomalies": len(mon.anomalies) if mon is not None else 0}
 
 
@@ -89,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     if "none" not in names:
         names.insert(0, "none")
     times: dict[str, list[float]] = {n: [] for n in names}
+    cpu: dict[str, list[float]] = {n: [] for n in names}
     losses: dict[str, list[float]] = {}
     anomalies: dict[str, int] = {}
     with tempfile.TemporaryDirectory(prefix="monitor_bench_") as tmp:
@@ -103,17 +109,24 @@ def main(argv: list[str] | None = None) -> int:
                     return 1
                 r = json.loads(res.stdout.strip().splitlines()[-1])
                 times[name].extend(r["times"])
+                cpu[name].extend(r["cpu"])
                 losses.setdefault(name, r["losses"])
                 anomalies[name] = anomalies.get(name, 0) + r["anomalies"]
     base = statistics.median(times["none"])
+    base_cpu = statistics.median(cpu["none"])
     print(f"small GPT, CPU ({os.cpu_count()} cores), {args.steps} steps x {args.rounds} runs, "
           f"ops {','.join(OPS)}, format {args.format}")
-    print(f"{'configuration':15s} {'median step':>12s} {'ratio':>7s} {'target':>7s}  losses identical  alerts")
+    print("ratio: median wall-clock step time over no monitor; cpu ratio: the same with process CPU time "
+          "(less sensitive to other load on a shared machine)")
+    print(f"{'configuration':15s} {'median step':>12s} {'ratio':>7s} {'cpu ratio':>9s} {'target':>7s}  "
+          f"losses identical  alerts")
     for name in names:
         med = statistics.median(times[name])
+        med_cpu = statistics.median(cpu[name])
         same = losses[name] == losses["none"]
         target = f"<={TARGETS[name]}x" if name in TARGETS else ""
-        print(f"{name:15s} {med * 1e3:10.1f}ms {med / base:6.2f}x {target:>7s}  {str(same):16s}  {anomalies.get(name, 0)}")
+        print(f"{name:15s} {med * 1e3:10.1f}ms {med / base:6.2f}x {med_cpu / base_cpu:8.2f}x {target:>7s}  "
+              f"{str(same):16s}  {anomalies.get(name, 0)}")
     return 0
 
 
