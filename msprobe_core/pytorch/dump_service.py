@@ -45,6 +45,27 @@ class _ThreadState(threading.local):
     depth = 0  # > 0 inside a recorded call or inside the tool's own work: nothing nested is recorded
 
 
+class _OwnWork:
+    """``with service._own(where):`` the tool's own work: nothing inside is recorded, and an exception
+    goes to dump_error_info.log instead of the user's training."""
+
+    __slots__ = ("service", "where")
+
+    def __init__(self, service: "DumpService", where: str):
+        self.service = service
+        self.where = where
+
+    def __enter__(self) -> None:
+        self.service._tls.depth += 1
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        self.service._tls.depth -= 1
+        if isinstance(exc, Exception):
+            self.service._error(self.where, exc)
+            return True
+        return False
+
+
 def validate_token_range(token_range: Any) -> Optional[tuple[int, int]]:
     """``None`` or two ints [start, end] with 0 <= start <= end; else ``TokenRangeError``."""
     if token_range is None:
@@ -329,6 +350,9 @@ class DumpService:
             if rec is not None:
                 rec.sync_journal()
 
+    def _own(self, where: str) -> _OwnWork:
+        return _OwnWork(self, where)
+
     def _error(self, where: str, exc: BaseException) -> None:
         rec = self.recorder or self._open_step()
         rec.log_error(f"{where}: {exc!r}")
@@ -454,17 +478,18 @@ class DumpService:
             if t.is_leaf:  # hooks on leaves outlive the graph: remove them when the step ends
                 self._step_handles.append(handle)
 
+    def _skips_grad(self, grad) -> bool:
+        """overflow_check keeps only gradients holding Inf/NaN."""
+        return self.cfg.task == "overflow_check" and not bool(has_inf_or_nan(grad))
+
     def _on_grad(self, backward: str, field: str, index: int, save: bool, parent: Optional[str], grad):
         rec = self.recorder
         if rec is None or grad is None:
             return None
-        tls = self._tls
-        tls.depth += 1
-        try:
-            if self.cfg.task == "overflow_check" and not bool(has_inf_or_nan(grad)):
+        with self._own(backward), _no_grad():
+            if self._skips_grad(grad):
                 return None
-            with _no_grad():
-                summary = self.summarizer.summarize(grad, f"{backward}.{field}.{index}", save)
+            summary = self.summarizer.summarize(grad, f"{backward}.{field}.{index}", save)
             sizes = self._bwd_sizes.get(backward, [0, 0])
             fresh = backward not in rec.data
             rec.put_field(backward, [field, index], summary,
@@ -472,10 +497,6 @@ class DumpService:
             if fresh and self._construct:
                 rec.put_parent(backward, parent)
             self._sync(record_on_device=grad.device.type != "cpu")
-        except Exception as e:
-            self._error(backward, e)
-        finally:
-            tls.depth -= 1
         return None
 
     # ================================================================== L0 modules
@@ -518,9 +539,8 @@ class DumpService:
         if not allowed:
             calls.append(_SKIPPED)
             return None
-        tls = self._tls
-        tls.depth += 1
-        try:
+        calls.append(_SKIPPED)  # replaced below once the call is set up
+        with self._own(base):
             n = self._counters.get(base, 0)
             self._counters[base] = n + 1
             name = f"{base}.forward.{n}"
@@ -530,13 +550,8 @@ class DumpService:
                 params = list(module.named_parameters(recurse=False))
                 call = self._begin(name, f"{base}.backward.{n}", args, kwargs, parent, params)
                 self._recorded_modules.add(base)
-            calls.append(call)
+            calls[-1] = call
             self._module_stack.append(name)
-        except Exception as e:
-            calls.append(_SKIPPED)
-            self._error(base, e)
-        finally:
-            tls.depth -= 1
         return None
 
     def _module_post(self, base: str, module, args, kwargs, output):
@@ -546,41 +561,28 @@ class DumpService:
         call = calls.pop()
         if call is _SKIPPED:
             return None
-        tls = self._tls
-        tls.depth += 1
-        try:
+        with self._own(base):
             if self._module_stack:
                 self._module_stack.pop()
             if call is not None:
                 self._end(call, output)
                 self.selection.call_finished(call.name)
-        except Exception as e:
-            self._error(base, e)
-        finally:
-            tls.depth -= 1
         return None
 
     def _on_param_grad(self, base: str, pname: str, grad):
         rec = self.recorder
         if rec is None or grad is None or base not in self._recorded_modules:
             return None
-        tls = self._tls
-        tls.depth += 1
-        try:
+        with self._own(base), _no_grad():
             key = f"{base}#{pname}"
             k = self._counters.get(key, 0)
             self._counters[key] = k + 1
             name = f"{base}.parameters_grad.{k}"
-            if self.cfg.task == "overflow_check" and not bool(has_inf_or_nan(grad)):
+            if self._skips_grad(grad):
                 return None
-            with _no_grad():
-                summary = self.summarizer.summarize(grad, f"{name}.{pname}", self._saves or self.selection.saves_tensor(name))
+            summary = self.summarizer.summarize(grad, f"{name}.{pname}", self._saves or self.selection.saves_tensor(name))
             rec.put_field(name, [pname, 0], summary, dict)
             self._sync(record_on_device=grad.device.type != "cpu")
-        except Exception as e:
-            self._error(base, e)
-        finally:
-            tls.depth -= 1
         return None
 
     # ================================================================== token range
@@ -664,21 +666,13 @@ class DumpService:
         rec = self.debug_recorder
         if rec is None or grad is None:
             return None
-        tls = self._tls
-        tls.depth += 1
-        try:
-            file_base = ".".join([key, *map(str, path)])
-            with _no_grad():
-                summary = self.summarizer.summarize(grad, file_base, self._saves)
+        with self._own(key), _no_grad():
+            summary = self.summarizer.summarize(grad, ".".join([key, *map(str, path)]), self._saves)
             if not path:
                 rec.put(key, summary, rec.reserve(key))
             else:
                 rec.put_field(key, path, summary, dict)
             self._sync()
-        except Exception as e:
-            self._error(key, e)
-        finally:
-            tls.depth -= 1
         return None
 
     # ================================================================== custom APIs
