@@ -367,3 +367,13 @@ def test_cross_file_class_level_start_stop(tmp_path):
     PrecisionDebugger.step()
     names = [n for n in load(out / "step0" / f"proc{os.getpid()}")["data"] if n.endswith("forward")]
     assert names == ["Functional.linear.0.forward"]
+
+
+def test_async_dump_writes_the_same_records(tmp_path):
+    model = TinyNet()
+    x = torch.randn(3, 8)
+    sync = load(run_once(tmp_path / "s", model, {"level": "mix"}, inputs=x))["data"]
+    PrecisionDebugger.reset()
+    rank_dir = run_once(tmp_path / "a", model, {"level": "mix", "async_dump": True}, inputs=x)
+    assert load(rank_dir)["data"] == sync
+    assert not (rank_dir / ".dump.journal").exists()

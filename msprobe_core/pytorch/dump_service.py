@@ -225,7 +225,7 @@ class DumpService:
         self._forward_handles.clear()
         self._hooked_models.clear()
         self._token_ok = True  # the token window (if any) ends with its hooks
-        self._sync()
+        self._sync(force=True)
 
     def step(self) -> None:
         self.stop()
@@ -332,14 +332,17 @@ class DumpService:
             return None
         return rec.submit_file(fn)
 
-    def _sync(self, record_on_device: bool = False) -> None:
-        """Resolve statistics and append journal lines: at once on CPU, in batches for device tensors."""
-        if record_on_device and not self.cfg.async_dump:
-            self._deferred += 1
-            if self._deferred < _DEFERRED_BATCH:
+    def _sync(self, record_on_device: bool = False, force: bool = False) -> None:
+        """Resolve statistics and append journal lines: at once for CPU records (a crash loses none), in
+        batches of records for accelerator tensors (one host copy per batch). With ``async_dump`` both wait
+        for stop()/step(): fastest, but a crash loses the records of the unfinished step."""
+        if not force:
+            if self.cfg.async_dump:
                 return
-        elif record_on_device:
-            return
+            if record_on_device:
+                self._deferred += 1
+                if self._deferred < _DEFERRED_BATCH:
+                    return
         self._deferred = 0
         self._tls.depth += 1
         try:
