@@ -377,3 +377,48 @@ def test_async_dump_writes_the_same_records(tmp_path):
     rank_dir = run_once(tmp_path / "a", model, {"level": "mix", "async_dump": True}, inputs=x)
     assert load(rank_dir)["data"] == sync
     assert not (rank_dir / ".dump.journal").exists()
+
+
+def test_own_wrap_list_yaml(tmp_path):
+    wrap = tmp_path / "ops.yaml"
+    wrap.write_text("functional:\n  - relu\n")
+    out = tmp_path / "dump"
+    model = TinyNet()
+    dbg = PrecisionDebugger({"dump_path": str(out), "level": "L1"}, wrap_list=str(wrap))
+    dbg.start(model)
+    model(torch.randn(2, 8)).sum().backward()
+    dbg.stop()
+    dbg.step()
+    names = set(load(out / "step0" / f"proc{os.getpid()}")["data"])
+    assert names == {"Functional.relu.0.forward", "Functional.relu.1.forward",
+                     "Functional.relu.0.backward", "Functional.relu.1.backward"}
+
+
+def test_bad_wrap_list_is_a_clear_error(tmp_path):
+    wrap = tmp_path / "ops.yaml"
+    wrap.write_text("functionals:\n  - relu\n")
+    with pytest.raises(ValueError, match="wrap_list.functionals.*allowed: functional, tensor, torch, _VF, distributed"):
+        PrecisionDebugger({"dump_path": str(tmp_path / "d"), "level": "L1"}, wrap_list=str(wrap))
+    assert not (tmp_path / "d").exists()
+
+
+def test_tool_errors_go_to_dump_error_info_log_and_training_goes_on(tmp_path, monkeypatch):
+    from msprobe_core.pytorch import summarize
+
+    model = TinyNet()
+    x = torch.randn(3, 8)
+    ref = model(x).sum()
+    calls = {"n": 0}
+    original = summarize.Summarizer.tensor
+
+    def flaky(self, t, file_base, save):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("boom")
+        return original(self, t, file_base, save)
+
+    monkeypatch.setattr(summarize.Summarizer, "tensor", flaky)
+    rank_dir = run_once(tmp_path, model, {"level": "L1"}, inputs=x)
+    assert "boom" in (rank_dir / "dump_error_info.log").read_text()
+    assert (rank_dir / "dump.json").exists()
+    assert torch.equal(model(x).sum(), ref)
