@@ -146,6 +146,6 @@ class ApiPatcher:
                     pass
         self.patched = False
 
-    @property
-    def count(self) -> int:
+    def prepare(self) -> int:
+        """Build the patch plan now (reading and checking the wrap list); returns how many APIs it wraps."""
         return len(self._plan())

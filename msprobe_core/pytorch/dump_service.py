@@ -157,7 +157,7 @@ class DumpService:
         self.patcher = ApiPatcher(self._on_api_call, self.should_record, wrap_list,
                                    silence=self._silenced) if self._uses_l1 else None
         if self.patcher is not None:
-            self.patcher.count  # build the patch plan now: a bad wrap list fails here, not mid-training
+            self.patcher.prepare()  # a bad wrap list fails here, not mid-training
         saves = cfg.task == "tensor" or bool(cfg.tensor_list)
         self.summarizer = Summarizer(statistics=cfg.task != "structure", md5=cfg.summary_mode == "md5",
                                      submit_file=self._submit_file)

@@ -129,7 +129,7 @@ class TrainerMon:
         if optimizer is not None and patch_optimizer:
             self._patch = StepPatch(optimizer, self.pre_optimizer_step, self.post_optimizer_step)
             self._patch.install()
-        self._apply_selection(not_before=start_iteration)
+        self._apply_selection()
         if self.config.print_struct:
             self._write_structure()
         return self
@@ -153,7 +153,7 @@ class TrainerMon:
             return AlertConfig(enabled=True, nan=alert.nan)
         return alert
 
-    def _apply_selection(self, not_before: int) -> None:
+    def _apply_selection(self) -> None:
         """(Re)build the monitored parameter set and activation hooks for the current config."""
         if self._hooks is not None:
             self._hooks.remove()
@@ -394,7 +394,7 @@ class TrainerMon:
             return
         self._configure(new, not_before=self.step_index)
         if self._chunks:
-            self._apply_selection(not_before=self.step_index)
+            self._apply_selection()
         logger.info("monitor: collection %s from step %d", "on" if self.schedule.enabled else "off", self.step_index)
 
     def _write_structure(self) -> None:
