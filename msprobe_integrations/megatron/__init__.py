@@ -1,0 +1,37 @@
+"""Megatron (megatron-core, Megatron-LM, MindSpeed): dump and monitor behind launch flags.
+
+Megatron users add flags instead of editing the training loop::
+
+    torchrun ... -m msprobe_integrations.megatron pretrain_gpt.py <megatron args> \\
+        --msprobe-config dump.json --msprobe-monitor-config monitor.json
+
+The launcher (``__main__``) wraps Megatron-LM's ``megatron.training.training.train_step`` (the dump
+covers each iteration, every micro-batch, named by Megatron's iteration number), attaches the monitor
+once ``setup_model_and_optimizer`` built model and optimizer, and composes ``add_args`` into Megatron's
+``extra_args_provider``. A script can do the same itself:
+
+    from msprobe_integrations.megatron import add_args, compose
+    pretrain(..., extra_args_provider=compose(my_provider, add_args))   # flags in Megatron's args
+    install()                                                             # wrap train_step & setup
+
+With megatron-core alone (no ``megatron.training``), drive ``MegatronProbe`` from your loop:
+``probe.setup(model, optimizer, scheduler, args)``, ``probe.begin_iteration(n)`` before the
+forward-backward schedule, ``probe.end_iteration()`` after the optimizer step (see
+``recipes/megatron_core_gpt.py``). Under MindSpeed the same wrappers go through its patch manager
+(``msprobe_integrations.megatron.mindspeed``).
+
+Gradients, fp32 main parameters and Adam moments are read where Megatron's optimizers keep them
+(``MegatronStateReader``: ``FP32Optimizer``, ``Float16OptimizerWithFloat16Params``,
+``DistributedOptimizer`` shards, ``ChainedOptimizer``). Everything here is glue over
+``msprobe_core.pytorch.session.ProbeSession``.
+"""
+
+from msprobe_integrations.megatron.args import FLAGS, add_args, compose, parse_known, with_msprobe_args
+from msprobe_integrations.megatron.hooks import MegatronHooks, MegatronIntegrationError, install
+from msprobe_integrations.megatron.probe import (MegatronProbe, capture_hyperparameters, num_microbatches,
+                                                 unwrap_chunks)
+from msprobe_integrations.megatron.state_reader import MegatronStateReader, leaf_optimizers
+
+__all__ = ["FLAGS", "add_args", "compose", "with_msprobe_args", "parse_known", "MegatronHooks", "MegatronProbe",
+           "MegatronIntegrationError", "MegatronStateReader", "install", "capture_hyperparameters",
+           "leaf_optimizers", "num_microbatches", "unwrap_chunks"]
