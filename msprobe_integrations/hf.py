@@ -78,6 +78,8 @@ def capture_hyperparameters(args: Any, state: Any, model: Any, optimizer: Any, l
              "global_batch_size": getattr(args, "per_device_train_batch_size", 1) * getattr(args, "world_size", 1)
              * getattr(args, "gradient_accumulation_steps", 1),
              "max_steps": getattr(state, "max_steps", None) or getattr(args, "max_steps", None)}
+    if ds_config:
+        extra["zero_stage"] = (ds_config.get("zero_optimization") or {}).get("stage", 0)
     return hparams.capture("transformers.Trainer", sections, unwrap_optimizer(optimizer), lr_scheduler, extra)
 
 
