@@ -186,14 +186,6 @@ class MsprobeCallback(TrainerCallback):
         if self.session is not None:
             self.session.close()
 
-    def __del__(self):  # pragma: no cover - best effort if training dies before on_train_end
-        try:
-            for undo in reversed(self._undo):
-                if undo is not None:
-                    undo()
-        except Exception:
-            pass
-
 
 def _clip_hook(before_clip) -> callable:
     """Wrap ``Accelerator.clip_grad_norm_`` so gradients are recorded before they are clipped; returns the undo."""
