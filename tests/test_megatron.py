@@ -104,6 +104,38 @@ def test_launcher_help_and_usage_errors(tmp_path):
     assert out.returncode == 2 and "megatron.training" in out.stderr  # megatron-core alone has no train_step
 
 
+def test_mindspeed_patch_manager_registration_contract():
+    """mindspeed is not installable here (not on PyPI; needs torch_npu). This checks the contract of its
+    ``MindSpeedPatchesManager`` that the registration relies on, with a recording stand-in: the three
+    dotted targets, decorators whose names end in "wrapper" (MindSpeed applies those on top of its own
+    replacements instead of refusing a second replacement), and wrappers that call through."""
+    from msprobe_integrations.megatron import mindspeed
+
+    calls = []
+
+    class RecordingManager:  # test stand-in with MindSpeedPatchesManager's two static methods
+        @staticmethod
+        def register_patch(orig_func_name, new_func=None, force_patch=False, create_dummy=False):
+            calls.append((orig_func_name, new_func))
+
+        @staticmethod
+        def apply_patches():
+            calls.append(("apply", None))
+
+    hooks = MegatronHooks()
+    mindspeed.register(hooks, RecordingManager)
+    assert [c[0] for c in calls] == ["megatron.training.training.train_step",
+                                     "megatron.training.training.setup_model_and_optimizer",
+                                     "megatron.training.arguments.parse_args", "apply"]
+    assert all(fn.__name__.endswith("wrapper") for _, fn in calls[:3])
+    train_step = calls[0][1](lambda forward_step_func, data_iterator, model, optimizer, *rest: "stepped")
+    assert train_step(None, None, [], None) == "stepped"  # no flags given: calls straight through
+    assert not hooks.get_probe().enabled
+    calls.clear()
+    mindspeed.register(hooks, RecordingManager, apply=False)  # inside a feature: MindSpeed applies
+    assert "apply" not in [c[0] for c in calls]
+
+
 # ================================================================================ in-process, real megatron-core
 @pytest.fixture(scope="module")
 def megatron_cpu():
@@ -335,6 +367,7 @@ def _rows(path) -> dict[str, dict[str, float]]:
 
 
 @pytest.mark.slow
+@pytest.mark.distributed
 def test_distributed_optimizer_shards_combine_to_full_tensor_statistics(tmp_path):
     """Two data-parallel ranks: the distributed optimizer's shard statistics (combined over the DP group)
     equal the full-tensor statistics of the same run with the non-distributed optimizer."""
@@ -358,6 +391,7 @@ def test_distributed_optimizer_shards_combine_to_full_tensor_statistics(tmp_path
 
 
 @pytest.mark.slow
+@pytest.mark.distributed
 def test_pipeline_and_virtual_pipeline_chunks_micro_batches_and_stages(tmp_path):
     dump_cfg, mon_cfg = _configs(tmp_path)
     res = _torchrun(["--train-iters", "2", "--num-layers", "4", "--pipeline-model-parallel-size", "2",
