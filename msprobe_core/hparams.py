@@ -101,7 +101,10 @@ def optimizer_section(optimizer: Any) -> Optional[dict[str, Any]]:
     """Class and per-group settings of a torch optimizer (or a wrapper exposing ``param_groups``)."""
     if optimizer is None:
         return None
-    inner = getattr(optimizer, "optimizer", None)
+    try:  # Megatron's ChainedOptimizer.optimizer asserts when it chains several optimizers
+        inner = getattr(optimizer, "optimizer", None)
+    except AssertionError:
+        inner = None
     groups = getattr(optimizer, "param_groups", None) or getattr(inner, "param_groups", None) or []
     out_groups = []
     for g in groups:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import atexit
 import os
 import sys
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
@@ -30,6 +29,7 @@ from msprobe_core.errors import ConfigError, DumpPathError, TokenRangeError
 from msprobe_core.pytorch.api_patch import ApiPatcher, make_wrapper
 from msprobe_core.pytorch.summarize import Summarizer, iter_tensors
 from msprobe_core.pytorch.tensor_stats import has_inf_or_nan
+from msprobe_core.pytorch.tool_guard import TOOL
 
 from msprobe_core.log import setup_logging
 
@@ -39,10 +39,6 @@ _graph_task_id = torch._C._current_graph_task_id
 _no_grad = torch.no_grad
 _OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _DEFERRED_BATCH = 512  # device statistics resolved (one host copy) every this many records
-
-
-class _ThreadState(threading.local):
-    depth = 0  # > 0 inside a recorded call or inside the tool's own work: nothing nested is recorded
 
 
 class _OwnWork:
@@ -140,7 +136,7 @@ class DumpService:
         self.selection = Selection(cfg)
         self.current_step = 0
         self.finished = False
-        self._tls = _ThreadState()
+        self._tls = TOOL  # shared with the monitor: > 0 inside any of the toolkit's own work
         self._collecting = False       # between start() and stop()
         self._token_ok = True          # inside token_range (or no token_range)
         self._exclusive: Optional[torch.nn.Module] = None  # module_dump() window

@@ -16,6 +16,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 import torch
 
 from msprobe_core import hparams
+from msprobe_core.pytorch.tool_guard import tool_work
 
 logger = logging.getLogger("msprobe_core")
 
@@ -84,16 +85,19 @@ class ProbeSession:
     def gradients_ready(self, grads: Optional[Mapping[str, torch.Tensor]] = None) -> None:
         """Gradients of this optimizer step are final (before clipping): record them."""
         if self.monitor is not None:
-            self.monitor.collect_grads(grads)
+            with tool_work():
+                self.monitor.collect_grads(grads)
 
     def before_optimizer_step(self) -> None:
         if self.monitor is not None:
-            self.monitor.pre_optimizer_step()
+            with tool_work():
+                self.monitor.pre_optimizer_step()
 
     def after_optimizer_step(self, step: int) -> Optional[dict]:
         """The optimizer stepped: record its states, write and check the step (labelled ``step``)."""
         if self.monitor is not None:
-            return self.monitor.post_optimizer_step(optimizer_step=step)
+            with tool_work():
+                return self.monitor.post_optimizer_step(optimizer_step=step)
         return None
 
     def on_anomaly(self, callback: Callable[[Any], None]) -> Optional[Callable[[], None]]:
