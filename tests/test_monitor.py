@@ -502,3 +502,28 @@ def test_importable_and_usable_without_tensorboardx(tmp_path):
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])
     assert (tmp_path / "out" / "rank0" / "grad_0-0.csv").exists()
+
+
+def test_record_custom_kind_and_unregister_callback(tmp_path):
+    cfg = write_config(tmp_path / "c.json", ops=["norm", "nans"], format=["csv", "api"])
+    model, opt = make()
+    mon = TrainerMon(cfg, output_dir=tmp_path / "out")
+    seen = []
+    unregister = mon.register_anomaly_callback(seen.append)  # turns NaN checks on without an alert section
+    mon.set_monitor(model, 1, opt, patch_optimizer=False)
+    assert mon.collecting
+    mon.record("grad_unreduced", {"fc1.weight": torch.full((2, 2), 3.0)}, micro_step=0)
+    mon.record("grad_unreduced", {"fc1.weight": torch.tensor([1.0, float("nan")])}, micro_step=1)
+    result = mon.step()
+    assert result["metrics"]["grad_unreduced"]["fc1.weight"] == {"norm": pytest.approx(6.0), "nans": 0.0}
+    assert result["metrics"]["grad_unreduced"]["fc1.weight:1"]["nans"] == 1.0
+    assert [(a.kind, a.micro_step, a.rule) for a in seen] == [("grad_unreduced", 1, "AnomalyNan")]
+    unregister()
+    mon.record("grad_unreduced", {"other": torch.tensor([float("nan")])})
+    mon.step()
+    assert len(seen) == 1 and len(mon.anomalies) == 2
+    mon.close()
+    with open(tmp_path / "out" / "rank0" / "grad_unreduced_0-0.csv", newline="") as f:
+        rows = list(csv.reader(f))
+    assert rows[0] == ["name", "step", "micro_step", "norm", "nans"]
+    assert [r[:3] for r in rows[1:]] == [["fc1.weight", "0", "0"], ["fc1.weight", "0", "1"]]

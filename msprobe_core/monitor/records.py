@@ -57,8 +57,12 @@ class MetricRow:
 
 
 def display_name(name: str, micro_step: int | None, with_micro: bool) -> str:
-    """The name used in TensorBoard tags and the ``api`` dict: ``name`` or ``name:micro`` (msprobe style)."""
-    if with_micro and micro_step is not None:
+    """The name used in TensorBoard tags and the ``api`` dict: ``name`` or ``name:micro`` (msprobe style).
+
+    The micro-batch suffix is used with gradient accumulation, and for any later micro-batch otherwise
+    (so two micro-batches never write the same tag).
+    """
+    if micro_step is not None and (with_micro or micro_step > 0):
         return f"{name}:{micro_step}"
     return name
 
