@@ -26,6 +26,7 @@ from torch import nn
 from msprobe_core.monitor.collector import StepCollector
 from msprobe_core.monitor.config import IOSpec
 from msprobe_core.monitor.records import ACTV, ACTV_GRAD
+from msprobe_core.pytorch.tool_guard import tool_work
 
 logger = logging.getLogger("msprobe_core.monitor")
 
@@ -142,7 +143,8 @@ class ActivationHooks:
         if not module.training or not self._is_active() or in_backward():
             return
         try:
-            self._capture(name, spec, max(self._micro[chunk], 0), args, kwargs, output)
+            with tool_work():  # the monitor's own tensor work never shows up in an L1 dump
+                self._capture(name, spec, max(self._micro[chunk], 0), args, kwargs, output)
         except Exception:  # never break the training step
             if not self._failed:
                 self._failed = True
@@ -203,7 +205,8 @@ class ActivationHooks:
             if token != self._step_token() or not self._is_active() or not _is_float(grad):
                 return None
             try:
-                where = self.collector.compute([grad])[0]
+                with tool_work():
+                    where = self.collector.compute([grad])[0]
                 for full, module in names:
                     self.collector.add_entry(ACTV_GRAD, full, module, micro, grad.numel(), where)
             except Exception:  # never break the backward pass

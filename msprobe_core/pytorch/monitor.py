@@ -43,6 +43,7 @@ from msprobe_core.monitor.selection import Selection, model_structure, module_na
 from msprobe_core.monitor.state_readers import StateReader, TorchStateReader
 from msprobe_core.monitor.stats import StatsEngine, combine_partials, partials_to_ops, shard_partials
 from msprobe_core.monitor.writers import ApiWriter, MetricWriter, WriterContext, make_writers
+from msprobe_core.pytorch.tool_guard import tool_work
 
 logger = logging.getLogger("msprobe_core.monitor")
 
@@ -203,10 +204,11 @@ class TrainerMon:
         """
         if not self._collecting or self._grads_done or not self.config.wg_distribution:
             return
-        if grads is None:
-            grads = self.reader.grads(self._params)
-        order = [n for n in reversed(list(self._params)) if n in grads] + [n for n in grads if n not in self._params]
-        self._record_mapping(GRAD, {n: grads[n] for n in order})
+        with tool_work():
+            if grads is None:
+                grads = self.reader.grads(self._params)
+            order = [n for n in reversed(list(self._params)) if n in grads] + [n for n in grads if n not in self._params]
+            self._record_mapping(GRAD, {n: grads[n] for n in order})
         self._grads_done = True
 
     def record(self, kind: str, tensors: Mapping[str, torch.Tensor], micro_step: int | None = None,
@@ -218,7 +220,8 @@ class TrainerMon:
         """
         if not self._collecting:
             return
-        self._record_mapping(kind, tensors, micro_step, module)
+        with tool_work():
+            self._record_mapping(kind, tensors, micro_step, module)
 
     def pre_optimizer_step(self) -> None:
         """Before the optimizer update: record weights (as used by this step) and gradients."""
@@ -228,9 +231,10 @@ class TrainerMon:
         if not self._collecting:
             return
         try:
-            if self.config.param_distribution:
-                self._record_mapping(PARAM, self.reader.weights(self._params))
-            self.collect_grads()
+            with tool_work():
+                if self.config.param_distribution:
+                    self._record_mapping(PARAM, self.reader.weights(self._params))
+                self.collect_grads()
         except Exception:
             logger.exception("monitor: reading weights/gradients failed at step %d", self.step_index)
 
@@ -245,14 +249,15 @@ class TrainerMon:
         result = None
         if self._collecting:
             try:
-                if not self._pre_done:
-                    self.pre_optimizer_step()
-                if self.config.mv_distribution and self._optimizer is not None:
-                    states = self.reader.optimizer_states(self._optimizer, self._params)
-                    for kind in (EXP_AVG, EXP_AVG_SQ):
-                        if kind in states:
-                            self._record_mapping(kind, states[kind])
-                result = self._finish_step()
+                with tool_work():
+                    if not self._pre_done:
+                        self.pre_optimizer_step()
+                    if self.config.mv_distribution and self._optimizer is not None:
+                        states = self.reader.optimizer_states(self._optimizer, self._params)
+                        for kind in (EXP_AVG, EXP_AVG_SQ):
+                            if kind in states:
+                                self._record_mapping(kind, states[kind])
+                    result = self._finish_step()
             except Exception:
                 logger.exception("monitor: finishing step %d failed", self.step_index)
         self.step_index += 1
