@@ -9,14 +9,15 @@ shared machine. Every run's losses are compared bit for bit with the first unmon
 "none" row compares the unmonitored runs with each other: any difference there is the CPU backend's
 own run-to-run nondeterminism, not the monitor).
 
-Configurations (all with ops min, max, norm, mean, zeros, nans and format csv, as msprobe's example):
+Configurations (by default all with ops min, max, norm, mean, zeros, nans and format csv, as msprobe's
+documented example; ``--ops`` and ``--format`` change that):
 
     everything   xy (forward + backward, all modules) + weight grads + moments + weights
     activations  xy only
     grads+moments  weight grads + Adam moments
     grads        weight grads only
 
-Usage: ``python benchmarks/monitor_overhead.py [--steps 8] [--rounds 2] [--format csv]``
+Usage: ``python benchmarks/monitor_overhead.py [--steps 8] [--rounds 2] [--format csv] [--ops norm,max]``
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ CONFIGS: dict[str, dict | None] = {
 TARGETS = {"everything": 1.5, "activations": 1.4, "grads+moments": 1.1, "grads": 1.05}
 
 
-def worker(name: str, steps: int, warmup: int, fmt: str, out_dir: str) -> dict:
+def worker(name: str, steps: int, warmup: int, fmt: str, out_dir: str, ops: list[str]) -> dict:
     """Train ``warmup + steps`` steps with configuration ``name``; step times and losses."""
     import torch
 
@@ -57,7 +58,7 @@ def worker(name: str, steps: int, warmup: int, fmt: str, out_dir: str) -> dict:
     if CONFIGS[name] is not None:
         from msprobe_core.pytorch.monitor import TrainerMon
 
-        cfg = dict(CONFIGS[name], ops=OPS, format=fmt,
+        cfg = dict(CONFIGS[name], ops=ops, format=fmt,
                    alert={"rules": [{"rule_name": "AnomalyTurbulence", "args": {"threshold": 0.5}}]})
         path = Path(out_dir) / f"{name}.json"
         path.write_text(json.dumps(cfg))
@@ -84,13 +85,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=2, help="unmeasured steps first")
     p.add_argument("--rounds", type=int, default=2, help="runs of every configuration (interleaved)")
     p.add_argument("--format", default="csv", help="monitor output format (csv, tensorboard, api)")
+    p.add_argument("--ops", default=",".join(OPS), help="comma-separated statistics (default: all six)")
     p.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated subset of " + ", ".join(CONFIGS))
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
 
     if args.worker:
-        print(json.dumps(worker(args.worker, args.steps, args.warmup, args.format, args.out)))
+        print(json.dumps(worker(args.worker, args.steps, args.warmup, args.format, args.out, args.ops.split(","))))
         return 0
 
     names = [n for n in args.configs.split(",") if n]
@@ -104,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.rounds):
             for name in names:
                 cmd = [sys.executable, __file__, "--worker", name, "--steps", str(args.steps),
-                       "--warmup", str(args.warmup), "--format", args.format, "--out", tmp]
+                       "--warmup", str(args.warmup), "--format", args.format, "--ops", args.ops, "--out", tmp]
                 path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
                 res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": path})
                 if res.returncode != 0:
@@ -118,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     base = statistics.median(times["none"])
     base_cpu = statistics.median(cpu["none"])
     print(f"small GPT, CPU ({os.cpu_count()} cores), {args.steps} steps x {args.rounds} runs, "
-          f"ops {','.join(OPS)}, format {args.format}")
+          f"ops {args.ops}, format {args.format}")
     print("ratio: median wall-clock step time over no monitor; best: fastest step over fastest step; "
           "cpu: median process CPU time (best and cpu are less sensitive to other load on a shared machine)")
     print(f"{'configuration':15s} {'median step':>12s} {'ratio':>7s} {'best':>7s} {'cpu':>7s} {'target':>7s}  "
