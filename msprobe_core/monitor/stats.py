@@ -14,6 +14,7 @@ Every number goes through ``msprobe_core.pytorch.tensor_stats.batched_stats``. T
 
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 import torch
@@ -21,7 +22,8 @@ import torch
 from msprobe_core.pytorch.tensor_stats import batched_stats
 
 _NAN_PROXIES = ("min", "max", "norm", "mean")
-PARTIAL_FIELDS = ("sum", "sumsq", "min", "max", "nans", "zeros", "numel")
+PARTIAL_FIELDS = ("sum", "sumsq", "nans", "zeros", "numel", "min", "max")
+_SUMMED = 5  # the first five fields add up over shards; min and max reduce with min / max
 _PARTIAL_OPS = ("min", "max", "norm", "mean", "zeros", "nans")
 
 
@@ -44,10 +46,10 @@ class StatsEngine:
         if not (self._lazy_nans and tensors[0].device.type == "cpu"):
             return batched_stats(tensors, self.ops, self.eps)
         rest = batched_stats(tensors, self._other_ops, self.eps)
-        finite = torch.isfinite(rest[:, self._proxy_cols]).all(dim=1)
         nans = torch.zeros((len(tensors), 1), dtype=rest.dtype)
-        bad = (~finite).nonzero().flatten().tolist()  # CPU: no device sync involved
-        if bad:
+        proxies = rest[:, self._proxy_cols]
+        if not bool(torch.isfinite(proxies).all()):  # CPU: reading the flag back costs no device sync
+            bad = (~torch.isfinite(proxies).all(dim=1)).nonzero().flatten().tolist()
             nans[bad, 0] = batched_stats([tensors[i] for i in bad], ("nans",), self.eps)[:, 0]
         j = self._nans_at
         return torch.cat([rest[:, :j], nans, rest[:, j:]], dim=1)
@@ -58,27 +60,24 @@ def shard_partials(engine: StatsEngine, shards: Sequence[torch.Tensor]) -> torch
     """Per-shard partial statistics, float64 [n, 7] in ``PARTIAL_FIELDS`` order, on the shards' device.
 
     Empty shards (a rank that holds no piece of a tensor) contribute nothing: sum 0, min +inf, max -inf.
+    Pure device work: no host synchronisation.
     """
-    device = shards[0].device if shards else torch.device("cpu")
     if not shards:
-        return torch.empty((0, len(PARTIAL_FIELDS)), dtype=torch.float64, device=device)
-    numel = torch.tensor([float(s.numel()) for s in shards], dtype=torch.float64, device=device)
-    nonempty = [i for i, s in enumerate(shards) if s.numel() > 0]
-    stats = torch.zeros((len(shards), len(_PARTIAL_OPS)), dtype=torch.float64, device=device)
-    stats[:, 0] = float("inf")
-    stats[:, 1] = float("-inf")
-    if nonempty:
-        sub = StatsEngine(_PARTIAL_OPS, engine.eps).compute([shards[i] for i in nonempty]).to(torch.float64)
-        stats[nonempty] = sub
+        return torch.empty((0, len(PARTIAL_FIELDS)), dtype=torch.float64)
+    device = shards[0].device
+    stats = StatsEngine(_PARTIAL_OPS, engine.eps).compute(list(shards)).to(torch.float64)
+    numel = torch.tensor([float(s.numel()) for s in shards], dtype=torch.float64).to(device, non_blocking=True)
     col = {op: i for i, op in enumerate(_PARTIAL_OPS)}
+    present = numel > 0
+    zero = torch.zeros_like(numel)
     return torch.stack([
-        stats[:, col["mean"]] * numel,
+        torch.where(present, stats[:, col["mean"]] * numel, zero),
         stats[:, col["norm"]] ** 2,
-        stats[:, col["min"]],
-        stats[:, col["max"]],
         stats[:, col["nans"]],
-        stats[:, col["zeros"]] * numel,
+        torch.where(present, stats[:, col["zeros"]] * numel, zero),
         numel,
+        torch.where(present, stats[:, col["min"]], torch.full_like(numel, math.inf)),
+        torch.where(present, stats[:, col["max"]], torch.full_like(numel, -math.inf)),
     ], dim=1)
 
 
@@ -87,46 +86,45 @@ def combine_partials(partials: torch.Tensor | Sequence[torch.Tensor], group: Any
 
     ``partials`` is either this rank's [n, 7] block, all-reduced over ``group`` (every rank must call
     with the same rows in the same order), or a sequence of blocks combined locally (one per shard).
-    Returns one [n, 7] float64 block of full-tensor partials.
+    Returns one [n, 7] float64 block of full-tensor partials (two all-reduces, no host sync).
     """
     if not isinstance(partials, torch.Tensor):
         blocks = torch.stack(list(partials))
-        out = blocks.sum(dim=0)
-        out[:, 2] = blocks[:, :, 2].amin(dim=0)
-        out[:, 3] = blocks[:, :, 3].amax(dim=0)
-        return _nan_minmax(out)
-    out = partials.clone()
+        sums = blocks[:, :, :_SUMMED].sum(dim=0)
+        lo = blocks[:, :, _SUMMED].amin(dim=0)
+        hi = blocks[:, :, _SUMMED + 1].amax(dim=0)
+        return _nan_minmax(torch.cat([sums, lo[:, None], hi[:, None]], dim=1))
     import torch.distributed as dist
 
+    sums = partials[:, :_SUMMED].contiguous()
+    extremes = torch.stack([-partials[:, _SUMMED], partials[:, _SUMMED + 1]], dim=1)
     if dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1:
-        sums = out[:, [0, 1, 4, 5, 6]].contiguous()
-        extremes = torch.stack([-out[:, 2], out[:, 3]], dim=1).contiguous()
         dist.all_reduce(sums, op=dist.ReduceOp.SUM, group=group)
         dist.all_reduce(extremes, op=dist.ReduceOp.MAX, group=group)
-        out[:, [0, 1, 4, 5, 6]] = sums
-        out[:, 2] = -extremes[:, 0]
-        out[:, 3] = extremes[:, 1]
-    return _nan_minmax(out)
+    return _nan_minmax(torch.cat([sums, -extremes[:, :1], extremes[:, 1:]], dim=1))
 
 
 def _nan_minmax(out: torch.Tensor) -> torch.Tensor:
-    has_nan = out[:, 4] > 0
-    out[:, 2] = torch.where(has_nan, torch.full_like(out[:, 2], float("nan")), out[:, 2])
-    out[:, 3] = torch.where(has_nan, torch.full_like(out[:, 3], float("nan")), out[:, 3])
+    """min and max are NaN where any shard held a NaN (a MAX all-reduce does not propagate NaN reliably)."""
+    nan = torch.full_like(out[:, 0], math.nan)
+    has_nan = out[:, 2] > 0
+    out[:, _SUMMED] = torch.where(has_nan, nan, out[:, _SUMMED])
+    out[:, _SUMMED + 1] = torch.where(has_nan, nan, out[:, _SUMMED + 1])
     return out
 
 
 def partials_to_ops(partials: torch.Tensor, ops: Sequence[str]) -> torch.Tensor:
     """Full-tensor statistics in ``ops`` order (float32 [n, len(ops)]) from combined partials."""
-    numel = partials[:, 6]
-    safe = torch.where(numel > 0, numel, torch.ones_like(numel))
-    empty = torch.full_like(numel, float("nan"))
+    numel = partials[:, 4]
+    present = numel > 0
+    safe = torch.where(present, numel, torch.ones_like(numel))
+    empty = torch.full_like(numel, math.nan)
     columns = {
-        "min": torch.where(numel > 0, partials[:, 2], empty),
-        "max": torch.where(numel > 0, partials[:, 3], empty),
+        "min": torch.where(present, partials[:, _SUMMED], empty),
+        "max": torch.where(present, partials[:, _SUMMED + 1], empty),
         "norm": partials[:, 1].clamp_min(0).sqrt(),
-        "mean": torch.where(numel > 0, partials[:, 0] / safe, empty),
-        "zeros": torch.where(numel > 0, partials[:, 5] / safe, torch.zeros_like(numel)),
-        "nans": partials[:, 4],
+        "mean": torch.where(present, partials[:, 0] / safe, empty),
+        "zeros": torch.where(present, partials[:, 3] / safe, torch.zeros_like(numel)),
+        "nans": partials[:, 2],
     }
     return torch.stack([columns[op] for op in ops], dim=1).to(torch.float32)
