@@ -130,6 +130,8 @@ class TrainerMon:
         if optimizer is not None and patch_optimizer:
             self._patch = StepPatch(optimizer, self.pre_optimizer_step, self.post_optimizer_step)
             self._patch.install()
+        if optimizer is None and self.config.mv_distribution:
+            logger.warning("monitor: mv_distribution is on but set_monitor got no optimizer; moments are not read")
         self._apply_selection()
         if self.config.print_struct:
             self._write_structure()
