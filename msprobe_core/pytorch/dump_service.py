@@ -29,7 +29,7 @@ from msprobe_core.errors import ConfigError, DumpPathError, TokenRangeError
 from msprobe_core.pytorch.api_patch import ApiPatcher, make_wrapper
 from msprobe_core.pytorch.summarize import Summarizer, iter_tensors
 from msprobe_core.pytorch.tensor_stats import has_inf_or_nan
-from msprobe_core.pytorch.tool_guard import TOOL
+from msprobe_core.pytorch.tool_guard import TOOL, mark_tool_thread
 
 from msprobe_core.log import setup_logging
 
@@ -321,7 +321,8 @@ class DumpService:
 
     def _writer_pool(self) -> Optional[ThreadPoolExecutor]:
         if self._needs_pool and self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="msprobe-writer")
+            self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="msprobe-writer",
+                                            initializer=mark_tool_thread)
         return self._pool
 
     def _submit_file(self, fn: Callable[[], None]):

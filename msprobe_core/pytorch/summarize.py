@@ -19,13 +19,13 @@ from typing import Any, Callable, Optional
 import torch
 
 from msprobe_core.pytorch import tensor_stats
+from msprobe_core.pytorch.pt_writer import write_file
 from msprobe_core.pytorch.tensor_stats import summary_kind, summary_stats
 
 _clone = torch.Tensor.clone
 _contiguous = torch.Tensor.contiguous
 _view = torch.Tensor.view
 _to = torch.Tensor.to
-_save = torch.save
 
 try:  # ISA-L's CRC-32 is ~6x faster than zlib's; same polynomial, same values.
     from isal.isal_zlib import crc32 as _crc32
@@ -40,12 +40,6 @@ def tensor_crc32(t: torch.Tensor) -> str:
         return f"{0:08x}"
     raw = _view(x.reshape(-1), torch.uint8).numpy()
     return f"{_crc32(raw) & 0xFFFFFFFF:08x}"
-
-
-def _write_tensor(tensor: torch.Tensor, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    _save(tensor if tensor.device.type == "cpu" else _to(tensor, "cpu"), tmp)
-    os.replace(tmp, path)
 
 
 def _link_or_copy(src_future, src: Path, dst: Path) -> None:
@@ -175,7 +169,7 @@ class Summarizer:
             return name
         self.tensor_dir.mkdir(parents=True, exist_ok=True)
         snapshot = _clone(t.detach(), memory_format=torch.contiguous_format)
-        future = self._submit(lambda: _write_tensor(snapshot, path))
+        future = self._submit(lambda: write_file(snapshot, path))
         if entry is not None:
             entry.file = path
             entry.future = future if future is not None else _Completed()

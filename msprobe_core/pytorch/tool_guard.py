@@ -28,3 +28,9 @@ class tool_work:
     def __exit__(self, exc_type, exc, tb) -> bool:
         TOOL.depth -= 1
         return False
+
+
+def mark_tool_thread() -> None:
+    """For threads that only ever do the toolkit's work (the tensor-file writers): nothing they call is
+    recorded. Use as a ``ThreadPoolExecutor`` initializer."""
+    TOOL.depth += 1
