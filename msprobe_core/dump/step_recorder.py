@@ -17,9 +17,7 @@ import linecache
 import marshal
 import os
 import struct
-import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, Sequence
 
@@ -72,11 +70,10 @@ def write_json_atomic(path: Path, obj: Any) -> None:
 
 
 class StepRecorder:
-    """Records of one (step, rank) folder. Not thread-safe for record calls: use from the training thread
-    (autograd hooks run there too); tensor files are written by a shared thread pool."""
+    """Records of one (step, rank) folder. Not thread-safe: use from the training thread (autograd hooks
+    run there too on CPU); tensor files are the caller's (``TensorFiles``)."""
 
-    def __init__(self, rank_dir: Path, header: dict[str, Any], json_name: str = "dump.json",
-                 writer_pool: Optional[ThreadPoolExecutor] = None, journal: bool = True):
+    def __init__(self, rank_dir: Path, header: dict[str, Any], json_name: str = "dump.json", journal: bool = True):
         self.rank_dir = rank_dir
         self.header = header
         self.json_name = json_name
@@ -86,10 +83,7 @@ class StepRecorder:
         self._seq = 0
         self._journal_enabled = journal
         self._journal_fd: Optional[int] = None
-        self._pool = writer_pool
-        self._futures: list[Future] = []
         self._queued: list[tuple] = []
-        self._lock = threading.Lock()
         self._dir_ready = False
         self.errors = 0
 
@@ -168,15 +162,6 @@ class StepRecorder:
         self.construct[name] = parent
         self._append(("c", name, parent))
 
-    def submit_file(self, fn: Callable[[], None]) -> Optional[Future]:
-        """Run a file write on the writer pool (or now, without one); finish() waits for it."""
-        if self._pool is None:
-            fn()
-            return None
-        future = self._pool.submit(fn)
-        self._futures.append(future)
-        return future
-
     def log_error(self, message: str) -> None:
         """Append a line to dump_error_info.log (created only when something goes wrong)."""
         self.errors += 1
@@ -194,12 +179,6 @@ class StepRecorder:
 
     def write_files(self) -> None:
         """Write the JSON files for what is recorded so far (atomic); the journal stays."""
-        for fut in self._futures:
-            try:
-                fut.result()
-            except Exception as e:  # a tensor file that failed must not hide the others
-                self.log_error(f"tensor file write failed: {e!r}")
-        self._futures.clear()
         if not self._dir_ready:
             return
         self.sync_journal()

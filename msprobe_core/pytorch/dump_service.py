@@ -15,7 +15,6 @@ from __future__ import annotations
 import atexit
 import os
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
@@ -29,7 +28,8 @@ from msprobe_core.errors import ConfigError, DumpPathError, TokenRangeError
 from msprobe_core.pytorch.api_patch import ApiPatcher, make_wrapper
 from msprobe_core.pytorch.summarize import Summarizer, iter_tensors
 from msprobe_core.pytorch.tensor_stats import has_inf_or_nan
-from msprobe_core.pytorch.tool_guard import TOOL, mark_tool_thread
+from msprobe_core.pytorch.pt_writer import TensorFiles
+from msprobe_core.pytorch.tool_guard import TOOL
 
 from msprobe_core.log import setup_logging
 
@@ -146,7 +146,6 @@ class DumpService:
         self._checked_dirs: set[str] = set()
         self.recorder: Optional[StepRecorder] = None
         self.debug_recorder: Optional[StepRecorder] = None
-        self._pool: Optional[ThreadPoolExecutor] = None
         self._uses_l1 = cfg.level in ("L1", "mix")
         self._uses_l0 = cfg.level in ("L0", "mix")
         self._construct = cfg.level in ("L0", "mix")
@@ -155,10 +154,9 @@ class DumpService:
         if self.patcher is not None:
             self.patcher.prepare()  # a bad wrap list fails here, not mid-training
         saves = cfg.task == "tensor" or bool(cfg.tensor_list)
-        self.summarizer = Summarizer(statistics=cfg.task != "structure", md5=cfg.summary_mode == "md5",
-                                     submit_file=self._submit_file)
+        self.files = TensorFiles() if saves else None
+        self.summarizer = Summarizer(statistics=cfg.task != "structure", md5=cfg.summary_mode == "md5", files=self.files)
         self._saves = cfg.task == "tensor"
-        self._needs_pool = saves
         self._counters: dict[str, int] = {}
         self._module_stack: list[str] = []
         self._module_calls: dict[int, list[Optional[_Call]]] = {}
@@ -245,16 +243,18 @@ class DumpService:
             self.stop()
             self._finish_step()
         finally:
-            if self._pool is not None:
-                self._pool.shutdown(wait=True)
-                self._pool = None
+            if self.files is not None:
+                self.files.close()
 
     def _finish_step(self) -> None:
         for h in self._step_handles:
             h.remove()
         self._step_handles.clear()
+        failed = self.files.flush() if self.files is not None else 0  # every tensor file is on disk
         for rec in (self.recorder, self.debug_recorder):
             if rec is not None and rec.has_content:
+                if failed:
+                    rec.log_error(f"{failed} tensor files could not be written (see the writer's messages)")
                 self._tls.depth += 1
                 try:
                     self.summarizer.resolve()
@@ -303,9 +303,9 @@ class DumpService:
         if self.recorder is None:
             rank_dir = self._rank_dir()
             header = self._header(self.cfg.level)
-            if self._needs_pool:
+            if self.files is not None:
                 header["dump_data_dir"] = str((rank_dir / "dump_tensor_data").absolute())
-            self.recorder = StepRecorder(rank_dir, header, "dump.json", self._writer_pool())
+            self.recorder = StepRecorder(rank_dir, header, "dump.json")
             self.summarizer.tensor_dir = self.recorder.tensor_dir
         return self.recorder
 
@@ -315,21 +315,9 @@ class DumpService:
             header = self._header("debug")
             if self._saves:
                 header["dump_data_dir"] = str((rank_dir / "dump_tensor_data").absolute())
-            self.debug_recorder = StepRecorder(rank_dir, header, "debug.json", self._writer_pool())
+            self.debug_recorder = StepRecorder(rank_dir, header, "debug.json")
             self.summarizer.tensor_dir = self.debug_recorder.tensor_dir
         return self.debug_recorder
-
-    def _writer_pool(self) -> Optional[ThreadPoolExecutor]:
-        if self._needs_pool and self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="msprobe-writer",
-                                            initializer=mark_tool_thread)
-        return self._pool
-
-    def _submit_file(self, fn: Callable[[], None]):
-        rec = self.recorder or self.debug_recorder
-        if rec is None:
-            return None
-        return rec.submit_file(fn)
 
     def _sync(self, record_on_device: bool = False, force: bool = False) -> None:
         """Resolve statistics and append journal lines: at once for CPU records (a crash loses none), in

@@ -1,23 +1,38 @@
-"""Write one tensor as a ``torch.save``-compatible ``.pt`` file without holding the GIL for its bytes.
+"""Dumped tensors to ``.pt`` files (``torch.save``'s format) without slowing the training thread.
 
-``torch.save`` copies and checksums the storage in C++ with the GIL held, so a writer thread running it
-stalls the training thread (every small torch op then waits to get the GIL back). This writer produces
-the same archive layout (``data.pkl`` calling ``torch._utils._rebuild_tensor_v2``, the raw little-endian
-storage in ``data/0``, 64-byte aligned, ``version`` 3) through ``zipfile``, whose CRC and file writes
-release the GIL. The files load with ``torch.load(..., weights_only=True)``.
+``TensorFiles`` copies each tensor once into a shared-memory arena and hands the job to a writer process
+(``msprobe_core.dump.file_writer``) that never touches the trainer's GIL: writer *threads* running
+``torch.save`` hold the GIL while they copy and checksum, and every small torch op of the training
+thread then waits for it. Where no arena can be made (no /dev/shm or temp space, no subprocess), a
+thread pool does the same job with the GIL-friendly ``pt_archive`` writer. Files load with
+``torch.load(..., weights_only=True)``.
 """
 
 from __future__ import annotations
 
 import collections
 import io
+import logging
+import marshal
+import mmap
 import os
 import pickle
+import select
+import struct
+import subprocess
+import sys
+import tempfile
 import uuid
-import zipfile
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Optional
 
 import torch
+
+from msprobe_core.dump.pt_archive import ALIGN, link_or_copy, write_pt_atomic
+from msprobe_core.pytorch.tool_guard import mark_tool_thread
+
+logger = logging.getLogger("msprobe_core")
 
 _STORAGE_CLASS = {
     torch.float32: torch.FloatStorage, torch.float64: torch.DoubleStorage, torch.float16: torch.HalfStorage,
@@ -26,21 +41,30 @@ _STORAGE_CLASS = {
     torch.bool: torch.BoolStorage, torch.complex64: torch.ComplexFloatStorage,
     torch.complex128: torch.ComplexDoubleStorage,
 }
-_ALIGN = 64
+ARENA_ENV = "MSPROBE_WRITER_ARENA_MB"
+DEFAULT_ARENA_MB = 256
+_LEN = struct.Struct("<I")
+_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+# ------------------------------------------------------------------------------------------ the pickle
 class _StorageRef:
-    """Pickled as the persistent id torch.save writes for a tensor's storage."""
-
     def __init__(self, storage_class, numel: int):
         self.pid = ("storage", storage_class, "0", "cpu", numel)
 
 
 class _TensorRecipe:
-    """Pickles to the call ``torch.save`` records for a contiguous CPU tensor at offset 0."""
+    """Pickles to the call ``torch.save`` records for a contiguous CPU tensor at storage offset 0."""
 
-    def __init__(self, t: torch.Tensor, storage_class):
-        self.args = (_StorageRef(storage_class, t.numel()), 0, tuple(t.shape), tuple(t.stride()), False,
+    def __init__(self, dtype: torch.dtype, shape: tuple[int, ...]):
+        strides, acc = [], 1
+        for size in reversed(shape):
+            strides.append(acc)
+            acc *= max(size, 1)
+        numel = 1
+        for size in shape:
+            numel *= size
+        self.args = (_StorageRef(_STORAGE_CLASS[dtype], numel), 0, tuple(shape), tuple(reversed(strides)), False,
                      collections.OrderedDict())
 
     def __reduce__(self):
@@ -52,49 +76,221 @@ class _Pickler(pickle.Pickler):
         return obj.pid if isinstance(obj, _StorageRef) else None
 
 
-def can_write(t: torch.Tensor) -> bool:
-    """Tensors this writer handles (dense, of a dtype with a legacy storage class); others use torch.save."""
+def tensor_pickle(dtype: torch.dtype, shape: tuple[int, ...]) -> bytes:
+    """``data.pkl`` of a contiguous tensor of this dtype and shape, byte for byte as torch.save writes it."""
+    buf = io.BytesIO()
+    _Pickler(buf, protocol=2).dump(_TensorRecipe(dtype, tuple(shape)))
+    return buf.getvalue()
+
+
+def supported(t: torch.Tensor) -> bool:
+    """Dense tensors of a dtype with a storage class; anything else is written by ``torch.save``."""
     return t.layout == torch.strided and t.dtype in _STORAGE_CLASS and not t.is_quantized
 
 
-def _aligned_info(zf: zipfile.ZipFile, name: str) -> zipfile.ZipInfo:
-    """A stored (uncompressed) entry whose data starts on a 64-byte boundary, as torch.save aligns it."""
-    info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
-    info.compress_type = zipfile.ZIP_STORED
-    offset = zf.fp.tell() + 30 + len(name.encode())
-    pad = (-(offset + 4)) % _ALIGN
-    info.extra = b"FB" + pad.to_bytes(2, "little") + b"Z" * pad  # an extra field of 'pad' filler bytes
-    return info
-
-
-def save_tensor(t: torch.Tensor, path: Path) -> None:
-    """Write ``t`` (moved to the CPU and made contiguous if needed) to ``path`` in torch.save's format."""
-    x = t.detach()
-    if x.device.type != "cpu":
-        x = x.cpu()
-    if not x.is_contiguous() or x.storage_offset() != 0 or x.untyped_storage().nbytes() != x.numel() * x.element_size():
-        x = x.contiguous().clone()
-    storage_class = _STORAGE_CLASS[x.dtype]
-    payload = memoryview(x.reshape(-1).view(torch.uint8).numpy()) if x.numel() else memoryview(b"")
-    buf = io.BytesIO()
-    _Pickler(buf, protocol=2).dump(_TensorRecipe(x, storage_class))
-    root = path.stem.replace(".", "_") or "archive"
-    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
-        zf.writestr(zipfile.ZipInfo(f"{root}/data.pkl", date_time=(1980, 1, 1, 0, 0, 0)), buf.getvalue())
-        zf.writestr(f"{root}/.format_version", "1")
-        zf.writestr(f"{root}/.storage_alignment", str(_ALIGN))
-        zf.writestr(f"{root}/byteorder", "little")
-        with zf.open(_aligned_info(zf, f"{root}/data/0"), "w", force_zip64=len(payload) > 0x7FFFFFFF) as f:
-            f.write(payload)
-        zf.writestr(f"{root}/version", "3\n")
-        zf.writestr(f"{root}/.data/serialization_id", uuid.uuid4().hex[:20].ljust(40, "0"))
-
-
 def write_file(t: torch.Tensor, path: Path) -> None:
-    """Atomic write (temporary name, then rename) with this writer, or torch.save for exotic tensors."""
-    tmp = path.with_name(path.name + ".tmp")
-    if can_write(t):
-        save_tensor(t, tmp)
-    else:
-        torch.save(t.detach().cpu(), tmp)
-    os.replace(tmp, path)
+    """Write ``t`` now (atomically) in torch.save's format."""
+    x = t.detach()
+    if not supported(x):
+        tmp = path.with_name(path.name + ".tmp")
+        torch.save(x.cpu().clone(), tmp)
+        os.replace(tmp, path)
+        return
+    x = x.cpu().contiguous()
+    payload = memoryview(x.reshape(-1).view(torch.uint8).numpy()) if x.numel() else memoryview(b"")
+    write_pt_atomic(path, tensor_pickle(x.dtype, tuple(x.shape)), payload)
+
+
+# ------------------------------------------------------------------------------------------ backends
+class _ThreadFiles:
+    """Fallback: clone on the training thread, write on two toolkit threads."""
+
+    def __init__(self):
+        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="msprobe-writer", initializer=mark_tool_thread)
+        self._pending: dict[str, Future] = {}
+        self.failures = 0
+
+    def save(self, t: torch.Tensor, path: Path) -> None:
+        snapshot = t.detach().clone(memory_format=torch.contiguous_format)
+        self._pending[str(path)] = self._pool.submit(write_file, snapshot, path)
+
+    def link(self, src: Path, dst: Path) -> None:
+        first = self._pending.get(str(src))
+
+        def job():
+            if first is not None:
+                first.result()
+            link_or_copy(src, dst)
+
+        self._pending[str(dst)] = self._pool.submit(job)
+
+    def flush(self) -> int:
+        failed = 0
+        for fut in self._pending.values():
+            try:
+                fut.result()
+            except Exception as e:
+                failed += 1
+                logger.warning("tensor file write failed: %r", e)
+        self._pending.clear()
+        self.failures += failed
+        return failed
+
+    def close(self) -> None:
+        self.flush()
+        self._pool.shutdown(wait=True)
+
+
+class _ProcessFiles:
+    """A writer process fed through a shared-memory ring arena (jobs acknowledged in order)."""
+
+    def __init__(self, arena_bytes: int):
+        folder = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+        path = os.path.join(folder, f"msprobe-arena-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.ftruncate(fd, arena_bytes)
+            self._mmap = mmap.mmap(fd, arena_bytes)
+        finally:
+            os.close(fd)
+        try:
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [_PACKAGE_ROOT, os.environ.get("PYTHONPATH")])))
+            self.proc = subprocess.Popen([sys.executable, "-m", "msprobe_core.dump.file_writer", path, str(arena_bytes)],
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+            ready = os.read(self.proc.stdout.fileno(), 1)
+        finally:
+            os.unlink(path)  # both sides hold the mapping; no name is left behind
+        if ready != b"R":
+            raise OSError("the tensor-file writer process did not start")
+        self.size = arena_bytes
+        self.arena = torch.frombuffer(self._mmap, dtype=torch.uint8)
+        self._jobs: collections.deque = collections.deque()  # (start, end) of arena space, or None for links
+        self._head = 0
+        self._out = self.proc.stdout.fileno()
+        self.failures = 0
+
+    # ring allocation -------------------------------------------------------------------------
+    def _alloc(self, n: int) -> int:
+        n = (n + ALIGN - 1) // ALIGN * ALIGN
+        while True:
+            spans = [j for j in self._jobs if j is not None]
+            if not spans:
+                self._head = 0
+                return self._take(0, n)
+            tail = spans[0][0]
+            if self._head >= tail:
+                if self._head + n <= self.size:
+                    return self._take(self._head, n)
+                if n < tail:
+                    return self._take(0, n)
+            elif self._head + n <= tail:
+                return self._take(self._head, n)
+            self._acks(block=True)
+
+    def _take(self, start: int, n: int) -> int:
+        self._head = start + n
+        self._jobs.append((start, start + n))
+        return start
+
+    def _acks(self, block: bool) -> None:
+        if not block and not select.select([self._out], [], [], 0)[0]:
+            return
+        data = os.read(self._out, 65536)
+        if not data:
+            raise BrokenPipeError("the tensor-file writer process ended")
+        for b in data:
+            self._jobs.popleft()
+            if b == ord("!"):
+                self.failures += 1
+
+    def _send(self, job: tuple) -> None:
+        body = marshal.dumps(job)
+        self.proc.stdin.write(_LEN.pack(len(body)) + body)
+        self.proc.stdin.flush()
+
+    # interface ---------------------------------------------------------------------------------
+    def save(self, t: torch.Tensor, path: Path) -> None:
+        n = t.numel() * t.element_size()
+        if n == 0 or n > self.size // 2 or not supported(t):
+            write_file(t, path)  # empty, huge or exotic: write it here, now
+            return
+        self._acks(block=False)
+        off = self._alloc(n)
+        dst = self.arena[off:off + n].view(t.dtype).view(t.shape)
+        dst.copy_(t.detach())
+        self._send(("w", str(path), tensor_pickle(t.dtype, tuple(t.shape)), off, n))
+
+    def link(self, src: Path, dst: Path) -> None:
+        self._jobs.append(None)
+        self._send(("l", str(src), str(dst)))
+
+    def flush(self) -> int:
+        before = self.failures
+        while self._jobs:
+            self._acks(block=True)
+        return self.failures - before
+
+    def close(self) -> None:
+        try:
+            self.flush()
+        finally:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=60)
+            del self.arena
+            self._mmap.close()
+
+
+class TensorFiles:
+    """Where the dump's tensors go: ``save(t, path)``, ``link(src, dst)``, ``flush()`` (all written),
+    ``close()``. Starts its writer process on first use; falls back to threads if it cannot."""
+
+    def __init__(self):
+        self._backend = None
+
+    def _get(self):
+        if self._backend is None:
+            try:
+                mb = int(os.environ.get(ARENA_ENV, DEFAULT_ARENA_MB))
+                self._backend = _ProcessFiles(mb << 20) if mb > 0 else _ThreadFiles()
+            except (OSError, ValueError) as e:
+                logger.warning("tensor files: no writer process (%s); writing from threads", e)
+                self._backend = _ThreadFiles()
+        return self._backend
+
+    def save(self, t: torch.Tensor, path: Path) -> None:
+        backend = self._get()
+        try:
+            backend.save(t, path)
+        except (BrokenPipeError, OSError) as e:
+            self._fail_over(e)
+            self._backend.save(t, path)
+
+    def link(self, src: Path, dst: Path) -> None:
+        backend = self._get()
+        try:
+            backend.link(src, dst)
+        except (BrokenPipeError, OSError) as e:
+            self._fail_over(e)
+            self._backend.link(src, dst)
+
+    def _fail_over(self, exc: BaseException) -> None:
+        logger.warning("tensor files: writer process failed (%r); writing from threads", exc)
+        self._backend = _ThreadFiles()
+
+    def flush(self) -> int:
+        """Wait until every file handed over is written; returns how many failed."""
+        if self._backend is None:
+            return 0
+        try:
+            return self._backend.flush()
+        except (BrokenPipeError, OSError) as e:
+            self._fail_over(e)
+            return 1
+
+    def close(self) -> None:
+        if self._backend is not None:
+            try:
+                self._backend.close()
+            except Exception as e:  # pragma: no cover - best effort at exit
+                logger.warning("tensor files: closing the writer failed: %r", e)
+            self._backend = None

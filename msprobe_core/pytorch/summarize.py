@@ -3,26 +3,23 @@
 A tensor becomes a summary dict (type, dtype, shape, Max, Min, Mean, Norm, requires_grad, plus
 data_name / md5 when asked). Statistics are computed once per tensor *version* (an API's output is the
 next API's input: one computation, and one file written, hard-linked under the second name), stay on the
-tensor's device, and reach the host in one stacked copy per ``resolve()`` call. Saved tensors are cloned
-on the training thread and written by the writer pool.
+tensor's device, and reach the host in one stacked copy per ``resolve()`` call. Saved tensors are copied
+once on the training thread and written by ``TensorFiles`` (a writer process).
 """
 
 from __future__ import annotations
 
-import os
-import shutil
 import weakref
 import zlib
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import torch
 
 from msprobe_core.pytorch import tensor_stats
-from msprobe_core.pytorch.pt_writer import write_file
+from msprobe_core.pytorch.pt_writer import TensorFiles
 from msprobe_core.pytorch.tensor_stats import summary_kind, summary_stats
 
-_clone = torch.Tensor.clone
 _contiguous = torch.Tensor.contiguous
 _view = torch.Tensor.view
 _to = torch.Tensor.to
@@ -42,23 +39,13 @@ def tensor_crc32(t: torch.Tensor) -> str:
     return f"{_crc32(raw) & 0xFFFFFFFF:08x}"
 
 
-def _link_or_copy(src_future, src: Path, dst: Path) -> None:
-    src_future.result()
-    try:
-        os.link(src, dst)
-    except FileExistsError:
-        raise
-    except OSError:  # file systems without hard links
-        shutil.copyfile(src, dst)
-
-
 _DTYPE_NAMES: dict[torch.dtype, str] = {}
 
 
 class _Entry:
     """What is known about one tensor version: its statistics, CRC and first saved file."""
 
-    __slots__ = ("ref", "version", "stats", "crc", "file", "future")
+    __slots__ = ("ref", "version", "stats", "crc", "file")
 
     def __init__(self, ref, version):
         self.ref = ref
@@ -66,20 +53,20 @@ class _Entry:
         self.stats = None
         self.crc = None
         self.file = None
-        self.future = None
 
 
 class Summarizer:
     """Summaries for one step; ``reset()`` at step end drops the per-version cache."""
 
-    def __init__(self, statistics: bool, md5: bool, submit_file: Callable[[Callable[[], None]], Any]):
+    def __init__(self, statistics: bool, md5: bool, files: Optional[TensorFiles] = None):
         self.statistics = statistics
         self.md5 = md5
-        self._submit = submit_file
+        self.files = files
         self._cache: dict[int, _Entry] = {}
         self._pending: list[tuple[dict, Any]] = []
         self._pending_crc: list[tuple[dict, torch.Tensor]] = []
         self.tensor_dir: Optional[Path] = None
+        self._made_dir: Optional[Path] = None
 
     def reset(self) -> None:
         self._cache.clear()
@@ -134,7 +121,7 @@ class Summarizer:
             else:  # copy now (no sync), checksum at resolve()
                 summary["md5"] = None
                 self._pending_crc.append((summary, _to(_contiguous(t.detach()), "cpu", non_blocking=True)))
-        if save and file_base and self.tensor_dir is not None:
+        if save and file_base and self.tensor_dir is not None and self.files is not None:
             summary["data_name"] = self._save(t, entry, file_base + ".pt")
         return summary
 
@@ -162,17 +149,18 @@ class Summarizer:
         return entry
 
     def _save(self, t: torch.Tensor, entry: Optional[_Entry], name: str) -> str:
-        assert self.tensor_dir is not None
+        """Hand the tensor to the file writer (a version already saved gets a hard link instead)."""
+        assert self.tensor_dir is not None and self.files is not None
         path = self.tensor_dir / name
         if entry is not None and entry.file is not None:
-            self._submit(lambda src=entry.file, fut=entry.future: _link_or_copy(fut, src, path))
+            self.files.link(entry.file, path)
             return name
-        self.tensor_dir.mkdir(parents=True, exist_ok=True)
-        snapshot = _clone(t.detach(), memory_format=torch.contiguous_format)
-        future = self._submit(lambda: write_file(snapshot, path))
+        if self._made_dir != self.tensor_dir:
+            self.tensor_dir.mkdir(parents=True, exist_ok=True)
+            self._made_dir = self.tensor_dir
+        self.files.save(t, path)
         if entry is not None:
             entry.file = path
-            entry.future = future if future is not None else _Completed()
         return name
 
     # ------------------------------------------------------------------ host copy
@@ -198,13 +186,6 @@ class Summarizer:
                 torch.cuda.synchronize()
             for summary, host in crcs:
                 summary["md5"] = tensor_crc32(host)
-
-
-class _Completed:
-    """A future that is already done (files written synchronously)."""
-
-    def result(self):
-        return None
 
 
 def _to_host(groups: list[tuple]) -> list[list[float]]:
