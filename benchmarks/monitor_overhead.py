@@ -47,9 +47,12 @@ CONFIGS: dict[str, dict | None] = {
 TARGETS = {"everything": 1.5, "activations": 1.4, "grads+moments": 1.1, "grads": 1.05}
 
 
-def worker(name: str, steps: int, warmup: int, fmt: str, out_dir: str, ops: list[str]) -> dict:
+def worker(name: str, steps: int, warmup: int, fmt: str, out_dir: str, ops: list[str], threads: int) -> dict:
     """Train ``warmup + steps`` steps with configuration ``name``; step times and losses."""
     import torch
+
+    if threads > 0:
+        torch.set_num_threads(threads)
 
     from benchmarks.small_gpt import build, train
 
@@ -86,13 +89,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=2, help="runs of every configuration (interleaved)")
     p.add_argument("--format", default="csv", help="monitor output format (csv, tensorboard, api)")
     p.add_argument("--ops", default=",".join(OPS), help="comma-separated statistics (default: all six)")
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch intra-op threads (0: torch's default). With 1, the cpu column is the whole work "
+                        "of a step, which makes ratios stable on a machine other jobs are using")
     p.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated subset of " + ", ".join(CONFIGS))
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
 
     if args.worker:
-        print(json.dumps(worker(args.worker, args.steps, args.warmup, args.format, args.out, args.ops.split(","))))
+        print(json.dumps(worker(args.worker, args.steps, args.warmup, args.format, args.out, args.ops.split(","),
+                                args.threads)))
         return 0
 
     names = [n for n in args.configs.split(",") if n]
@@ -106,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.rounds):
             for name in names:
                 cmd = [sys.executable, __file__, "--worker", name, "--steps", str(args.steps),
-                       "--warmup", str(args.warmup), "--format", args.format, "--ops", args.ops, "--out", tmp]
+                       "--warmup", str(args.warmup), "--format", args.format, "--ops", args.ops,
+                       "--threads", str(args.threads), "--out", tmp]
                 path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
                 res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": path})
                 if res.returncode != 0:
@@ -119,8 +127,9 @@ def main(argv: list[str] | None = None) -> int:
                 anomalies[name] = anomalies.get(name, 0) + r["anomalies"]
     base = statistics.median(times["none"])
     base_cpu = statistics.median(cpu["none"])
-    print(f"small GPT, CPU ({os.cpu_count()} cores), {args.steps} steps x {args.rounds} runs, "
-          f"ops {args.ops}, format {args.format}")
+    threads = args.threads or "default"
+    print(f"small GPT, CPU ({os.cpu_count()} cores, torch threads: {threads}), {args.steps} steps x {args.rounds} "
+          f"runs, ops {args.ops}, format {args.format}")
     print("ratio: median wall-clock step time over no monitor; best: fastest step over fastest step; "
           "cpu: median process CPU time (best and cpu are less sensitive to other load on a shared machine)")
     print(f"{'configuration':15s} {'median step':>12s} {'ratio':>7s} {'best':>7s} {'cpu':>7s} {'target':>7s}  "
