@@ -133,6 +133,8 @@ class TrainerMon:
         if optimizer is None and self.config.mv_distribution:
             logger.warning("monitor: mv_distribution is on but set_monitor got no optimizer; moments are not read")
         self._apply_selection()
+        if self.schedule.enabled:
+            self._ensure_writers()  # fail now (e.g. tensorboardX missing), not inside the training loop
         if self.config.print_struct:
             self._write_structure()
         return self
