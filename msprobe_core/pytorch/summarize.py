@@ -45,11 +45,12 @@ _DTYPE_NAMES: dict[torch.dtype, str] = {}
 class _Entry:
     """What is known about one tensor version: its statistics, CRC and first saved file."""
 
-    __slots__ = ("ref", "version", "stats", "crc", "file")
+    __slots__ = ("ref", "version", "ptr", "stats", "crc", "file")
 
-    def __init__(self, ref, version):
+    def __init__(self, ref, version, ptr):
         self.ref = ref
         self.version = version
+        self.ptr = ptr
         self.stats = None
         self.crc = None
         self.file = None
@@ -141,10 +142,11 @@ class Summarizer:
         except RuntimeError:  # inference tensors have no version counter
             return None
         key = id(t)
+        ptr = t.data_ptr()  # ``param.data = ...`` swaps the memory without a version bump
         entry = self._cache.get(key)
-        if entry is not None and entry.ref() is t and entry.version == version:
+        if entry is not None and entry.ref() is t and entry.version == version and entry.ptr == ptr:
             return entry
-        entry = _Entry(weakref.ref(t), version)
+        entry = _Entry(weakref.ref(t), version, ptr)
         self._cache[key] = entry
         return entry
 
