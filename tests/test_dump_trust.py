@@ -170,3 +170,28 @@ def test_two_ranks_write_their_own_folders(tmp_path, ranks, expected):
     data = json.loads((out / "step0" / expected[-1] / "dump.json").read_text())["data"]
     assert "Distributed.all_reduce.0.forward" in data
     assert "Functional.linear.0.forward" in data
+
+
+def test_tensor_type_slots_untouched_after_an_l1_dump(tmp_path):
+    """Assigning and deleting torch.Tensor.__getitem__ & co. would rewire CPython's type slots for good
+    (torch.tensor(list of 0-d tensors) then fails under any TorchFunctionMode, e.g. Megatron's)."""
+    from torch.overrides import TorchFunctionMode
+
+    class PassThrough(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    model = TinyNet()
+    dbg = PrecisionDebugger({"dump_path": str(tmp_path / "d"), "level": "L1"})
+    dbg.start(model)
+    x = torch.randn(2, 8)
+    y = model(x)
+    z = (y + 1)[0] * 2           # operators are still recorded (through a TorchFunctionMode)
+    z.sum().backward()
+    dbg.stop()
+    dbg.step()
+    names = json.loads(next((tmp_path / "d" / "step0").iterdir()).joinpath("dump.json").read_text())["data"]
+    assert "Tensor.__add__.0.forward" in names and "Tensor.__getitem__.0.forward" in names
+    assert "Tensor.__mul__.0.forward" in names
+    with PassThrough():
+        assert torch.tensor([torch.tensor(0.5), torch.tensor(1.5)]).tolist() == [0.5, 1.5]

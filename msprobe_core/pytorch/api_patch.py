@@ -3,6 +3,12 @@
 The plan (which attribute of which owner, its original value, whether the owner held it itself or
 inherited it, and the wrapper) is built once per process; ``patch()`` and ``restore()`` are then tight
 loops of setattr/delattr. After ``restore()`` every owner's ``__dict__`` is as it was before ``patch()``.
+
+Operator dunders that ``torch.Tensor`` inherits from its C base (``__add__``, ``__getitem__``, ...) are
+not set on the class: assigning and deleting one rewires CPython's type slots for good (a deleted
+``__getitem__`` leaves ``torch.Tensor`` looking like a sequence, which breaks ``torch.tensor(list of
+0-d tensors)`` under any TorchFunctionMode). They are seen through a ``TorchFunctionMode`` pushed
+between ``patch()`` and ``restore()`` instead, which leaves the class untouched.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from msprobe_core.errors import ConfigError
 
@@ -84,6 +91,50 @@ def make_wrapper(original: Callable, prefix: str, api: str, handler: ApiHandler,
 SILENT = (("autograd", "backward"), ("autograd", "grad"))
 
 
+def _probe_dunder(name: str) -> Optional[Callable]:
+    """The function a TorchFunctionMode receives when ``torch.Tensor.<name>`` runs (e.g. ``Tensor.add``
+    for ``__add__``), found by calling it once on small tensors; None if no call shape works."""
+    seen: list = []
+
+    class _Probe(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if not seen:
+                seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    method = getattr(torch.Tensor, name)
+    for make in (lambda: (torch.ones(2),), lambda: (torch.ones(2), torch.ones(2)), lambda: (torch.ones(2), 1),
+                 lambda: (torch.ones(2, dtype=torch.int64), torch.ones(2, dtype=torch.int64)),
+                 lambda: (torch.ones(2), 0, 1.0), lambda: (torch.ones(2, 2), torch.ones(2, 2))):
+        seen.clear()
+        args = make()
+        try:
+            with torch.no_grad(), _Probe():
+                result = method(*args)
+        except Exception:
+            continue
+        if seen and result is not NotImplemented:
+            return seen[0]
+    return None
+
+
+class _DunderMode(TorchFunctionMode):
+    """Sees the inherited operator dunders of the plan (``funcs``: mode func -> (prefix, dunder name))."""
+
+    def __init__(self, funcs: dict, handler: ApiHandler, should_record: Callable[[], bool]):
+        super().__init__()
+        self.funcs = funcs
+        self.handler = handler
+        self.should_record = should_record
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        entry = self.funcs.get(func)
+        if entry is not None and self.should_record():
+            return self.handler(func, entry[0], entry[1], args, kwargs)
+        return func(*args, **kwargs)
+
+
 class ApiPatcher:
     """Builds the patch plan from a wrap list and applies/restores it."""
 
@@ -94,6 +145,8 @@ class ApiPatcher:
         self._should_record = should_record
         self._wrap_list = wrap_list
         self._slots: Optional[list[PatchSlot]] = None
+        self._dunders: dict = {}
+        self._mode: Optional[_DunderMode] = None
         self.patched = False
 
     def _plan(self) -> list[PatchSlot]:
@@ -114,10 +167,20 @@ class ApiPatcher:
                     original = getattr(owner, name)
                 except AttributeError:
                     continue  # not in this torch version
+                if owner is torch.Tensor and name.startswith("__") and name not in own_dict:
+                    func = _probe_dunder(name)
+                    if func is not None:
+                        self._dunders.setdefault(func, (prefix, name))
+                    continue
                 if not callable(original) or getattr(original, "__msprobe_original__", None) is not None:
                     continue
                 slots.append(PatchSlot(owner, name, own_dict.get(name, original), name in own_dict,
                                        make_wrapper(original, prefix, name, self._handler, self._should_record)))
+        # An operator reaches the mode as the *current* torch.Tensor attribute of the method it dispatches to:
+        # our wrapper when that method is patched too (``a + b`` -> the ``add`` wrapper), so key it as well.
+        for slot in slots:
+            if slot.owner is torch.Tensor and getattr(slot.wrapper, "__msprobe_original__", None) in self._dunders:
+                self._dunders.setdefault(slot.wrapper, self._dunders[slot.wrapper.__msprobe_original__])
         if self._silence is not None:
             for owner_name, name in SILENT:
                 owner = getattr(torch, owner_name)
@@ -131,11 +194,17 @@ class ApiPatcher:
             return
         for s in self._plan():
             setattr(s.owner, s.attr, s.wrapper)
+        if self._dunders:
+            self._mode = _DunderMode(self._dunders, self._handler, self._should_record)
+            self._mode.__enter__()
         self.patched = True
 
     def restore(self) -> None:
         if not self.patched:
             return
+        if self._mode is not None:
+            self._mode.__exit__(None, None, None)
+            self._mode = None
         for s in self._slots or ():
             if s.owned:
                 setattr(s.owner, s.attr, s.original)
