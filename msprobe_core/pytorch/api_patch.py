@@ -34,6 +34,11 @@ NAMESPACES: dict[str, tuple[str, Callable[[], Any]]] = {
     "distributed": ("Distributed", lambda: torch.distributed),
 }
 
+_stack_len = torch._C._len_torch_function_stack
+_stack_at = torch._C._get_function_stack_at
+_stack_pop = torch._C._pop_torch_function_stack
+_stack_push = torch._C._push_on_torch_function_stack
+
 # Handler signature: handler(original, prefix, api_name, args, kwargs) -> result
 ApiHandler = Callable[[Callable, str, str, tuple, dict], Any]
 
@@ -198,6 +203,18 @@ class ApiPatcher:
             self._mode = _DunderMode(self._dunders, self._handler, self._should_record)
             self._mode.__enter__()
         self.patched = True
+
+    def call(self, original: Callable, args: tuple, kwargs: dict) -> Any:
+        """Run a recorded API's original with the operator mode off when it is the innermost mode (it
+        would only pass the call through again); other modes and tensor subclasses still see it."""
+        mode = self._mode
+        if mode is None or _stack_len() == 0 or _stack_at(_stack_len() - 1) is not mode:
+            return original(*args, **kwargs)
+        _stack_pop()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            _stack_push(mode)
 
     def restore(self) -> None:
         if not self.patched:

@@ -37,6 +37,7 @@ logger = setup_logging()
 
 _graph_task_id = torch._C._current_graph_task_id
 _no_grad = torch.no_grad
+_no_torch_function = torch._C.DisableTorchFunction  # the tool's own tensor work skips every TorchFunctionMode
 _OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _DEFERRED_BATCH = 512  # device statistics resolved (one host copy) every this many records
 
@@ -333,7 +334,8 @@ class DumpService:
         self._deferred = 0
         self._tls.depth += 1
         try:
-            self.summarizer.resolve()
+            with _no_torch_function():
+                self.summarizer.resolve()
         finally:
             self._tls.depth -= 1
         for rec in (self.recorder, self.debug_recorder):
@@ -377,7 +379,7 @@ class DumpService:
                     call = self._begin(name, f"{key}.{n}.backward", args, kwargs, parent)
                 except Exception as e:  # the tool must never break the user's call
                     self._error(name, e)
-            out = original(*args, **kwargs)
+            out = self.patcher.call(original, args, kwargs) if self.patcher is not None else original(*args, **kwargs)
             if call is not None:
                 try:
                     if api in _SAME_VALUES and args and type(out) is torch.Tensor and isinstance(args[0], torch.Tensor) \
@@ -395,7 +397,7 @@ class DumpService:
     def _begin(self, name: str, backward: str, args: tuple, kwargs: dict, parent: Optional[str],
                parameters: Optional[Sequence[tuple[str, torch.Tensor]]] = None) -> _Call:
         grad_enabled = torch.is_grad_enabled()
-        with _no_grad():
+        with _no_grad(), _no_torch_function():
             return self._begin_inner(name, backward, args, kwargs, parent, parameters, grad_enabled)
 
     def _begin_inner(self, name, backward, args, kwargs, parent, parameters, grad_enabled) -> _Call:
@@ -423,7 +425,7 @@ class DumpService:
 
     def _end(self, call: _Call, out: Any) -> None:
         grad_enabled = torch.is_grad_enabled()
-        with _no_grad():
+        with _no_grad(), _no_torch_function():
             self._end_inner(call, out, grad_enabled)
 
     def _end_inner(self, call: _Call, out: Any, grad_enabled: bool) -> None:
@@ -476,7 +478,7 @@ class DumpService:
         rec = self.recorder
         if rec is None or grad is None:
             return None
-        with self._own(backward), _no_grad():
+        with self._own(backward), _no_grad(), _no_torch_function():
             if self._skips_grad(grad):
                 return None
             summary = self.summarizer.summarize(grad, f"{backward}.{field}.{index}", save)
@@ -563,7 +565,7 @@ class DumpService:
         rec = self.recorder
         if rec is None or grad is None or base not in self._recorded_modules:
             return None
-        with self._own(base), _no_grad():
+        with self._own(base), _no_grad(), _no_torch_function():
             key = f"{base}#{pname}"
             k = self._counters.get(key, 0)
             self._counters[key] = k + 1
@@ -630,7 +632,7 @@ class DumpService:
             n = self._counters.get(f"save#{name}", 0)
             self._counters[f"save#{name}"] = n + 1
             key = f"{name}.{n}.debug"
-            with _no_grad():
+            with _no_grad(), _no_torch_function():
                 summary = self.summarizer.summarize(variable, key, self._saves)
             rec.put(key, summary, rec.reserve(key))
             if save_backward and torch.is_grad_enabled():
@@ -656,7 +658,7 @@ class DumpService:
         rec = self.debug_recorder
         if rec is None or grad is None:
             return None
-        with self._own(key), _no_grad():
+        with self._own(key), _no_grad(), _no_torch_function():
             summary = self.summarizer.summarize(grad, ".".join([key, *map(str, path)]), self._saves)
             if not path:
                 rec.put(key, summary, rec.reserve(key))
