@@ -40,3 +40,12 @@ def test_compare_reader_reads_it(tmp_path):
     arr = load_array(str(path))
     assert arr.dtype == "float32" and arr.shape == (4, 5)
     assert arr.values().tolist() == t.flatten().tolist()
+
+
+def test_archive_is_a_valid_zip_with_correct_crcs(tmp_path):
+    path = tmp_path / "a.pt"
+    write_file(torch.randn(1000), path)
+    with zipfile.ZipFile(path) as zf:
+        assert zf.testzip() is None
+        names = zf.namelist()
+    assert any(n.endswith("/data.pkl") for n in names) and any(n.endswith("/data/0") for n in names)
