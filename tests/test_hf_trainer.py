@@ -86,6 +86,10 @@ def test_monitor_tensorboard_steps_are_optimizer_steps_and_grads_before_clipping
     assert any("/actv_" in t for t in tags) and any("/exp_avg_sq_" in t for t in tags)
     csvs = list((mon / "rank0").rglob("*.csv"))
     assert csvs
+    hp = EventAccumulator(str(mon / "hparams"))
+    hp.Reload()
+    text = hp.Tensors("hyperparameters/text_summary")[0].tensor_proto.string_val[0].decode()
+    assert '"learning_rate": 0.001' in text and "gradient_accumulation_steps" in text
 
 
 @pytest.mark.slow

@@ -134,7 +134,9 @@ class ProbeSession:
         logdir = Path(self.monitor.output_dir) / "hparams"
         with SummaryWriter(logdir=str(logdir)) as writer:
             writer.add_text("hyperparameters", "```json\n" + json.dumps(doc, indent=1, default=str) + "\n```", 0)
-            writer.add_hparams(hparams.flat_for_tensorboard(doc), {"hparam/captured": 1.0}, name=".")
+            # its own sub-run: tensorboardX names event files by the second, so a second writer in the same
+            # folder could replace the text's file
+            writer.add_hparams(hparams.flat_for_tensorboard(doc), {"hparam/captured": 1.0}, name="hparams")
 
     # ------------------------------------------------------------------------------ end
     def close(self) -> None:
