@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 import tempfile
 import time
@@ -36,8 +35,11 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # runnable from a checkout without installing the package
-    sys.path.insert(0, str(ROOT))
+for _p in (ROOT, ROOT / "recipes"):  # runnable from a checkout without installing the package
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
+
+from hf_generate_token_range import forward_passes  # noqa: E402  (the same dump reading as the HF recipe)
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -86,17 +88,6 @@ def tiny_llama(folder: Path, seed: int = 0) -> str:
                          num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256)
     LlamaForCausalLM(config).save_pretrained(folder)
     return str(folder)
-
-
-def forward_passes(data: dict[str, Any]) -> list[int]:
-    """The forward-pass indices in a dump: calls of the token embedding (it runs once per forward pass)."""
-    found = set()
-    for key in data:
-        m = re.match(r"^Module\.(?:.*\.)?embed_tokens\.[^.]+\.forward\.(\d+)$", key) or \
-            re.match(r"^Functional\.embedding\.(\d+)\.forward$", key)
-        if m:
-            found.add(int(m.group(1)))
-    return sorted(found)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
