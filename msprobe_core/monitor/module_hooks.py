@@ -61,6 +61,11 @@ def tensor_leaves(obj: Any, prefix: str = "", depth: int = 0) -> list[tuple[str,
     return out
 
 
+def _identity(t: torch.Tensor) -> tuple[int, int, int]:
+    """Same object, same version, same storage: the values cannot have changed in between."""
+    return id(t), t._version, t.data_ptr()
+
+
 def _select(leaves: list[tuple[str, torch.Tensor]], index: int | None) -> list[tuple[str, torch.Tensor]]:
     if index is None:
         return []
@@ -88,8 +93,8 @@ class ActivationHooks:
         self._handles: list[Any] = []
         self._micro: list[int] = []
         self._calls: dict[str, int] = {}
-        self._fwd_rows: dict[tuple[int, int], tuple[weakref.ref, tuple[torch.device, int]]] = {}
-        self._bwd_names: dict[tuple[int, int], tuple[weakref.ref, list[tuple[str, str]]]] = {}
+        self._fwd_rows: dict[tuple[int, int, int], tuple[weakref.ref, tuple[torch.device, int]]] = {}
+        self._bwd_names: dict[tuple[int, int, int], tuple[weakref.ref, list[tuple[str, str]]]] = {}
         self._failed = False
         self.module_names: list[str] = []
 
@@ -169,10 +174,10 @@ class ActivationHooks:
 
     def _record_forward(self, module: str, selected: list[tuple[str, torch.Tensor]], micro: int) -> None:
         todo: list[torch.Tensor] = []
-        keys: list[tuple[int, int]] = []
+        keys: list[tuple[int, int, int]] = []
         places: list[tuple[torch.device, int] | None] = []
         for _, t in selected:
-            key = (id(t), t._version)
+            key = _identity(t)
             hit = self._fwd_rows.get(key)
             if hit is not None and hit[0]() is t:
                 places.append(hit[1])
@@ -187,11 +192,11 @@ class ActivationHooks:
                 self._fwd_rows[key] = (weakref.ref(t), where)
         for (full, t), where in zip(selected, places):
             if where is None:
-                where = self._fwd_rows[(id(t), t._version)][1]
+                where = self._fwd_rows[_identity(t)][1]
             self.collector.add_entry(ACTV, full, module, micro, t.numel(), where)
 
     def _register_grad(self, full: str, module: str, t: torch.Tensor, micro: int) -> None:
-        key = (id(t), t._version)
+        key = _identity(t)
         hit = self._bwd_names.get(key)
         if hit is not None and hit[0]() is t:
             hit[1].append((full, module))
