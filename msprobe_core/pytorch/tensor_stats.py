@@ -85,35 +85,34 @@ def batched_stats(tensors: Sequence[torch.Tensor], ops: Sequence[str], eps: floa
 
     ``ops`` are taken from ``MONITOR_OPS``: min, max, L2 norm, mean, zeros (share of elements with
     |x| <= eps) and nans (count of NaN elements). Norms use ``torch._foreach_norm`` (one fused call for the
-    whole list); everything stays on the device and the caller copies the result to the host once.
-    Empty tensors give NaN for min/max/mean and 0 for the rest.
+    whole list); each statistic is computed once even if asked twice; everything stays on the device and the
+    caller copies the result to the host once. Empty tensors give NaN for min/max/mean and 0 for the rest.
     """
     if not tensors:
         return torch.empty((0, len(ops)), dtype=torch.float32)
     xs = [_tensor_detach(t) for t in tensors]
     xs = [_tensor_to(x, torch.float32) if x.dtype != torch.float32 else x for x in xs]
-    columns: list[torch.Tensor] = []
-    norms = None
+    device = xs[0].device
+    nan = torch.full((), float("nan"), device=device)
+    zero = torch.zeros((), device=device)
+    done: dict[str, torch.Tensor] = {}
     for op in ops:
-        if op == "norm":
-            if norms is None:
-                norms = _stack(_foreach_norm(xs))
-            columns.append(norms)
-        elif op in ("min", "max"):
-            vals = []
-            for x in xs:
-                if x.numel() == 0:
-                    vals.append(torch.full((), float("nan"), device=x.device))
-                else:
-                    vals.append(_amin(x) if op == "min" else _amax(x))
-            columns.append(_stack(vals))
+        if op in done:
+            continue
+        if op in ("min", "max"):
+            done["min"] = _stack([_amin(x) if x.numel() else nan for x in xs])
+            done["max"] = _stack([_amax(x) if x.numel() else nan for x in xs])
+        elif op == "norm":
+            done[op] = _stack(_foreach_norm(xs))
         elif op == "mean":
-            columns.append(_stack([_tensor_mean(x) if x.numel() else torch.full((), float("nan"), device=x.device) for x in xs]))
+            done[op] = _stack([_tensor_mean(x) if x.numel() else nan for x in xs])
         elif op == "zeros":
-            columns.append(_stack([_tensor_mean(_tensor_to(_tensor_abs(x) <= eps, torch.float32)) if x.numel()
-                                   else torch.zeros((), device=x.device) for x in xs]))
+            # |x| <= eps written in place as 0./1. floats and summed (a bool tensor is far slower on CPU)
+            counts = _stack([_tensor_sum(_tensor_abs(x).le_(eps)) if x.numel() else zero for x in xs])
+            numel = torch.tensor([max(x.numel(), 1) for x in xs], dtype=torch.float32, device=device)
+            done[op] = counts / numel
         elif op == "nans":
-            columns.append(_stack([_tensor_to(_tensor_sum(_isnan(x)), torch.float32) for x in xs]))
+            done[op] = _tensor_to(_stack([torch.count_nonzero(_isnan(x)) for x in xs]), torch.float32)
         else:
             raise ValueError(f"unknown statistic '{op}'; allowed: {', '.join(MONITOR_OPS)}")
-    return _stack(columns, dim=1)
+    return _stack([done[op] for op in ops], dim=1)
