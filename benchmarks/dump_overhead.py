@@ -29,6 +29,7 @@ CONFIGS = {
     "idle": "idle",
     "L0": ("L0", "statistics", "statistics"),
     "L1": ("L1", "statistics", "statistics"),
+    "L1 structure": ("L1", "structure", "statistics"),  # hooks and records without statistics: the Python share
     "mix": ("mix", "statistics", "statistics"),
     "L1 md5": ("L1", "statistics", "md5"),
     "L1 tensor": ("L1", "tensor", "statistics"),
