@@ -9,7 +9,6 @@ import zlib
 import pytest
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from dump_models import TinyNet
 from msprobe_core.pytorch import PrecisionDebugger

@@ -11,7 +11,6 @@ import textwrap
 
 import pytest
 import torch
-import torch.nn as nn
 
 from dump_models import ResidualAttention, TinyNet, make_data, train_steps
 from msprobe_core.pytorch import PrecisionDebugger

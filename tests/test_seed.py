@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import os
-import random
 import subprocess
 import sys
 
-import numpy as np
 import pytest
-import torch
 
 from msprobe_core.errors import ConfigError
 from msprobe_core.pytorch import seed_all

@@ -25,7 +25,6 @@ import tempfile
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Optional
 
 import torch
 
