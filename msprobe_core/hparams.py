@@ -187,12 +187,12 @@ def capture(source: str, sections: Mapping[str, Any], optimizer: Any = None, sch
 
 def write(folder: str | os.PathLike, doc: Mapping[str, Any]) -> Path:
     """Write ``hyperparameters.json`` at the top of ``folder`` (atomic: temporary file and rename)."""
+    from msprobe_core.dump.step_recorder import write_text_atomic
+
     path = Path(folder)
     path.mkdir(parents=True, exist_ok=True)
     target = path / FILE_NAME
-    tmp = path / f".{FILE_NAME}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(doc, indent=2, ensure_ascii=False, default=str) + "\n", encoding="utf-8")
-    os.replace(tmp, target)
+    write_text_atomic(target, json.dumps(doc, indent=2, ensure_ascii=False, default=str) + "\n")
     return target
 
 

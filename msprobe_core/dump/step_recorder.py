@@ -61,12 +61,18 @@ def dumps_by_line(obj: Any) -> str:
     return "{\n" + ",\n".join(parts) + "\n}\n"
 
 
-def write_json_atomic(path: Path, obj: Any) -> None:
-    """Write ``obj`` as JSON to ``path`` through a temporary file and an atomic rename."""
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and an atomic rename: readers see the old file
+    or the new one, never a torn one."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(tmp, "w", encoding="utf-8") as f:
-        f.write(dumps_by_line(obj))
-    os.replace(tmp, path)  # atomic: readers see the old file or the new one, never a torn one
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    """Write ``obj`` as JSON (one line per record) to ``path`` atomically."""
+    write_text_atomic(path, dumps_by_line(obj))
 
 
 class StepRecorder:

@@ -252,15 +252,11 @@ class DumpService:
             h.remove()
         self._step_handles.clear()
         failed = self.files.flush() if self.files is not None else 0  # every tensor file is on disk
+        self._sync(force=True)  # every statistic on the host, for both recorders at once
         for rec in (self.recorder, self.debug_recorder):
             if rec is not None and rec.has_content:
                 if failed:
                     rec.log_error(f"{failed} tensor files could not be written (see the writer's messages)")
-                self._tls.depth += 1
-                try:
-                    self.summarizer.resolve()
-                finally:
-                    self._tls.depth -= 1
                 rec.finish()
                 logger.info("%s is at %s", rec.json_name, rec.rank_dir)
         self.recorder = None

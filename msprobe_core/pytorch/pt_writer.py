@@ -257,20 +257,17 @@ class TensorFiles:
         return self._backend
 
     def save(self, t: torch.Tensor, path: Path) -> None:
-        backend = self._get()
-        try:
-            backend.save(t, path)
-        except (BrokenPipeError, OSError) as e:
-            self._fail_over(e)
-            self._backend.save(t, path)
+        self._run("save", t, path)
 
     def link(self, src: Path, dst: Path) -> None:
-        backend = self._get()
+        self._run("link", src, dst)
+
+    def _run(self, method: str, *args) -> None:
         try:
-            backend.link(src, dst)
+            getattr(self._get(), method)(*args)
         except (BrokenPipeError, OSError) as e:
             self._fail_over(e)
-            self._backend.link(src, dst)
+            getattr(self._backend, method)(*args)
 
     def _fail_over(self, exc: BaseException) -> None:
         logger.warning("tensor files: writer process failed (%r); writing from threads", exc)

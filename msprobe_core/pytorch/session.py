@@ -67,9 +67,7 @@ class ProbeSession:
         """Start dumping optimizer step ``step`` (all of its micro-batches go into ``step{step}``)."""
         if self.debugger is None or self._model is None:
             return
-        service = self.debugger.service
-        if not service.finished:
-            service.current_step = step
+        self.debugger.set_init_step(step)
         self.debugger.start(self._model)
         self._dumping = True
 
