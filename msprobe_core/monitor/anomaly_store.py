@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 from typing import Iterable
 
+from msprobe_core.dump.step_recorder import write_text_atomic
 from msprobe_core.errors import MsprobeError
 from msprobe_core.monitor.anomaly import Anomaly, order_key
 
@@ -34,10 +35,7 @@ class AnomalyFileWriter:
             return
         self._items.extend(new)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(self._items, f, indent=1)
-        os.replace(tmp, self.path)
+        write_text_atomic(self.path, json.dumps(self._items, indent=1))
 
 
 def find_anomaly_files(monitor_dir: str | os.PathLike) -> list[Path]:
