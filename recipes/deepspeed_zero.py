@@ -135,6 +135,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             keys = ("zero_stage", "micro_batch_size", "gradient_accumulation_steps", "global_batch_size",
                     "mixed_precision", "optimizer", "learning_rate")
             print(f"hyperparameters: {hp}  " + ", ".join(f"{k}={norm.get(k)}" for k in keys))
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
     return 0
 
 

@@ -265,6 +265,11 @@ def main(argv: list[str]) -> None:
     if mode == "dist":
         out = out.with_name(f"{out.stem}.rank{result['rank']}{out.suffix}")
     out.write_text(json.dumps(result))
+    import torch.distributed as dist
+
+    if dist.is_initialized():  # leave gloo cleanly: its threads can abort an exiting process otherwise
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
