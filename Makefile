@@ -14,7 +14,7 @@ venv: $(STAMP)
 
 # Idempotent: re-runs only when the pins or pyproject change. torch is pinned by the constraints file on
 # every install after the first, because any other torch version pulls gigabytes of CUDA packages.
-$(STAMP): pyproject.toml requirements/dev.txt $(CONSTRAINTS)
+$(STAMP): pyproject.toml setup.py msprobe_core/pytorch/_fast_stats.c requirements/dev.txt $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(PIP) torch==2.13.0
 	$(PIP) -c $(CONSTRAINTS) -r requirements/dev.txt

@@ -19,6 +19,7 @@ from typing import Any, Sequence
 
 import torch
 
+from msprobe_core.pytorch import tensor_stats
 from msprobe_core.pytorch.tensor_stats import batched_stats
 
 _NAN_PROXIES = ("min", "max", "norm", "mean")
@@ -43,7 +44,8 @@ class StatsEngine:
         """Statistics of ``tensors`` (all on one device, none empty), in ``ops`` order, on that device."""
         if not tensors:
             return torch.empty((0, len(self.ops)), dtype=torch.float32)
-        if not (self._lazy_nans and tensors[0].device.type == "cpu"):
+        if not (self._lazy_nans and tensors[0].device.type == "cpu") or tensor_stats._fast_stats is not None:
+            # the one-pass CPU kernel counts NaNs for free
             return batched_stats(tensors, self.ops, self.eps)
         rest = batched_stats(tensors, self._other_ops, self.eps)
         nans = torch.zeros((len(tensors), 1), dtype=rest.dtype)

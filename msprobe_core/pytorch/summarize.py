@@ -9,6 +9,7 @@ once on the training thread and written by ``TensorFiles`` (a writer process).
 
 from __future__ import annotations
 
+import math
 import weakref
 import zlib
 from pathlib import Path
@@ -18,7 +19,7 @@ import torch
 
 from msprobe_core.pytorch import tensor_stats
 from msprobe_core.pytorch.pt_writer import TensorFiles
-from msprobe_core.pytorch.tensor_stats import summary_kind, summary_stats
+from msprobe_core.pytorch.tensor_stats import host_stats, summary_kind, summary_stats
 
 _contiguous = torch.Tensor.contiguous
 _view = torch.Tensor.view
@@ -96,16 +97,17 @@ class Summarizer:
         summary: dict[str, Any] = {"type": "torch.Tensor", "dtype": name, "shape": list(t.shape)}
         entry = self._entry(t)
         kind = summary_kind(t)
-        if self.statistics:
-            if kind == "empty":
-                summary.update(Max=None, Min=None, Mean=None, Norm=None)
-            else:
-                if entry is None or entry.stats is None:
+        if self.statistics and kind != "empty":
+            stats = entry.stats if entry is not None else None
+            if stats is None:
+                stats = host_stats(t) if kind != "complex" else None
+                if stats is None:
                     stats = summary_stats(t, kind)
-                    if entry is not None:
-                        entry.stats = stats
-                else:
-                    stats = entry.stats
+                if entry is not None:
+                    entry.stats = stats
+            if type(stats[0]) is float:  # host floats from the one-pass kernel: fill the summary now
+                _fill(summary, stats, kind, t.numel())
+            else:
                 summary.update(Max=None, Min=None, Mean=None, Norm=None)
                 self._pending.append((summary, stats, kind, t.numel()))
         else:
@@ -176,18 +178,24 @@ class Summarizer:
         if pending:
             rows = _to_host([stats for _, stats, _, _ in pending])
             for (summary, _, kind, numel), row in zip(pending, rows):
-                if kind == "bool":
-                    summary["Max"], summary["Min"] = bool(row[0]), bool(row[1])
-                else:
-                    summary["Max"], summary["Min"] = row[0], row[1]
-                    summary["Mean"] = row[2] / numel
-                    summary["Norm"] = row[3]
+                _fill(summary, row, kind, numel, norm_is_squared=False)
         crcs, self._pending_crc = self._pending_crc, []
         if crcs:
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
             for summary, host in crcs:
                 summary["md5"] = tensor_crc32(host)
+
+
+def _fill(summary: dict, row, kind: str, numel: int, norm_is_squared: bool = True) -> None:
+    """Max/Min/Mean/Norm from (max, min, sum, sum of squares or norm, ...); bools get Max=any, Min=all."""
+    if kind == "bool":
+        summary["Max"], summary["Min"] = bool(row[0]), bool(row[1])
+        summary["Mean"] = summary["Norm"] = None
+    else:
+        summary["Max"], summary["Min"] = row[0], row[1]
+        summary["Mean"] = row[2] / numel
+        summary["Norm"] = math.sqrt(row[3]) if norm_is_squared else row[3]
 
 
 def _to_host(groups: list[tuple]) -> list[list[float]]:

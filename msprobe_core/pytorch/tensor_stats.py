@@ -7,9 +7,17 @@ detached tensors, so autograd never sees it.
 
 from __future__ import annotations
 
-from typing import Sequence
+import os
+from typing import Optional, Sequence
 
 import torch
+
+try:  # the optional one-pass CPU kernel (msprobe_core/pytorch/_fast_stats.c); MSPROBE_FAST_STATS=0 turns it off
+    from msprobe_core.pytorch import _fast_stats
+except ImportError:  # pragma: no cover - built without a C compiler
+    _fast_stats = None
+if os.environ.get("MSPROBE_FAST_STATS", "1") == "0":
+    _fast_stats = None
 
 # Captured at import, before any API patching, so that the tool's own tensor work never goes through
 # (and is never recorded by) its own wrappers.
@@ -28,7 +36,32 @@ _tensor_all = torch.Tensor.all
 _tensor_detach = torch.Tensor.detach
 _foreach_norm = torch._foreach_norm
 
+_tensor_contiguous = torch.Tensor.contiguous
+
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
+_HOST_CODES = {torch.float32: 0, torch.float64: 1, torch.bfloat16: 2, torch.int64: 3, torch.int32: 4,
+               torch.int16: 5, torch.int8: 6, torch.uint8: 7, torch.bool: 8}
+_PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
+_strided = torch.strided
+
+
+def host_stats(t: torch.Tensor, eps: float = -1.0) -> Optional[tuple[float, ...]]:
+    """(max, min, sum, sum_of_squares, zeros, nans) of a non-empty dense CPU tensor as host floats, read in
+    one pass by the C kernel; ``None`` where it does not apply (no kernel, another device, a subclass,
+    complex, sparse, ...) and the caller uses torch's reductions. ``zeros`` counts |x| <= eps when
+    ``eps >= 0``. For bool tensors max/min are any/all. Call under ``torch.no_grad()``."""
+    if _fast_stats is None or not t.is_cpu or type(t) not in _PLAIN_TYPES or t.layout is not _strided:
+        return None
+    code = _HOST_CODES.get(t.dtype)
+    if code is None:
+        if t.dtype is not torch.float16:
+            return None
+        t, code = _tensor_to(t, torch.float32), 0
+    elif t.is_neg() or t._is_zerotensor():
+        return None
+    if not t.is_contiguous():
+        t = _tensor_contiguous(t)
+    return _fast_stats.stats(t.data_ptr(), t.numel(), code, eps)
 
 
 def summary_kind(t: torch.Tensor) -> str:
@@ -90,6 +123,9 @@ def batched_stats(tensors: Sequence[torch.Tensor], ops: Sequence[str], eps: floa
     """
     if not tensors:
         return torch.empty((0, len(ops)), dtype=torch.float32)
+    rows = _host_rows(tensors, ops, eps)
+    if rows is not None:
+        return torch.tensor(rows, dtype=torch.float32)
     xs = [_tensor_detach(t) for t in tensors]
     xs = [_tensor_to(x, torch.float32) if x.dtype != torch.float32 else x for x in xs]
     device = xs[0].device
@@ -116,3 +152,29 @@ def batched_stats(tensors: Sequence[torch.Tensor], ops: Sequence[str], eps: floa
         else:
             raise ValueError(f"unknown statistic '{op}'; allowed: {', '.join(MONITOR_OPS)}")
     return _stack([done[op] for op in ops], dim=1)
+
+
+_NAN = float("nan")
+
+
+def _host_rows(tensors: Sequence[torch.Tensor], ops: Sequence[str], eps: float) -> Optional[list[list[float]]]:
+    """``batched_stats`` rows from the one-pass CPU kernel, or ``None`` if any tensor needs torch's path."""
+    if _fast_stats is None:
+        return None
+    for op in ops:
+        if op not in MONITOR_OPS:
+            raise ValueError(f"unknown statistic '{op}'; allowed: {', '.join(MONITOR_OPS)}")
+    count_eps = float(eps) if "zeros" in ops else -1.0
+    rows = []
+    for t in tensors:
+        n = t.numel()
+        if n == 0:
+            done = {"min": _NAN, "max": _NAN, "norm": 0.0, "mean": _NAN, "zeros": 0.0, "nans": 0.0}
+        else:
+            h = host_stats(_tensor_detach(t), count_eps)
+            if h is None:
+                return None
+            mx, mn, total, sumsq, zeros, nans = h
+            done = {"min": mn, "max": mx, "norm": sumsq ** 0.5, "mean": total / n, "zeros": zeros / n, "nans": nans}
+        rows.append([done[op] for op in ops])
+    return rows

@@ -1,0 +1,10 @@
+"""Builds the optional one-pass statistics extension; everything else is in pyproject.toml.
+
+Without a C compiler the build of the extension is skipped (``optional=True``) and the toolkit uses
+torch's own reductions instead.
+"""
+
+from setuptools import Extension, setup
+
+setup(ext_modules=[Extension("msprobe_core.pytorch._fast_stats", ["msprobe_core/pytorch/_fast_stats.c"],
+                             extra_compile_args=["-O3", "-fopenmp-simd"], optional=True)])
