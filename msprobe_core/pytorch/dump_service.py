@@ -378,10 +378,7 @@ class DumpService:
             out = self.patcher.call(original, args, kwargs) if self.patcher is not None else original(*args, **kwargs)
             if call is not None:
                 try:
-                    if api in _SAME_VALUES and args and type(out) is torch.Tensor and isinstance(args[0], torch.Tensor) \
-                            and out.dtype == args[0].dtype and out.numel() == args[0].numel():
-                        self.summarizer.share(args[0], out)
-                    self._end(call, out)
+                    self._end(call, out, args[0] if api in _SAME_VALUES and args else None)
                 except Exception as e:
                     self._error(name, e)
             self.selection.call_finished(name)
@@ -393,7 +390,7 @@ class DumpService:
     def _begin(self, name: str, backward: str, args: tuple, kwargs: dict, parent: Optional[str],
                parameters: Optional[Sequence[tuple[str, torch.Tensor]]] = None) -> _Call:
         grad_enabled = torch.is_grad_enabled()
-        with _no_grad(), _no_torch_function():
+        with _no_torch_function(), _no_grad():
             return self._begin_inner(name, backward, args, kwargs, parent, parameters, grad_enabled)
 
     def _begin_inner(self, name, backward, args, kwargs, parent, parameters, grad_enabled) -> _Call:
@@ -419,9 +416,14 @@ class DumpService:
             rec.put_stack(name, capture_stack())
         return call
 
-    def _end(self, call: _Call, out: Any) -> None:
+    def _end(self, call: _Call, out: Any, same_values_as: Any = None) -> None:
+        """Finish ``call`` with its output; ``same_values_as`` is an input the output only rearranges (a view,
+        reshape, ...): its statistics are reused."""
         grad_enabled = torch.is_grad_enabled()
-        with _no_grad(), _no_torch_function():
+        with _no_torch_function(), _no_grad():
+            if same_values_as is not None and type(out) is torch.Tensor and isinstance(same_values_as, torch.Tensor) \
+                    and out.dtype == same_values_as.dtype and out.numel() == same_values_as.numel():
+                self.summarizer.share(same_values_as, out)
             self._end_inner(call, out, grad_enabled)
 
     def _end_inner(self, call: _Call, out: Any, grad_enabled: bool) -> None:
@@ -474,7 +476,7 @@ class DumpService:
         rec = self.recorder
         if rec is None or grad is None:
             return None
-        with self._own(backward), _no_grad(), _no_torch_function():
+        with self._own(backward), _no_torch_function(), _no_grad():
             if self._skips_grad(grad):
                 return None
             summary = self.summarizer.summarize(grad, f"{backward}.{field}.{index}", save)
@@ -561,7 +563,7 @@ class DumpService:
         rec = self.recorder
         if rec is None or grad is None or base not in self._recorded_modules:
             return None
-        with self._own(base), _no_grad(), _no_torch_function():
+        with self._own(base), _no_torch_function(), _no_grad():
             key = f"{base}#{pname}"
             k = self._counters.get(key, 0)
             self._counters[key] = k + 1
@@ -628,7 +630,7 @@ class DumpService:
             n = self._counters.get(f"save#{name}", 0)
             self._counters[f"save#{name}"] = n + 1
             key = f"{name}.{n}.debug"
-            with _no_grad(), _no_torch_function():
+            with _no_torch_function(), _no_grad():
                 summary = self.summarizer.summarize(variable, key, self._saves)
             rec.put(key, summary, rec.reserve(key))
             if save_backward and torch.is_grad_enabled():
@@ -654,7 +656,7 @@ class DumpService:
         rec = self.debug_recorder
         if rec is None or grad is None:
             return None
-        with self._own(key), _no_grad(), _no_torch_function():
+        with self._own(key), _no_torch_function(), _no_grad():
             summary = self.summarizer.summarize(grad, ".".join([key, *map(str, path)]), self._saves)
             if not path:
                 rec.put(key, summary, rec.reserve(key))
