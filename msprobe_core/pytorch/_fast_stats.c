@@ -4,7 +4,7 @@
  * dispatches); this reads the data once and returns host floats directly. Built by `pip install` as an
  * optional extension: without a C compiler the toolkit falls back to torch's own reductions.
  *
- *   stats(address, numel, code, eps) -> (max, min, sum, sum_of_squares, count |x| <= eps, count NaN)
+ *   stats(address, numel, code, eps, threads=1) -> (max, min, sum, sum_of_squares, count |x| <= eps, count NaN)
  *
  * With eps < 0 the zero count is skipped (0) and NaNs are only counted when the sums come out non-finite
  * (a finite sum of squares proves there is none): one pass in the common case.
@@ -13,7 +13,9 @@
  * Max and Min are NaN when the buffer holds a NaN (as torch.amax/amin). Floats are reduced in float lanes
  * per block of BLOCK elements and the block sums added in double (a double's accuracy at float speed);
  * integers in double. For bool, max/min are any/all and the sums count the true elements. The GIL is
- * released while reducing.
+ * released while reducing. Buffers of PARALLEL_MIN elements or more are split over `threads` OpenMP
+ * threads: the extension links libgomp.so.1, which resolves to the copy torch has already loaded, so
+ * it shares torch's thread pool (pass torch.get_num_threads(), which is 1 in a forked child).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -30,6 +32,7 @@ typedef struct { double mx, mn, sum, sumsq, zeros, nans; } acc_t;
 #endif
 
 #define BLOCK 4096
+#define PARALLEL_MIN (1 << 17) /* below this a second thread costs more than it saves */
 
 static inline float f32_of(float v) { return v; }
 static inline float bf16_of(uint16_t v) {
@@ -42,27 +45,31 @@ static inline float bf16_of(uint16_t v) {
 /* NaNs and |x| <= eps are counted in a second pass, only when asked (count) or when the sums say a NaN
    may be there. */
 #define FLOAT_KERNEL(NAME, T, TO_F)                                                              \
-    CLONES static void NAME(const T *p, Py_ssize_t n, double eps, int count, acc_t *a) {         \
+    CLONES static void NAME(const T *p, Py_ssize_t n, double eps, int count, int threads, acc_t *a) { \
         float mx = -INFINITY, mn = INFINITY;                                                     \
         double s = 0.0, ss = 0.0;                                                                \
-        for (Py_ssize_t b = 0; b < n; b += BLOCK) {                                              \
-            Py_ssize_t e = b + BLOCK < n ? b + BLOCK : n;                                        \
-            float bs = 0.f, bss = 0.f;                                                           \
-            _Pragma("omp simd reduction(max:mx) reduction(min:mn) reduction(+:bs,bss)")         \
-            for (Py_ssize_t i = b; i < e; i++) {                                                 \
+        Py_ssize_t blocks = (n + BLOCK - 1) / BLOCK;                                             \
+        _Pragma("omp parallel for num_threads(threads) if(threads > 1) schedule(static) reduction(max:mx) reduction(min:mn) reduction(+:s,ss)") \
+        for (Py_ssize_t b = 0; b < blocks; b++) {                                                \
+            Py_ssize_t lo = b * BLOCK, hi = lo + BLOCK < n ? lo + BLOCK : n;                     \
+            float bmx = -INFINITY, bmn = INFINITY, bs = 0.f, bss = 0.f;                          \
+            _Pragma("omp simd reduction(max:bmx) reduction(min:bmn) reduction(+:bs,bss)")        \
+            for (Py_ssize_t i = lo; i < hi; i++) {                                               \
                 float v = TO_F(p[i]);                                                            \
-                mx = v > mx ? v : mx;                                                            \
-                mn = v < mn ? v : mn;                                                            \
+                bmx = v > bmx ? v : bmx;                                                         \
+                bmn = v < bmn ? v : bmn;                                                         \
                 bs += v;                                                                         \
                 bss += v * v;                                                                    \
             }                                                                                    \
+            mx = bmx > mx ? bmx : mx;                                                            \
+            mn = bmn < mn ? bmn : mn;                                                            \
             s += bs;                                                                             \
             ss += bss;                                                                           \
         }                                                                                        \
         Py_ssize_t zeros = 0, nans = 0;                                                          \
         if (count || !isfinite(s) || !isfinite(ss)) {                                           \
             float e = (float)eps;                                                                \
-            _Pragma("omp simd reduction(+:zeros,nans)")                                          \
+            _Pragma("omp parallel for simd num_threads(threads) if(threads > 1) reduction(+:zeros,nans)") \
             for (Py_ssize_t i = 0; i < n; i++) {                                                 \
                 float v = TO_F(p[i]);                                                            \
                 zeros += fabsf(v) <= e;                                                          \
@@ -75,10 +82,10 @@ static inline float bf16_of(uint16_t v) {
 FLOAT_KERNEL(k_f32, float, f32_of)
 FLOAT_KERNEL(k_bf16, uint16_t, bf16_of)
 
-CLONES static void k_f64(const double *p, Py_ssize_t n, double eps, int count, acc_t *a) {
+CLONES static void k_f64(const double *p, Py_ssize_t n, double eps, int count, int threads, acc_t *a) {
     double mx = -INFINITY, mn = INFINITY, s = 0.0, ss = 0.0;
     Py_ssize_t zeros = 0, nans = 0;
-#pragma omp simd reduction(max:mx) reduction(min:mn) reduction(+:s,ss)
+#pragma omp parallel for simd num_threads(threads) if(threads > 1) reduction(max:mx) reduction(min:mn) reduction(+:s,ss)
     for (Py_ssize_t i = 0; i < n; i++) {
         double v = p[i];
         mx = v > mx ? v : mx;
@@ -87,7 +94,7 @@ CLONES static void k_f64(const double *p, Py_ssize_t n, double eps, int count, a
         ss += v * v;
     }
     if (count || !isfinite(s) || !isfinite(ss)) {
-#pragma omp simd reduction(+:zeros,nans)
+#pragma omp parallel for simd num_threads(threads) if(threads > 1) reduction(+:zeros,nans)
         for (Py_ssize_t i = 0; i < n; i++) {
             zeros += fabs(p[i]) <= eps;
             nans += p[i] != p[i];
@@ -97,10 +104,10 @@ CLONES static void k_f64(const double *p, Py_ssize_t n, double eps, int count, a
 }
 
 #define INT_KERNEL(NAME, T)                                                                      \
-    CLONES static void NAME(const T *p, Py_ssize_t n, double eps, int count, acc_t *a) {         \
+    CLONES static void NAME(const T *p, Py_ssize_t n, double eps, int count, int threads, acc_t *a) { \
         double mx = -INFINITY, mn = INFINITY, s = 0.0, ss = 0.0;                                 \
         Py_ssize_t zeros = 0;                                                                    \
-        _Pragma("omp simd reduction(max:mx) reduction(min:mn) reduction(+:s,ss,zeros)")          \
+        _Pragma("omp parallel for simd num_threads(threads) if(threads > 1) reduction(max:mx) reduction(min:mn) reduction(+:s,ss,zeros)") \
         for (Py_ssize_t i = 0; i < n; i++) {                                                     \
             double v = (double)p[i];                                                             \
             mx = v > mx ? v : mx;                                                                \
@@ -118,14 +125,14 @@ INT_KERNEL(k_i16, int16_t)
 INT_KERNEL(k_i8, int8_t)
 INT_KERNEL(k_u8, uint8_t)
 
-static void k_bool(const uint8_t *p, Py_ssize_t n, double eps, int count, acc_t *a) {
+static void k_bool(const uint8_t *p, Py_ssize_t n, double eps, int count, int threads, acc_t *a) {
     Py_ssize_t trues = 0;
     for (Py_ssize_t i = 0; i < n; i++) trues += p[i] != 0;
     a->mx = trues > 0; a->mn = trues == n; a->sum = (double)trues; a->sumsq = (double)trues;
     a->zeros = (double)(n - trues); a->nans = 0;
 }
 
-typedef void (*kernel_t)(const void *, Py_ssize_t, double, int, acc_t *);
+typedef void (*kernel_t)(const void *, Py_ssize_t, double, int, int, acc_t *);
 static const kernel_t KERNELS[] = {
     (kernel_t)k_f32, (kernel_t)k_f64, (kernel_t)k_bf16, (kernel_t)k_i64, (kernel_t)k_i32,
     (kernel_t)k_i16, (kernel_t)k_i8, (kernel_t)k_u8, (kernel_t)k_bool,
@@ -133,10 +140,11 @@ static const kernel_t KERNELS[] = {
 #define N_KERNELS ((long)(sizeof(KERNELS) / sizeof(KERNELS[0])))
 
 static PyObject *stats(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "stats(address, numel, code, eps) takes 4 arguments");
+    if (nargs != 4 && nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "stats(address, numel, code, eps, threads=1) takes 4 or 5 arguments");
         return NULL;
     }
+    long threads = nargs == 5 ? PyLong_AsLong(args[4]) : 1;
     void *p = PyLong_AsVoidPtr(args[0]);
     Py_ssize_t n = PyLong_AsSsize_t(args[1]);
     long code = PyLong_AsLong(args[2]);
@@ -152,9 +160,10 @@ static PyObject *stats(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
     }
     kernel_t k = KERNELS[code];
     int count = eps >= 0;
+    if (threads < 1 || n < PARALLEL_MIN) threads = 1;
     acc_t a;
     Py_BEGIN_ALLOW_THREADS
-    k(p, n, count ? eps : 0.0, count, &a);
+    k(p, n, count ? eps : 0.0, count, (int)threads, &a);
     Py_END_ALLOW_THREADS
     if (!count) a.zeros = 0;
     if (a.nans > 0) a.mx = a.mn = NAN;
@@ -163,7 +172,7 @@ static PyObject *stats(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
 
 static PyMethodDef methods[] = {
     {"stats", (PyCFunction)(void (*)(void))stats, METH_FASTCALL,
-     "stats(address, numel, code, eps) -> (max, min, sum, sum_of_squares, count |x|<=eps, count NaN)"},
+     "stats(address, numel, code, eps, threads=1) -> (max, min, sum, sum_of_squares, count |x|<=eps, count NaN)"},
     {NULL, NULL, 0, NULL},
 };
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fast_stats", "One-pass CPU tensor statistics.", -1,

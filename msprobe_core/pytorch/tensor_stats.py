@@ -43,6 +43,8 @@ _HOST_CODES = {torch.float32: 0, torch.float64: 1, torch.bfloat16: 2, torch.int6
                torch.int16: 5, torch.int8: 6, torch.uint8: 7, torch.bool: 8}
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
 _strided = torch.strided
+_get_num_threads = torch.get_num_threads
+_PARALLEL_MIN = 1 << 17
 
 
 def host_stats(t: torch.Tensor, eps: float = -1.0) -> Optional[tuple[float, ...]]:
@@ -61,7 +63,9 @@ def host_stats(t: torch.Tensor, eps: float = -1.0) -> Optional[tuple[float, ...]
         return None
     if not t.is_contiguous():
         t = _tensor_contiguous(t)
-    return _fast_stats.stats(t.data_ptr(), t.numel(), code, eps)
+    n = t.numel()
+    # large buffers are split over torch's own intra-op threads (the kernel shares torch's OpenMP pool)
+    return _fast_stats.stats(t.data_ptr(), n, code, eps, _get_num_threads() if n >= _PARALLEL_MIN else 1)
 
 
 def summary_kind(t: torch.Tensor) -> str:
