@@ -13,36 +13,30 @@ training thread); a frame torn by the crash is ignored. Recover with the same Py
 from __future__ import annotations
 
 import json
-import linecache
 import marshal
+import mmap
 import os
 import struct
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, Sequence
 
+from msprobe_core.dump.call_stack import CallStack, format_frame
+
 JOURNAL_SUFFIX = ".journal"
 ERROR_LOG_NAME = "dump_error_info.log"
 TENSOR_DIR_NAME = "dump_tensor_data"
 
-Frame = tuple[str, int, str]
+_c_encoder = json.encoder.c_make_encoder
+if _c_encoder is not None:  # one C encoder for the whole run (JSONEncoder.encode builds one per call)
+    _c_encode = _c_encoder(None, None, json.encoder.encode_basestring, None, ": ", ", ", False, False, True)
 
-
-_formatted: dict[tuple, str] = {}
-
-
-def format_frame(frame: Frame) -> str:
-    """A stack line in msprobe's stack.json style (cached: the same frames recur in every step)."""
-    frame = tuple(frame)
-    line = _formatted.get(frame)
-    if line is None:
-        filename, lineno, func = frame
-        code = linecache.getline(filename, lineno).strip()
-        line = _formatted[frame] = f"File {filename}, line {lineno}, in {func}, \n {code}"
-    return line
-
-
-_encode = json.JSONEncoder(ensure_ascii=False).encode  # the C encoder (no indent): fast
+    def _encode(obj: Any) -> str:
+        if type(obj) is str:
+            return json.encoder.encode_basestring(obj)
+        return "".join(_c_encode(obj, 0))
+else:  # pragma: no cover - CPython always has the C encoder
+    _encode = json.JSONEncoder(ensure_ascii=False).encode
 _LEN = struct.Struct("<I")
 
 
@@ -69,7 +63,7 @@ def dumps_by_line(obj: Any) -> str:
             inner = ",\n".join(f"  {_encode(k)}: {_encode_value(v)}" for k, v in value.items())
             parts.append(f" {_encode(key)}: {{\n{inner}\n }}")
         else:
-            parts.append(f" {_encode(key)}: {_encode(value)}")
+            parts.append(f" {_encode(key)}: {_encode_value(value)}")
     return "{\n" + ",\n".join(parts) + "\n}\n"
 
 
@@ -87,6 +81,58 @@ def write_json_atomic(path: Path, obj: Any) -> None:
     write_text_atomic(path, dumps_by_line(obj))
 
 
+class Journal:
+    """An append-only file written through a shared memory map: an append is a copy into the page cache,
+    which the kernel keeps when the process is killed (no system call per record). Space is reserved with
+    ``posix_fallocate`` before it is mapped, so a full disk is an ``OSError`` here and never a SIGBUS while
+    copying; where that is not possible, appends fall back to ``os.write``. The unused tail reads as zeros,
+    which ``read_frames`` takes as the end."""
+
+    CHUNK = 1 << 22
+
+    def __init__(self, path: Path):
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        self._map: Optional[mmap.mmap] = None
+        self._size = 0
+        self._pos = 0
+        self._mapped = hasattr(os, "posix_fallocate")
+
+    def append(self, data: bytes) -> None:
+        end = self._pos + len(data)
+        if end > self._size and self._mapped:
+            self._grow(end)
+        if self._map is not None and self._mapped:
+            self._map[self._pos:end] = data
+        else:
+            os.write(self.fd, data)
+        self._pos = end
+
+    def _grow(self, need: int) -> None:
+        size = max(self.CHUNK, self._size * 2)
+        while size < need:
+            size *= 2
+        try:
+            os.posix_fallocate(self.fd, 0, size)
+            if self._map is None:
+                self._map = mmap.mmap(self.fd, size)
+            else:
+                self._map.resize(size)
+            self._size = size
+        except (OSError, ValueError):  # no space, or no shared mapping here: plain appends from now on
+            self._unmap()
+            self._mapped = False
+            os.ftruncate(self.fd, self._pos)
+
+    def _unmap(self) -> None:
+        if self._map is not None:
+            self._map.close()
+            self._map = None
+
+    def close(self) -> None:
+        self._unmap()
+        os.close(self.fd)
+
+
 class StepRecorder:
     """Records of one (step, rank) folder. Not thread-safe: use from the training thread (autograd hooks
     run there too on CPU); tensor files are the caller's (``TensorFiles``)."""
@@ -96,11 +142,12 @@ class StepRecorder:
         self.header = header
         self.json_name = json_name
         self.data: dict[str, Any] = {}
-        self.stack: dict[str, list[Frame]] = {}
+        self.stack: dict[str, CallStack] = {}
+        self._journaled_stacks: set[int] = set()
         self.construct: dict[str, Optional[str]] = {}
         self._seq = 0
         self._journal_enabled = journal
-        self._journal_fd: Optional[int] = None
+        self._journal: Optional[Journal] = None
         self._queued: list[tuple] = []
         self._dir_ready = False
         self.errors = 0
@@ -111,7 +158,7 @@ class StepRecorder:
             return
         self.rank_dir.mkdir(parents=True, exist_ok=True)
         if self._journal_enabled:
-            self._journal_fd = os.open(self.journal_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            self._journal = Journal(self.journal_path)
             self._append(("h", self.header, self.json_name))
             self.sync_journal()
         self._dir_ready = True
@@ -127,12 +174,12 @@ class StepRecorder:
 
     def _append(self, entry: tuple) -> None:
         # Entries hold live objects whose statistics may still be on the device; sync_journal() writes them.
-        if self._journal_fd is not None:
+        if self._journal is not None:
             self._queued.append(entry)
 
     def sync_journal(self) -> None:
         """Append every queued fragment to the journal in one write (call after statistics are resolved)."""
-        if not self._queued or self._journal_fd is None:
+        if not self._queued or self._journal is None:
             return
         queued, self._queued = self._queued, []
         frames = []
@@ -147,7 +194,7 @@ class StepRecorder:
             body = marshal.dumps(e)
             frames.append(_LEN.pack(len(body)))
             frames.append(body)
-        os.write(self._journal_fd, b"".join(frames))
+        self._journal.append(b"".join(frames))
 
     # ---------------------------------------------------------------- records
     def reserve(self, name: str) -> int:
@@ -179,9 +226,13 @@ class StepRecorder:
         target[last] = value
         self._append(("f", name, list(path), value))
 
-    def put_stack(self, name: str, frames: list[Frame]) -> None:
-        self.stack[name] = frames
-        self._append(("s", name, frames))
+    def put_stack(self, name: str, stack: CallStack) -> None:
+        """``name``'s call stack (journaled once per distinct stack, then by its id)."""
+        self.stack[name] = stack
+        if stack.sid not in self._journaled_stacks:
+            self._journaled_stacks.add(stack.sid)
+            self._append(("S", stack.sid, list(stack.frames)))
+        self._append(("s", name, stack.sid))
 
     def put_parent(self, name: str, parent: Optional[str]) -> None:
         self.construct[name] = parent
@@ -212,15 +263,15 @@ class StepRecorder:
         write_json_atomic(self.rank_dir / self.json_name, doc)
         if self.json_name == "dump.json":
             write_json_atomic(self.rank_dir / "stack.json",
-                              {k: [format_frame(f) for f in v] for k, v in self.stack.items()})
+                              {k: EncodedRecord(v.json_text(_encode)) for k, v in self.stack.items()})
             write_json_atomic(self.rank_dir / "construct.json", self.construct)
 
     def finish(self) -> None:
         """Write the JSON files and drop the journal; the folder is then a finished dump."""
         self.write_files()
-        if self._journal_fd is not None:
-            os.close(self._journal_fd)
-            self._journal_fd = None
+        if self._journal is not None:
+            self._journal.close()
+            self._journal = None
             try:
                 os.unlink(self.journal_path)
             except FileNotFoundError:
@@ -268,6 +319,7 @@ def replay_journal(entries: Iterable[tuple]) -> tuple[dict[str, Any], str, dict,
     data: dict[str, Any] = {}
     order: dict[str, int] = {}
     stack: dict[str, list] = {}
+    stacks: dict[int, list] = {}
     construct: dict[str, Any] = {}
     for e in entries:
         k = e[0]
@@ -287,8 +339,10 @@ def replay_journal(entries: Iterable[tuple]) -> tuple[dict[str, Any], str, dict,
                 while len(target) <= last:
                     target.append(None)
             target[last] = e[3]
+        elif k == "S":
+            stacks[e[1]] = e[2]
         elif k == "s":
-            stack[e[1]] = e[2]
+            stack[e[1]] = stacks.get(e[2], []) if isinstance(e[2], int) else e[2]
         elif k == "c":
             construct[e[1]] = e[2]
     ordered = dict(sorted(data.items(), key=lambda kv: order.get(kv[0], 1 << 62)))

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import atexit
 import os
-import sys
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 import torch
 
+from msprobe_core.dump.call_stack import StackCapture
 from msprobe_core.dump.config import DumpConfig
 from msprobe_core.dump.selection import Selection
 from msprobe_core.dump.step_recorder import StepRecorder
@@ -80,31 +80,8 @@ def current_rank() -> Optional[int]:
     return None
 
 
-_keep_code: dict[Any, bool] = {}
-
-
-def _keeps(code) -> bool:
-    fn = code.co_filename
-    keep = not fn.startswith(_OWN_DIR) and not fn.endswith(("torch/nn/modules/module.py", "torch/utils/hooks.py"))
-    _keep_code[code] = keep
-    return keep
-
-
-def capture_stack() -> list[tuple[str, int, str]]:
-    """The caller's Python stack (outermost first), without the tool's and torch.nn's own frames."""
-    frames = []
-    f = sys._getframe(2)
-    get = _keep_code.get
-    while f is not None:
-        code = f.f_code
-        keep = get(code)
-        if keep is None:
-            keep = _keeps(code)
-        if keep:
-            frames.append((code.co_filename, f.f_lineno, code.co_name))
-        f = f.f_back
-    frames.reverse()
-    return frames
+_STACKS = StackCapture((_OWN_DIR,), ("torch/nn/modules/module.py", "torch/utils/hooks.py"))
+capture_stack = _STACKS.capture
 
 
 # APIs whose output holds exactly the input's values (same multiset): statistics are shared, not recomputed
@@ -413,7 +390,7 @@ class DumpService:
             if self.selection.keeps("backward", "output"):
                 self._hook_grads(tensors, call, "output")
         if not overflow and self.cfg.extra_info:
-            rec.put_stack(name, capture_stack())
+            rec.put_stack(name, capture_stack(3))
         return call
 
     def _end(self, call: _Call, out: Any, same_values_as: Any = None) -> None:
@@ -435,7 +412,7 @@ class DumpService:
                 return
             call.seq = rec.reserve(call.name)
             if self.cfg.extra_info:
-                rec.put_stack(call.name, capture_stack())
+                rec.put_stack(call.name, capture_stack(3))
         call.record["output"] = self.summarizer.summarize(outputs, f"{call.name}.output", call.save) if keep_out else []
         if self.selection.forward:
             rec.put(call.name, call.record, call.seq)
