@@ -25,9 +25,11 @@ import tempfile
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Optional
 
 import torch
 
+from msprobe_core.dump.file_writer import HEADER_BYTES, IDLE, WPOS, U64, ring_write
 from msprobe_core.dump.pt_archive import ALIGN, link_or_copy, write_pt_atomic
 from msprobe_core.pytorch.tool_guard import mark_tool_thread
 
@@ -43,6 +45,11 @@ _STORAGE_CLASS = {
 ARENA_ENV = "MSPROBE_WRITER_ARENA_MB"
 DEFAULT_ARENA_MB = 256
 _LEN = struct.Struct("<I")
+_RING_BYTES = 1 << 22  # shared job ring (jobs are a few hundred bytes)
+# An idle writer is woken once this much work is waiting (jobs + 64 KiB units of tensor bytes, so ~4 MiB or
+# 64 jobs), and always when the trainer waits for it: waking it for every job costs a context switch each
+# on a busy machine. Published jobs are in shared memory: they are written even if the trainer dies.
+_WAKE_AFTER = 64
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -75,11 +82,21 @@ class _Pickler(pickle.Pickler):
         return obj.pid if isinstance(obj, _StorageRef) else None
 
 
+_pickles: dict[tuple, bytes] = {}
+
+
 def tensor_pickle(dtype: torch.dtype, shape: tuple[int, ...]) -> bytes:
-    """``data.pkl`` of a contiguous tensor of this dtype and shape, byte for byte as torch.save writes it."""
-    buf = io.BytesIO()
-    _Pickler(buf, protocol=2).dump(_TensorRecipe(dtype, tuple(shape)))
-    return buf.getvalue()
+    """``data.pkl`` of a contiguous tensor of this dtype and shape, byte for byte as torch.save writes it
+    (made once per dtype and shape: the same shapes recur every step)."""
+    key = (dtype, tuple(shape))
+    pkl = _pickles.get(key)
+    if pkl is None:
+        buf = io.BytesIO()
+        _Pickler(buf, protocol=2).dump(_TensorRecipe(dtype, key[1]))
+        pkl = buf.getvalue()
+        if len(_pickles) < 100_000:
+            _pickles[key] = pkl
+    return pkl
 
 
 def supported(t: torch.Tensor) -> bool:
@@ -143,28 +160,37 @@ class _ThreadFiles:
 class _ProcessFiles:
     """A writer process fed through a shared-memory ring arena (jobs acknowledged in order)."""
 
-    def __init__(self, arena_bytes: int):
+    def __init__(self, arena_bytes: int, ring_bytes: int = _RING_BYTES):
         folder = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
         path = os.path.join(folder, f"msprobe-arena-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        total = arena_bytes + HEADER_BYTES + ring_bytes
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            os.ftruncate(fd, arena_bytes)
-            self._mmap = mmap.mmap(fd, arena_bytes)
+            os.ftruncate(fd, total)
+            self._mmap = mmap.mmap(fd, total)
         finally:
             os.close(fd)
         try:
             env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [_PACKAGE_ROOT, os.environ.get("PYTHONPATH")])))
-            self.proc = subprocess.Popen([sys.executable, "-m", "msprobe_core.dump.file_writer", path, str(arena_bytes)],
-                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+            self.proc = subprocess.Popen([sys.executable, "-m", "msprobe_core.dump.file_writer", path, str(arena_bytes),
+                                          str(ring_bytes)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
             ready = os.read(self.proc.stdout.fileno(), 1)
         finally:
             os.unlink(path)  # both sides hold the mapping; no name is left behind
         if ready != b"R":
             raise OSError("the tensor-file writer process did not start")
         self.size = arena_bytes
-        self.arena = torch.frombuffer(self._mmap, dtype=torch.uint8)
-        self._jobs: collections.deque = collections.deque()  # (start, end) of arena space, or None for links
+        self.arena = torch.frombuffer(self._mmap, dtype=torch.uint8, count=arena_bytes)
+        view = memoryview(self._mmap)
+        self._header = view[arena_bytes:arena_bytes + HEADER_BYTES]
+        self._ring = view[arena_bytes + HEADER_BYTES:]
+        self._wpos = 0
+        self._acked_pos = 0  # ring position up to which the writer has acknowledged jobs
+        self._unwoken = 0  # work published since the writer was last woken (jobs + 64 KiB units)
+        self._span: Optional[tuple[int, int]] = None
+        self._jobs: collections.deque = collections.deque()  # per job: (start, end) of arena space or None; ring end
         self._head = 0
+        self._in = self.proc.stdin.fileno()
         self._out = self.proc.stdout.fileno()
         self.failures = 0
 
@@ -172,11 +198,11 @@ class _ProcessFiles:
     def _alloc(self, n: int) -> int:
         n = (n + ALIGN - 1) // ALIGN * ALIGN
         while True:
-            spans = [j for j in self._jobs if j is not None]
-            if not spans:
+            oldest = next((j[0] for j in self._jobs if j[0] is not None), None)  # the arena's tail
+            if oldest is None:
                 self._head = 0
                 return self._take(0, n)
-            tail = spans[0][0]
+            tail = oldest[0]
             if self._head >= tail:
                 if self._head + n <= self.size:
                     return self._take(self._head, n)
@@ -188,24 +214,44 @@ class _ProcessFiles:
 
     def _take(self, start: int, n: int) -> int:
         self._head = start + n
-        self._jobs.append((start, start + n))
+        self._span = (start, start + n)
         return start
 
     def _acks(self, block: bool) -> None:
-        if not block and not select.select([self._out], [], [], 0)[0]:
+        if block:
+            self._wake()  # the writer may have gone idle just as the job it owes us was published
+        elif not select.select([self._out], [], [], 0)[0]:
             return
         data = os.read(self._out, 65536)
         if not data:
             raise BrokenPipeError("the tensor-file writer process ended")
         for b in data:
-            self._jobs.popleft()
+            self._acked_pos = self._jobs.popleft()[1]
             if b == ord("!"):
                 self.failures += 1
 
-    def _send(self, job: tuple) -> None:
+    def _wake(self) -> None:
+        self._unwoken = 0
+        os.write(self._in, b"w")
+
+    def _send(self, job: tuple, span: Optional[tuple[int, int]]) -> None:
+        """Publish a job in the shared ring: a copy and a position update, no system call unless the
+        writer is idle and enough work is waiting. A published job is written even if this process is
+        killed next (the writer drains the ring when its input closes)."""
         body = marshal.dumps(job)
-        self.proc.stdin.write(_LEN.pack(len(body)) + body)
-        self.proc.stdin.flush()
+        frame = _LEN.pack(len(body)) + body
+        ring_size = len(self._ring)
+        if len(frame) > ring_size:
+            raise OSError(f"a tensor-file job of {len(frame)} bytes does not fit the {ring_size}-byte job ring")
+        while self._wpos + len(frame) - self._acked_pos > ring_size:
+            self._acks(block=True)
+        ring_write(self._ring, self._wpos, frame)
+        self._wpos += len(frame)
+        U64.pack_into(self._header, WPOS, self._wpos)
+        self._jobs.append((span, self._wpos))
+        self._unwoken += 1 + ((span[1] - span[0]) >> 16 if span is not None else 0)
+        if self._unwoken >= _WAKE_AFTER and U64.unpack_from(self._header, IDLE)[0]:
+            self._wake()
 
     # interface ---------------------------------------------------------------------------------
     def save(self, t: torch.Tensor, path: Path) -> None:
@@ -217,11 +263,10 @@ class _ProcessFiles:
         off = self._alloc(n)
         dst = self.arena[off:off + n].view(t.dtype).view(t.shape)
         dst.copy_(t.detach())
-        self._send(("w", str(path), tensor_pickle(t.dtype, tuple(t.shape)), off, n))
+        self._send(("w", str(path), tensor_pickle(t.dtype, tuple(t.shape)), off, n), self._span)
 
     def link(self, src: Path, dst: Path) -> None:
-        self._jobs.append(None)
-        self._send(("l", str(src), str(dst)))
+        self._send(("l", str(src), str(dst)), None)
 
     def flush(self) -> int:
         before = self.failures
@@ -236,6 +281,8 @@ class _ProcessFiles:
             self.proc.stdin.close()
             self.proc.wait(timeout=60)
             del self.arena
+            self._ring.release()
+            self._header.release()
             self._mmap.close()
 
 
