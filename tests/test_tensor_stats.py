@@ -113,3 +113,18 @@ def test_turned_off_by_environment():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env=dict(os.environ, MSPROBE_FAST_STATS="0")).stdout
     assert out.strip() == "None"
+
+
+def test_host_bytes_and_crc_match_the_tensor_bytes():
+    import zlib
+
+    from msprobe_core.pytorch.summarize import tensor_crc32
+    from msprobe_core.pytorch.tensor_stats import host_bytes
+
+    t = torch.randn(33, 7)
+    assert bytes(host_bytes(t)) == t.numpy().tobytes()
+    assert host_bytes(t.t()) is None and host_bytes(torch.randn(3, dtype=torch.complex64).conj()) is None
+    for x in (t, t.t(), t[3], torch.arange(10), torch.tensor([True, False]), torch.randn(4, dtype=torch.complex64).conj()):
+        expected = zlib.crc32(x.resolve_conj().contiguous().numpy().tobytes()) & 0xFFFFFFFF
+        assert tensor_crc32(x) == f"{expected:08x}"
+    assert tensor_crc32(torch.empty(0)) == "00000000"

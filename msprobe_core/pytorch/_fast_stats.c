@@ -6,6 +6,8 @@
  *
  *   stats(address, numel, code, eps, threads=1) -> (max, min, sum, sum_of_squares, count |x| <= eps, count NaN)
  *
+ *   buffer(address, nbytes)             -> read-only memoryview over the bytes (for checksums)
+ *
  * With eps < 0 the zero count is skipped (0) and NaNs are only counted when the sums come out non-finite
  * (a finite sum of squares proves there is none): one pass in the common case.
  *
@@ -170,7 +172,25 @@ static PyObject *stats(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
     return Py_BuildValue("(dddddd)", a.mx, a.mn, a.sum, a.sumsq, a.zeros, a.nans);
 }
 
+/* buffer(address, nbytes) -> a read-only memoryview over raw memory (the caller keeps its owner alive). */
+static PyObject *buffer(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "buffer(address, nbytes) takes 2 arguments");
+        return NULL;
+    }
+    void *p = PyLong_AsVoidPtr(args[0]);
+    Py_ssize_t n = PyLong_AsSsize_t(args[1]);
+    if (PyErr_Occurred()) return NULL;
+    if (p == NULL || n < 0) {
+        PyErr_SetString(PyExc_ValueError, "address must be non-null and nbytes non-negative");
+        return NULL;
+    }
+    return PyMemoryView_FromMemory((char *)p, n, PyBUF_READ);
+}
+
 static PyMethodDef methods[] = {
+    {"buffer", (PyCFunction)(void (*)(void))buffer, METH_FASTCALL,
+     "buffer(address, nbytes) -> read-only memoryview over that memory (keep its owner alive)"},
     {"stats", (PyCFunction)(void (*)(void))stats, METH_FASTCALL,
      "stats(address, numel, code, eps, threads=1) -> (max, min, sum, sum_of_squares, count |x|<=eps, count NaN)"},
     {NULL, NULL, 0, NULL},

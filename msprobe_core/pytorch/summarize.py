@@ -19,7 +19,7 @@ import torch
 
 from msprobe_core.pytorch import tensor_stats
 from msprobe_core.pytorch.pt_writer import TensorFiles
-from msprobe_core.pytorch.tensor_stats import host_stats, summary_kind, summary_stats
+from msprobe_core.pytorch.tensor_stats import host_bytes, host_stats, summary_kind, summary_stats
 
 _contiguous = torch.Tensor.contiguous
 _view = torch.Tensor.view
@@ -33,11 +33,15 @@ except ImportError:  # pragma: no cover - optional dependency
 
 def tensor_crc32(t: torch.Tensor) -> str:
     """CRC-32 of a CPU tensor's bytes (row-major contiguous), as 8 hex digits (msprobe's "md5" field)."""
-    x = _contiguous(t.detach())
-    if x.numel() == 0:
-        return f"{0:08x}"
-    raw = _view(x.reshape(-1), torch.uint8).numpy()
-    return f"{_crc32(raw) & 0xFFFFFFFF:08x}"
+    if t.numel() == 0:
+        return "00000000"
+    raw = host_bytes(t)
+    if raw is None:
+        x = _contiguous(t.detach())
+        if x.is_neg() or x.is_conj():
+            x = x.resolve_neg().resolve_conj()
+        raw = _view(x.reshape(-1), torch.uint8).numpy()
+    return "%08x" % (_crc32(raw) & 0xFFFFFFFF)
 
 
 _DTYPE_NAMES: dict[torch.dtype, str] = {}

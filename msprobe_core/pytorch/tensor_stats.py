@@ -47,6 +47,15 @@ _get_num_threads = torch.get_num_threads
 _PARALLEL_MIN = 1 << 17
 
 
+def host_bytes(t: torch.Tensor) -> Optional[memoryview]:
+    """The bytes of a contiguous dense CPU tensor as a read-only memoryview without any torch call (keep
+    ``t`` alive while using it); ``None`` where that does not apply."""
+    if _fast_stats is None or not t.is_cpu or type(t) not in _PLAIN_TYPES or t.layout is not _strided \
+            or not t.is_contiguous() or t.is_neg() or t.is_conj() or t._is_zerotensor():
+        return None
+    return _fast_stats.buffer(t.data_ptr(), t.numel() * t.element_size())
+
+
 def host_stats(t: torch.Tensor, eps: float = -1.0) -> Optional[tuple[float, ...]]:
     """(max, min, sum, sum_of_squares, zeros, nans) of a non-empty dense CPU tensor as host floats, read in
     one pass by the C kernel; ``None`` where it does not apply (no kernel, another device, a subclass,
