@@ -38,6 +38,7 @@ if _c_encoder is not None:  # one C encoder for the whole run (JSONEncoder.encod
 else:  # pragma: no cover - CPython always has the C encoder
     _encode = json.JSONEncoder(ensure_ascii=False).encode
 _LEN = struct.Struct("<I")
+_MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
 
 
 class EncodedRecord(str):
@@ -88,7 +89,7 @@ class Journal:
     copying; where that is not possible, appends fall back to ``os.write``. The unused tail reads as zeros,
     which ``read_frames`` takes as the end."""
 
-    CHUNK = 1 << 22
+    CHUNK = 1 << 20
 
     def __init__(self, path: Path):
         self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
@@ -113,10 +114,8 @@ class Journal:
             size *= 2
         try:
             os.posix_fallocate(self.fd, 0, size)
-            if self._map is None:
-                self._map = mmap.mmap(self.fd, size)
-            else:
-                self._map.resize(size)
+            self._unmap()  # a fresh, pre-faulted mapping: appends then never stop on a page fault
+            self._map = mmap.mmap(self.fd, size, flags=_MAP_FLAGS)
             self._size = size
         except (OSError, ValueError):  # no space, or no shared mapping here: plain appends from now on
             self._unmap()

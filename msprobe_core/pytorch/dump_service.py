@@ -514,7 +514,7 @@ class DumpService:
             call = None
             if self.selection.record(name):
                 parent = self._module_stack[-1] if self._module_stack else None
-                params = list(module.named_parameters(recurse=False))
+                params = [(k, v) for k, v in module._parameters.items() if v is not None]
                 call = self._begin(name, f"{base}.backward.{n}", args, kwargs, parent, params)
                 self._recorded_modules.add(base)
             calls[-1] = call
