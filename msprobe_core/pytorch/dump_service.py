@@ -26,7 +26,7 @@ from msprobe_core.dump.selection import Selection
 from msprobe_core.dump.step_recorder import StepRecorder
 from msprobe_core.errors import ConfigError, DumpPathError, TokenRangeError
 from msprobe_core.pytorch.api_patch import ApiPatcher, make_wrapper
-from msprobe_core.pytorch.summarize import Summarizer, iter_tensors
+from msprobe_core.pytorch.summarize import Summarizer, tensors_in
 from msprobe_core.pytorch.tensor_stats import has_inf_or_nan
 from msprobe_core.pytorch.pt_writer import TensorFiles
 from msprobe_core.pytorch.tool_guard import TOOL
@@ -36,10 +36,27 @@ from msprobe_core.log import setup_logging
 logger = setup_logging()
 
 _graph_task_id = torch._C._current_graph_task_id
-_no_grad = torch.no_grad
+_is_grad_enabled = torch._C.is_grad_enabled
+_set_grad_enabled = torch._C._set_grad_enabled  # direct: torch.no_grad() costs five Python calls a use
 _no_torch_function = torch._C.DisableTorchFunction  # the tool's own tensor work skips every TorchFunctionMode
 _OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _DEFERRED_BATCH = 512  # device statistics resolved (one host copy) every this many records
+
+
+class _no_grad:
+    """``torch.no_grad()`` for the tool's own work at a fraction of its cost (two C calls, and none when
+    autograd is already off, as in backward hooks)."""
+
+    __slots__ = ("prev",)
+
+    def __enter__(self) -> None:
+        self.prev = _is_grad_enabled()
+        if self.prev:
+            _set_grad_enabled(False)
+
+    def __exit__(self, *exc) -> None:
+        if self.prev:
+            _set_grad_enabled(True)
 
 
 class _OwnWork:
@@ -305,15 +322,17 @@ class DumpService:
                 if self._deferred < _DEFERRED_BATCH:
                     return
         self._deferred = 0
-        self._tls.depth += 1
-        try:
-            with _no_torch_function():
-                self.summarizer.resolve()
-        finally:
-            self._tls.depth -= 1
-        for rec in (self.recorder, self.debug_recorder):
-            if rec is not None:
-                rec.sync_journal()
+        if self.summarizer.has_pending:
+            self._tls.depth += 1
+            try:
+                with _no_torch_function():
+                    self.summarizer.resolve()
+            finally:
+                self._tls.depth -= 1
+        if self.recorder is not None:
+            self.recorder.sync_journal()
+        if self.debug_recorder is not None:
+            self.debug_recorder.sync_journal()
 
     def _own(self, where: str) -> _OwnWork:
         return _OwnWork(self, where)
@@ -366,9 +385,13 @@ class DumpService:
     # ================================================================== shared record logic
     def _begin(self, name: str, backward: str, args: tuple, kwargs: dict, parent: Optional[str],
                parameters: Optional[Sequence[tuple[str, torch.Tensor]]] = None) -> _Call:
-        grad_enabled = torch.is_grad_enabled()
-        with _no_torch_function(), _no_grad():
-            return self._begin_inner(name, backward, args, kwargs, parent, parameters, grad_enabled)
+        grad_enabled = _is_grad_enabled()
+        with _no_torch_function():
+            _set_grad_enabled(False)
+            try:
+                return self._begin_inner(name, backward, args, kwargs, parent, parameters, grad_enabled)
+            finally:
+                _set_grad_enabled(grad_enabled)
 
     def _begin_inner(self, name, backward, args, kwargs, parent, parameters, grad_enabled) -> _Call:
         rec = self.recorder or self._open_step()
@@ -385,7 +408,7 @@ class DumpService:
             record["parameters"] = {p: summarize(t, f"{name}.parameters.{p}", save) for p, t in parameters} if keep_in else {}
         call = _Call(name, backward, seq, record, save, parent)
         if self.selection.backward and grad_enabled:
-            tensors = list(iter_tensors((args, kwargs)))
+            tensors = tensors_in((args, kwargs))
             self._bwd_sizes.setdefault(backward, [0, 0])[1] = len(tensors)
             if self.selection.keeps("backward", "output"):
                 self._hook_grads(tensors, call, "output")
@@ -396,12 +419,16 @@ class DumpService:
     def _end(self, call: _Call, out: Any, same_values_as: Any = None) -> None:
         """Finish ``call`` with its output; ``same_values_as`` is an input the output only rearranges (a view,
         reshape, ...): its statistics are reused."""
-        grad_enabled = torch.is_grad_enabled()
-        with _no_torch_function(), _no_grad():
-            if same_values_as is not None and type(out) is torch.Tensor and isinstance(same_values_as, torch.Tensor) \
-                    and out.dtype == same_values_as.dtype and out.numel() == same_values_as.numel():
-                self.summarizer.share(same_values_as, out)
-            self._end_inner(call, out, grad_enabled)
+        grad_enabled = _is_grad_enabled()
+        with _no_torch_function():
+            _set_grad_enabled(False)
+            try:
+                if same_values_as is not None and type(out) is torch.Tensor and isinstance(same_values_as, torch.Tensor) \
+                        and out.dtype == same_values_as.dtype and out.numel() == same_values_as.numel():
+                    self.summarizer.share(same_values_as, out)
+                self._end_inner(call, out, grad_enabled)
+            finally:
+                _set_grad_enabled(grad_enabled)
 
     def _end_inner(self, call: _Call, out: Any, grad_enabled: bool) -> None:
         rec = self.recorder or self._open_step()
@@ -418,17 +445,17 @@ class DumpService:
             rec.put(call.name, call.record, call.seq)
         if self._construct:
             rec.put_parent(call.name, call.parent)
+        tensors = tensors_in(outputs)
         if self.selection.backward and grad_enabled:
-            tensors = list(iter_tensors(outputs))
             self._bwd_sizes.setdefault(call.backward, [0, 0])[0] = len(tensors)
             if self.selection.keeps("backward", "input"):
                 self._hook_grads(tensors, call, "input")
-        self._sync(record_on_device=_on_device(outputs))
+        self._sync(record_on_device=bool(tensors) and not tensors[0].is_cpu)
 
     def _overflowed(self, outputs: list) -> bool:
         if self.cfg.overflow_nums != -1 and self._overflows >= self.cfg.overflow_nums:
             return False
-        flags = [has_inf_or_nan(t) for t in iter_tensors(outputs)]
+        flags = [has_inf_or_nan(t) for t in tensors_in(outputs)]
         if not flags or not bool(torch.stack([f.to("cpu") for f in flags]).any()):
             return False
         self._overflows += 1
@@ -667,10 +694,6 @@ class DumpService:
             delattr(owner, api)
 
 
-def _on_device(outputs: list) -> bool:
-    for t in iter_tensors(outputs):
-        return t.device.type != "cpu"
-    return False
 
 
 def _check_model(model: Any) -> None:

@@ -250,13 +250,23 @@ def _plain(v: Any) -> Any:
     return str(v)
 
 
-def iter_tensors(obj: Any):
-    """Tensors inside a nested structure, in the order the structure lists them."""
+def tensors_in(obj: Any) -> list:
+    """Tensors inside a nested structure (lists, tuples, dicts), in the order the structure lists them."""
     if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, (list, tuple)):
+        return [obj]
+    found: list = []
+    _collect(obj, found)
+    return found
+
+
+def _collect(obj: Any, found: list) -> None:
+    if isinstance(obj, (list, tuple)):
         for v in obj:
-            yield from iter_tensors(v)
+            if isinstance(v, torch.Tensor):
+                found.append(v)
+            elif isinstance(v, (list, tuple, dict)):
+                _collect(v, found)
     elif isinstance(obj, dict):
-        for v in obj.values():
-            yield from iter_tensors(v)
+        _collect(list(obj.values()), found)
+    elif isinstance(obj, torch.Tensor):
+        found.append(obj)
