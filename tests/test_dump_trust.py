@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -159,7 +160,9 @@ def test_two_ranks_write_their_own_folders(tmp_path, ranks, expected):
     out = tmp_path / "dump"
     script = tmp_path / "train.py"
     script.write_text(DIST_SCRIPT.format(tests=os.path.dirname(__file__), out=str(out), ranks=ranks))
-    port = 29500 + (os.getpid() % 1000) + len(ranks)
+    with socket.socket() as sock:  # a free port: tests run in parallel
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                            "--master_port", str(port), str(script)], capture_output=True, text=True,
                           env=dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1"), timeout=300)
