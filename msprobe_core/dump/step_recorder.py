@@ -41,16 +41,20 @@ _LEN = struct.Struct("<I")
 _MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
 
 
-class EncodedRecord(str):
-    """A finished record already encoded as JSON text (written as is into the JSON file). Finished records
-    are encoded when they are journaled: the training process then holds one string per record instead of
-    a tree of dicts and lists, which keeps Python's garbage collector from rescanning them all step long."""
+class EncodedRecord:
+    """A finished record already encoded as JSON ``text`` (written as is into the JSON file). Finished
+    records are encoded when they are journaled: the training process then holds one string per record
+    instead of a tree of dicts and lists, which keeps Python's garbage collector from rescanning them all
+    step long."""
 
-    __slots__ = ()
+    __slots__ = ("text",)
+
+    def __init__(self, text: str):
+        self.text = text
 
 
 def _encode_value(v: Any) -> str:
-    return v if type(v) is EncodedRecord else _encode(v)
+    return v.text if type(v) is EncodedRecord else _encode(v)
 
 
 def dumps_by_line(obj: Any) -> str:
@@ -186,10 +190,10 @@ class StepRecorder:
         for e in queued:
             if e[0] == "R":  # a finished record: from now on held (and journaled) as its JSON text
                 name, record = e[1], e[3]
-                text = EncodedRecord(_encode(record))
+                text = _encode(record)
                 if data.get(name) is record:
-                    data[name] = text
-                e = ("j", name, e[2], str(text))
+                    data[name] = EncodedRecord(text)
+                e = ("j", name, e[2], text)
             body = marshal.dumps(e)
             frames.append(_LEN.pack(len(body)))
             frames.append(body)
