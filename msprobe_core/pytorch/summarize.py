@@ -101,10 +101,13 @@ class Summarizer:
         summary: dict[str, Any] = {"type": "torch.Tensor", "dtype": name, "shape": list(t.shape)}
         entry = self._entry(t)
         kind = summary_kind(t)
+        data = t  # what the statistics and the checksum read: one contiguous copy serves both
+        if self.md5 and t.is_cpu and (entry is None or entry.crc is None) and not t.is_contiguous():
+            data = _contiguous(t.detach())
         if self.statistics and kind != "empty":
             stats = entry.stats if entry is not None else None
             if stats is None:
-                stats = host_stats(t) if kind != "complex" else None
+                stats = host_stats(data) if kind != "complex" else None
                 if stats is None:
                     stats = summary_stats(t, kind)
                 if entry is not None:
@@ -120,8 +123,8 @@ class Summarizer:
         if self.md5:
             if entry is not None and entry.crc is not None:
                 summary["md5"] = entry.crc
-            elif t.device.type == "cpu":
-                crc = tensor_crc32(t)
+            elif t.is_cpu:
+                crc = tensor_crc32(data)
                 summary["md5"] = crc
                 if entry is not None:
                     entry.crc = crc
