@@ -104,9 +104,9 @@ class Journal:
 
     def append(self, data: bytes) -> None:
         end = self._pos + len(data)
-        if end > self._size and self._mapped:
+        if self._mapped and end > self._size:
             self._grow(end)
-        if self._map is not None and self._mapped:
+        if self._map is not None:  # None once growing failed: plain appends from then on
             self._map[self._pos:end] = data
         else:
             os.write(self.fd, data)

@@ -19,8 +19,7 @@ from typing import Any, Sequence
 
 import torch
 
-from msprobe_core.pytorch import tensor_stats
-from msprobe_core.pytorch.tensor_stats import batched_stats
+from msprobe_core.pytorch.tensor_stats import batched_stats, fast_cpu_stats
 
 _NAN_PROXIES = ("min", "max", "norm", "mean")
 PARTIAL_FIELDS = ("sum", "sumsq", "nans", "zeros", "numel", "min", "max")
@@ -44,7 +43,7 @@ class StatsEngine:
         """Statistics of ``tensors`` (all on one device, none empty), in ``ops`` order, on that device."""
         if not tensors:
             return torch.empty((0, len(self.ops)), dtype=torch.float32)
-        if not (self._lazy_nans and tensors[0].device.type == "cpu") or tensor_stats._fast_stats is not None:
+        if not (self._lazy_nans and tensors[0].device.type == "cpu") or fast_cpu_stats():
             # the one-pass CPU kernel counts NaNs for free
             return batched_stats(tensors, self.ops, self.eps)
         rest = batched_stats(tensors, self._other_ops, self.eps)

@@ -37,7 +37,7 @@ logger = setup_logging()
 
 _graph_task_id = torch._C._current_graph_task_id
 _is_grad_enabled = torch._C.is_grad_enabled
-_set_grad_enabled = torch._C._set_grad_enabled  # direct: torch.no_grad() costs five Python calls a use
+_set_grad_enabled = torch._C._set_grad_enabled
 _no_torch_function = torch._C.DisableTorchFunction  # the tool's own tensor work skips every TorchFunctionMode
 _OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _DEFERRED_BATCH = 512  # device statistics resolved (one host copy) every this many records
@@ -49,10 +49,12 @@ class _no_grad:
 
     __slots__ = ("prev",)
 
-    def __enter__(self) -> None:
+    def __enter__(self) -> bool:
+        """Returns whether autograd was on."""
         self.prev = _is_grad_enabled()
         if self.prev:
             _set_grad_enabled(False)
+        return self.prev
 
     def __exit__(self, *exc) -> None:
         if self.prev:
@@ -385,13 +387,8 @@ class DumpService:
     # ================================================================== shared record logic
     def _begin(self, name: str, backward: str, args: tuple, kwargs: dict, parent: Optional[str],
                parameters: Optional[Sequence[tuple[str, torch.Tensor]]] = None) -> _Call:
-        grad_enabled = _is_grad_enabled()
-        with _no_torch_function():
-            _set_grad_enabled(False)
-            try:
-                return self._begin_inner(name, backward, args, kwargs, parent, parameters, grad_enabled)
-            finally:
-                _set_grad_enabled(grad_enabled)
+        with _no_torch_function(), _no_grad() as grad_enabled:
+            return self._begin_inner(name, backward, args, kwargs, parent, parameters, grad_enabled)
 
     def _begin_inner(self, name, backward, args, kwargs, parent, parameters, grad_enabled) -> _Call:
         rec = self.recorder or self._open_step()
@@ -419,16 +416,11 @@ class DumpService:
     def _end(self, call: _Call, out: Any, same_values_as: Any = None) -> None:
         """Finish ``call`` with its output; ``same_values_as`` is an input the output only rearranges (a view,
         reshape, ...): its statistics are reused."""
-        grad_enabled = _is_grad_enabled()
-        with _no_torch_function():
-            _set_grad_enabled(False)
-            try:
-                if same_values_as is not None and type(out) is torch.Tensor and isinstance(same_values_as, torch.Tensor) \
-                        and out.dtype == same_values_as.dtype and out.numel() == same_values_as.numel():
-                    self.summarizer.share(same_values_as, out)
-                self._end_inner(call, out, grad_enabled)
-            finally:
-                _set_grad_enabled(grad_enabled)
+        with _no_torch_function(), _no_grad() as grad_enabled:
+            if same_values_as is not None and type(out) is torch.Tensor and isinstance(same_values_as, torch.Tensor) \
+                    and out.dtype == same_values_as.dtype and out.numel() == same_values_as.numel():
+                self.summarizer.share(same_values_as, out)
+            self._end_inner(call, out, grad_enabled)
 
     def _end_inner(self, call: _Call, out: Any, grad_enabled: bool) -> None:
         rec = self.recorder or self._open_step()

@@ -187,7 +187,6 @@ class _ProcessFiles:
         self._wpos = 0
         self._acked_pos = 0  # ring position up to which the writer has acknowledged jobs
         self._unwoken = 0  # work published since the writer was last woken (jobs + 64 KiB units)
-        self._span: Optional[tuple[int, int]] = None
         self._jobs: collections.deque = collections.deque()  # per job: (start, end) of arena space or None; ring end
         self._head = 0
         self._in = self.proc.stdin.fileno()
@@ -195,12 +194,12 @@ class _ProcessFiles:
         self.failures = 0
 
     # ring allocation -------------------------------------------------------------------------
-    def _alloc(self, n: int) -> int:
+    def _alloc(self, n: int) -> tuple[int, int]:
+        """Arena space for ``n`` bytes (waiting for the writer if the ring is full): (start, end)."""
         n = (n + ALIGN - 1) // ALIGN * ALIGN
         while True:
             oldest = next((j[0] for j in self._jobs if j[0] is not None), None)  # the arena's tail
             if oldest is None:
-                self._head = 0
                 return self._take(0, n)
             tail = oldest[0]
             if self._head >= tail:
@@ -212,10 +211,9 @@ class _ProcessFiles:
                 return self._take(self._head, n)
             self._acks(block=True)
 
-    def _take(self, start: int, n: int) -> int:
+    def _take(self, start: int, n: int) -> tuple[int, int]:
         self._head = start + n
-        self._span = (start, start + n)
-        return start
+        return start, start + n
 
     def _acks(self, block: bool) -> None:
         if block:
@@ -260,10 +258,11 @@ class _ProcessFiles:
             write_file(t, path)  # empty, huge or exotic: write it here, now
             return
         self._acks(block=False)
-        off = self._alloc(n)
+        span = self._alloc(n)
+        off = span[0]
         dst = self.arena[off:off + n].view(t.dtype).view(t.shape)
         dst.copy_(t.detach())
-        self._send(("w", str(path), tensor_pickle(t.dtype, tuple(t.shape)), off, n), self._span)
+        self._send(("w", str(path), tensor_pickle(t.dtype, tuple(t.shape)), off, n), span)
 
     def link(self, src: Path, dst: Path) -> None:
         self._send(("l", str(src), str(dst)), None)

@@ -47,11 +47,22 @@ _get_num_threads = torch.get_num_threads
 _PARALLEL_MIN = 1 << 17
 
 
+def fast_cpu_stats() -> bool:
+    """Is the one-pass C kernel in use for CPU tensors (built, and not turned off)?"""
+    return _fast_stats is not None
+
+
+def _kernel_reads(t: torch.Tensor) -> bool:
+    """Can the C kernel read ``t``'s memory as its values: a dense plain CPU tensor without a lazy
+    negation or an all-zero placeholder?"""
+    return (_fast_stats is not None and t.is_cpu and type(t) in _PLAIN_TYPES and t.layout is _strided
+            and not t.is_neg() and not t._is_zerotensor())
+
+
 def host_bytes(t: torch.Tensor) -> Optional[memoryview]:
     """The bytes of a contiguous dense CPU tensor as a read-only memoryview without any torch call (keep
     ``t`` alive while using it); ``None`` where that does not apply."""
-    if _fast_stats is None or not t.is_cpu or type(t) not in _PLAIN_TYPES or t.layout is not _strided \
-            or not t.is_contiguous() or t.is_neg() or t.is_conj() or t._is_zerotensor():
+    if not _kernel_reads(t) or not t.is_contiguous() or t.is_conj():
         return None
     return _fast_stats.buffer(t.data_ptr(), t.numel() * t.element_size())
 
@@ -61,15 +72,13 @@ def host_stats(t: torch.Tensor, eps: float = -1.0) -> Optional[tuple[float, ...]
     one pass by the C kernel; ``None`` where it does not apply (no kernel, another device, a subclass,
     complex, sparse, ...) and the caller uses torch's reductions. ``zeros`` counts |x| <= eps when
     ``eps >= 0``. For bool tensors max/min are any/all. Call under ``torch.no_grad()``."""
-    if _fast_stats is None or not t.is_cpu or type(t) not in _PLAIN_TYPES or t.layout is not _strided:
+    if not _kernel_reads(t):
         return None
     code = _HOST_CODES.get(t.dtype)
     if code is None:
         if t.dtype is not torch.float16:
             return None
         t, code = _tensor_to(t, torch.float32), 0
-    elif t.is_neg() or t._is_zerotensor():
-        return None
     if not t.is_contiguous():
         t = _tensor_contiguous(t)
     n = t.numel()
@@ -134,6 +143,9 @@ def batched_stats(tensors: Sequence[torch.Tensor], ops: Sequence[str], eps: floa
     whole list); each statistic is computed once even if asked twice; everything stays on the device and the
     caller copies the result to the host once. Empty tensors give NaN for min/max/mean and 0 for the rest.
     """
+    for op in ops:
+        if op not in MONITOR_OPS:
+            raise ValueError(f"unknown statistic '{op}'; allowed: {', '.join(MONITOR_OPS)}")
     if not tensors:
         return torch.empty((0, len(ops)), dtype=torch.float32)
     rows = _host_rows(tensors, ops, eps)
@@ -162,8 +174,6 @@ def batched_stats(tensors: Sequence[torch.Tensor], ops: Sequence[str], eps: floa
             done[op] = counts / numel
         elif op == "nans":
             done[op] = _tensor_to(_stack([torch.count_nonzero(_isnan(x)) for x in xs]), torch.float32)
-        else:
-            raise ValueError(f"unknown statistic '{op}'; allowed: {', '.join(MONITOR_OPS)}")
     return _stack([done[op] for op in ops], dim=1)
 
 
@@ -174,9 +184,6 @@ def _host_rows(tensors: Sequence[torch.Tensor], ops: Sequence[str], eps: float) 
     """``batched_stats`` rows from the one-pass CPU kernel, or ``None`` if any tensor needs torch's path."""
     if _fast_stats is None:
         return None
-    for op in ops:
-        if op not in MONITOR_OPS:
-            raise ValueError(f"unknown statistic '{op}'; allowed: {', '.join(MONITOR_OPS)}")
     count_eps = float(eps) if "zeros" in ops else -1.0
     rows = []
     for t in tensors:
@@ -184,7 +191,7 @@ def _host_rows(tensors: Sequence[torch.Tensor], ops: Sequence[str], eps: float) 
         if n == 0:
             done = {"min": _NAN, "max": _NAN, "norm": 0.0, "mean": _NAN, "zeros": 0.0, "nans": 0.0}
         else:
-            h = host_stats(_tensor_detach(t), count_eps)
+            h = host_stats(t, count_eps)
             if h is None:
                 return None
             mx, mn, total, sumsq, zeros, nans = h
