@@ -49,3 +49,64 @@ def test_archive_is_a_valid_zip_with_correct_crcs(tmp_path):
         assert zf.testzip() is None
         names = zf.namelist()
     assert any(n.endswith("/data.pkl") for n in names) and any(n.endswith("/data/0") for n in names)
+
+
+def _check_archive(path, expected):
+    back = torch.load(path, weights_only=True)
+    assert back.dtype == expected.dtype and back.shape == expected.shape and torch.equal(back, expected)
+    with zipfile.ZipFile(path) as zf:
+        assert zf.testzip() is None
+        info = next(i for i in zf.infolist() if i.filename.endswith("/data/0"))
+        assert (info.header_offset + 30 + len(info.filename.encode()) + len(info.extra)) % 64 == 0
+    assert not list(path.parent.glob("*.tmp"))
+
+
+@pytest.mark.parametrize("aligned", [True, False], ids=["page-aligned (O_DIRECT)", "unaligned (plain write)"])
+def test_in_place_archive(tmp_path, aligned):
+    """The storage already sits in a buffer: the headers go around it and the file is written from it."""
+    import mmap
+
+    from msprobe_core.dump.pt_archive import header_bytes_needed, trailer_bytes_needed, write_pt_in_place
+    from msprobe_core.pytorch.pt_writer import tensor_pickle
+
+    t = torch.randn(300, 257)
+    path = tmp_path / "Functional.linear.0.forward.output.0.pt"
+    pkl = tensor_pickle(t.dtype, tuple(t.shape))
+    n = t.numel() * 4
+    data_offset = header_bytes_needed(len(path.name), len(pkl))
+    size = data_offset + n + trailer_bytes_needed(len(path.name)) + 4096
+    mem = mmap.mmap(-1, size + 4096)
+    view = memoryview(mem)[0 if aligned else 64:]
+    view[data_offset:data_offset + n] = t.numpy().tobytes()
+    write_pt_in_place(path, pkl, view, data_offset, n)
+    _check_archive(path, t)
+    view.release()
+    mem.close()
+
+
+def test_in_place_rejects_a_short_buffer(tmp_path):
+    from msprobe_core.dump.pt_archive import write_pt_in_place
+
+    with pytest.raises(ValueError, match="does not fit"):
+        write_pt_in_place(tmp_path / "x.pt", b"p" * 10, memoryview(bytearray(1000)), 320, 600)
+    assert not list(tmp_path.iterdir())
+
+
+def test_writer_process_round_trip(tmp_path):
+    """Small and large tensors through the writer process and its arena, a hard link, in order."""
+    from msprobe_core.pytorch.pt_writer import IN_PLACE_MIN, TensorFiles, _ProcessFiles
+
+    files = TensorFiles()
+    tensors = {f"t{i}.pt": torch.randn(n) for i, n in enumerate([3, 1000, IN_PLACE_MIN // 4 + 1, 200_000, 7])}
+    tensors["int.pt"] = torch.arange(100_000, dtype=torch.int64).reshape(100, 1000)
+    saved = {name: t.clone() for name, t in tensors.items()}
+    for name, t in tensors.items():
+        files.save(t, tmp_path / name)
+        t.add_(1)  # the file holds the value at save time
+    files.link(tmp_path / "t3.pt", tmp_path / "t3_again.pt")
+    assert isinstance(files._backend, _ProcessFiles)
+    assert files.flush() == 0
+    files.close()
+    for name, t in saved.items():
+        _check_archive(tmp_path / name, t)
+    assert (tmp_path / "t3.pt").stat().st_ino == (tmp_path / "t3_again.pt").stat().st_ino

@@ -14,19 +14,26 @@ this process still sees it: on end of stdin it writes every job published so far
 Mapping layout: ``[0, ARENA_BYTES)`` tensor bytes; then a 64-byte header (write position, read position,
 idle word: little-endian uint64 each); then ``RING_BYTES`` of job frames at monotonically increasing
 positions (taken modulo the ring size). Frame: 4-byte little-endian length + ``marshal`` of a tuple:
-``("w", path, pickle_bytes, offset, nbytes)`` write; ``("l", src, dst)`` link.
+``("w", path, pickle_bytes, offset, nbytes)`` write the storage at ``offset``; ``("i", path, pickle_bytes,
+slot, slot_bytes, data_offset, nbytes)`` write in place: the storage sits at ``slot + data_offset`` and the
+archive is assembled around it in the slot and written from there in one piece (``pt_archive.
+write_pt_in_place``: O_DIRECT for large tensors, so the file's bytes never pass through this process or
+the page cache); ``("l", src, dst)`` link.
 """
 
 from __future__ import annotations
 
+import collections
 import marshal
 import mmap
 import os
 import struct
 import sys
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Optional
 
-from msprobe_core.dump.pt_archive import link_or_copy, write_pt_atomic
+from msprobe_core.dump.pt_archive import link_or_copy, write_pt_atomic, write_pt_in_place
 
 _LEN = struct.Struct("<I")
 
@@ -65,17 +72,67 @@ def ring_write(ring: memoryview, pos: int, data: bytes) -> None:
         ring[:len(data) - first] = data[first:]
 
 
-def _run(job: tuple, view: memoryview) -> bytes:
+def _run(job: tuple, view: memoryview, after: Optional[Future] = None) -> bytes:
     try:
         if job[0] == "w":
             _, path, pkl, offset, nbytes = job
             write_pt_atomic(path, pkl, view[offset:offset + nbytes])
+        elif job[0] == "i":
+            _, path, pkl, slot, slot_bytes, data_offset, nbytes = job
+            write_pt_in_place(path, pkl, view[slot:slot + slot_bytes], data_offset, nbytes)
         elif job[0] == "l":
+            if after is not None:
+                after.result()  # the file it names is written first
             link_or_copy(job[1], job[2])
         return b"."
     except Exception as exc:  # one bad file must not stop the others
         _log_failure(job[1] if len(job) > 1 else "?", exc)
         return b"!"
+
+
+# Files are written by a few threads: a file's I/O (O_DIRECT waits for the device) overlaps the next one's
+# checksum and headers, and the device gets several requests at once. Jobs are acknowledged in ring order.
+_THREADS = 3
+_IN_FLIGHT = 12
+
+
+class _Jobs:
+    """Jobs handed to the threads, acknowledged to the trainer in the order it published them."""
+
+    def __init__(self, view: memoryview, fd_out: int):
+        self.view = view
+        self.fd_out = fd_out
+        self.pool = ThreadPoolExecutor(_THREADS, thread_name_prefix="msprobe-file")
+        self.pending: collections.deque = collections.deque()  # (future, path written or None)
+        self.by_path: dict[str, Future] = {}
+
+    def submit(self, job: tuple) -> None:
+        after = self.by_path.get(job[1]) if job[0] == "l" else None
+        fut = self.pool.submit(_run, job, self.view, after)
+        path = job[1] if job[0] in ("w", "i") else None
+        if path is not None:
+            self.by_path[path] = fut
+        self.pending.append((fut, path))
+        self.acknowledge(block=len(self.pending) >= _IN_FLIGHT)
+
+    def acknowledge(self, block: bool) -> None:
+        """Acknowledge the finished jobs at the front (waiting for the first one when ``block``)."""
+        acks = []
+        while self.pending and (self.pending[0][0].done() or (block and not acks)):
+            fut, path = self.pending.popleft()
+            acks.append(fut.result())
+            if path is not None and self.by_path.get(path) is fut:
+                del self.by_path[path]
+        if acks:
+            try:
+                os.write(self.fd_out, b"".join(acks))
+            except BrokenPipeError:  # the trainer is gone: keep writing what it published
+                pass
+
+    def close(self) -> None:
+        while self.pending:
+            self.acknowledge(block=True)
+        self.pool.shutdown(wait=True)
 
 
 def serve(arena_path: str, arena_bytes: int, ring_bytes: int, fd_in: int = 0, fd_out: int = 1) -> None:
@@ -86,19 +143,18 @@ def serve(arena_path: str, arena_bytes: int, ring_bytes: int, fd_in: int = 0, fd
     header = view[arena_bytes:arena_bytes + HEADER_BYTES]
     ring = view[arena_bytes + HEADER_BYTES:]
     rpos = U64.unpack_from(header, RPOS)[0]
+    jobs = _Jobs(view, fd_out)
     open_in = True
     while True:
         wpos = U64.unpack_from(header, WPOS)[0]
         if rpos < wpos:
             (size,) = _LEN.unpack(ring_read(ring, rpos, _LEN.size))
-            job = marshal.loads(ring_read(ring, rpos + _LEN.size, size))
-            ok = _run(job, view)
+            jobs.submit(marshal.loads(ring_read(ring, rpos + _LEN.size, size)))
             rpos += _LEN.size + size
             U64.pack_into(header, RPOS, rpos)
-            try:
-                os.write(fd_out, ok)
-            except BrokenPipeError:  # the trainer is gone: keep writing what it published
-                pass
+            continue
+        if jobs.pending:
+            jobs.acknowledge(block=True)  # nothing new to start: finish the oldest
             continue
         if not open_in:
             break  # the trainer is gone and every published job is written
@@ -108,6 +164,7 @@ def serve(arena_path: str, arena_bytes: int, ring_bytes: int, fd_in: int = 0, fd
             continue
         open_in = bool(os.read(fd_in, 4096))  # wake-up bytes, or end of input
         U64.pack_into(header, IDLE, 0)
+    jobs.close()
     for v in (ring, header, view):
         v.release()
     arena.close()

@@ -11,6 +11,7 @@ thread pool does the same job with the GIL-friendly ``pt_archive`` writer. Files
 from __future__ import annotations
 
 import collections
+import ctypes
 import io
 import logging
 import marshal
@@ -25,12 +26,13 @@ import tempfile
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 
 from msprobe_core.dump.file_writer import HEADER_BYTES, IDLE, WPOS, U64, ring_write
-from msprobe_core.dump.pt_archive import ALIGN, link_or_copy, write_pt_atomic
+from msprobe_core.dump.pt_archive import (ALIGN, DIRECT_BLOCK, header_bytes_needed, link_or_copy, trailer_bytes_needed,
+                                          write_pt_atomic)
 from msprobe_core.pytorch.tool_guard import mark_tool_thread
 
 logger = logging.getLogger("msprobe_core")
@@ -42,6 +44,7 @@ _STORAGE_CLASS = {
     torch.bool: torch.BoolStorage, torch.complex64: torch.ComplexFloatStorage,
     torch.complex128: torch.ComplexDoubleStorage,
 }
+PathLike = Union[str, Path]
 ARENA_ENV = "MSPROBE_WRITER_ARENA_MB"
 DEFAULT_ARENA_MB = 256
 _LEN = struct.Struct("<I")
@@ -50,6 +53,11 @@ _RING_BYTES = 1 << 22  # shared job ring (jobs are a few hundred bytes)
 # 64 jobs), and always when the trainer waits for it: waking it for every job costs a context switch each
 # on a busy machine. Published jobs are in shared memory: they are written even if the trainer dies.
 _WAKE_AFTER = 64
+_POLL_EVERY = 64  # acknowledgements are read every this many jobs, and whenever space or the ring runs out
+_MEMMOVE_BELOW = 1 << 19  # contiguous CPU tensors below this size are copied by memcpy; larger ones by torch (threads)
+# Tensors of at least this many bytes are copied into an archive-shaped slot of the arena and written from
+# there with O_DIRECT (smaller ones: a plain write, where the page cache is cheaper than a device round trip).
+IN_PLACE_MIN = 1 << 16
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -99,16 +107,22 @@ def tensor_pickle(dtype: torch.dtype, shape: tuple[int, ...]) -> bytes:
     return pkl
 
 
+def _raw_bytes_are_values(t: torch.Tensor) -> bool:
+    """Whether ``t``'s memory, read from its data pointer, holds its values in row-major order."""
+    return (type(t) is torch.Tensor or type(t) is torch.nn.Parameter) and t.is_cpu and t.is_contiguous() \
+        and not t.is_conj() and not t.is_neg()
+
+
 def supported(t: torch.Tensor) -> bool:
     """Dense tensors of a dtype with a storage class; anything else is written by ``torch.save``."""
     return t.layout == torch.strided and t.dtype in _STORAGE_CLASS and not t.is_quantized
 
 
-def write_file(t: torch.Tensor, path: Path) -> None:
+def write_file(t: torch.Tensor, path: PathLike) -> None:
     """Write ``t`` now (atomically) in torch.save's format."""
     x = t.detach()
     if not supported(x):
-        tmp = path.with_name(path.name + ".tmp")
+        tmp = f"{path}.tmp"
         torch.save(x.cpu().clone(), tmp)
         os.replace(tmp, path)
         return
@@ -126,11 +140,11 @@ class _ThreadFiles:
         self._pending: dict[str, Future] = {}
         self.failures = 0
 
-    def save(self, t: torch.Tensor, path: Path) -> None:
+    def save(self, t: torch.Tensor, path: PathLike) -> None:
         snapshot = t.detach().clone(memory_format=torch.contiguous_format)
         self._pending[str(path)] = self._pool.submit(write_file, snapshot, path)
 
-    def link(self, src: Path, dst: Path) -> None:
+    def link(self, src: PathLike, dst: PathLike) -> None:
         first = self._pending.get(str(src))
 
         def job():
@@ -181,6 +195,7 @@ class _ProcessFiles:
             raise OSError("the tensor-file writer process did not start")
         self.size = arena_bytes
         self.arena = torch.frombuffer(self._mmap, dtype=torch.uint8, count=arena_bytes)
+        self._base = self.arena.data_ptr()
         view = memoryview(self._mmap)
         self._header = view[arena_bytes:arena_bytes + HEADER_BYTES]
         self._ring = view[arena_bytes + HEADER_BYTES:]
@@ -188,27 +203,32 @@ class _ProcessFiles:
         self._acked_pos = 0  # ring position up to which the writer has acknowledged jobs
         self._unwoken = 0  # work published since the writer was last woken (jobs + 64 KiB units)
         self._jobs: collections.deque = collections.deque()  # per job: (start, end) of arena space or None; ring end
+        self._spans: collections.deque = collections.deque()  # the arena spans of the unacknowledged jobs, oldest first
         self._head = 0
+        self._unpolled = 0  # jobs published since the acknowledgements were last read
         self._in = self.proc.stdin.fileno()
         self._out = self.proc.stdout.fileno()
+        os.set_blocking(self._in, False)
+        os.set_blocking(self._out, False)
         self.failures = 0
 
     # ring allocation -------------------------------------------------------------------------
-    def _alloc(self, n: int) -> tuple[int, int]:
-        """Arena space for ``n`` bytes (waiting for the writer if the ring is full): (start, end)."""
+    def _alloc(self, n: int, align: int = ALIGN) -> tuple[int, int]:
+        """Arena space for ``n`` bytes starting on an ``align`` boundary (waiting for the writer if the ring
+        is full): (start, end)."""
         n = (n + ALIGN - 1) // ALIGN * ALIGN
         while True:
-            oldest = next((j[0] for j in self._jobs if j[0] is not None), None)  # the arena's tail
-            if oldest is None:
+            if not self._spans:
                 return self._take(0, n)
-            tail = oldest[0]
+            tail = self._spans[0][0]  # the arena's tail: the oldest span still being written
+            head = (self._head + align - 1) // align * align
             if self._head >= tail:
-                if self._head + n <= self.size:
-                    return self._take(self._head, n)
-                if n < tail:
+                if head + n <= self.size:
+                    return self._take(head, n)
+                if n <= tail:
                     return self._take(0, n)
-            elif self._head + n <= tail:
-                return self._take(self._head, n)
+            elif head + n <= tail:
+                return self._take(head, n)
             self._acks(block=True)
 
     def _take(self, start: int, n: int) -> tuple[int, int]:
@@ -216,21 +236,30 @@ class _ProcessFiles:
         return start, start + n
 
     def _acks(self, block: bool) -> None:
+        """Read the writer's acknowledgements (waiting for at least one when ``block``)."""
+        self._unpolled = 0
         if block:
             self._wake()  # the writer may have gone idle just as the job it owes us was published
-        elif not select.select([self._out], [], [], 0)[0]:
+            select.select([self._out], [], [])
+        try:
+            data = os.read(self._out, 65536)
+        except BlockingIOError:
             return
-        data = os.read(self._out, 65536)
         if not data:
             raise BrokenPipeError("the tensor-file writer process ended")
         for b in data:
-            self._acked_pos = self._jobs.popleft()[1]
-            if b == ord("!"):
+            span, self._acked_pos = self._jobs.popleft()
+            if span is not None:
+                self._spans.popleft()
+            if b == 33:  # "!"
                 self.failures += 1
 
     def _wake(self) -> None:
         self._unwoken = 0
-        os.write(self._in, b"w")
+        try:
+            os.write(self._in, b"w")
+        except BlockingIOError:  # the pipe is full of wake-ups the writer has yet to read: it is awake
+            pass
 
     def _send(self, job: tuple, span: Optional[tuple[int, int]]) -> None:
         """Publish a job in the shared ring: a copy and a position update, no system call unless the
@@ -247,25 +276,43 @@ class _ProcessFiles:
         self._wpos += len(frame)
         U64.pack_into(self._header, WPOS, self._wpos)
         self._jobs.append((span, self._wpos))
-        self._unwoken += 1 + ((span[1] - span[0]) >> 16 if span is not None else 0)
+        self._unwoken += 1
+        if span is not None:
+            self._spans.append(span)
+            self._unwoken += (span[1] - span[0]) >> 16
+        self._unpolled += 1
         if self._unwoken >= _WAKE_AFTER and U64.unpack_from(self._header, IDLE)[0]:
             self._wake()
 
     # interface ---------------------------------------------------------------------------------
-    def save(self, t: torch.Tensor, path: Path) -> None:
+    def save(self, t: torch.Tensor, path: PathLike) -> None:
         n = t.numel() * t.element_size()
         if n == 0 or n > self.size // 2 or not supported(t):
             write_file(t, path)  # empty, huge or exotic: write it here, now
             return
-        self._acks(block=False)
-        span = self._alloc(n)
-        off = span[0]
-        dst = self.arena[off:off + n].view(t.dtype).view(t.shape)
-        dst.copy_(t.detach())
-        self._send(("w", str(path), tensor_pickle(t.dtype, tuple(t.shape)), off, n), span)
+        if self._unpolled >= _POLL_EVERY:
+            self._acks(block=False)
+        path = os.fspath(path)
+        pkl = tensor_pickle(t.dtype, tuple(t.shape))
+        if n >= IN_PLACE_MIN:  # an archive-shaped slot: headers before the storage, trailer after it
+            name_len = len(path) - path.rfind(os.sep) - 1
+            data_offset = header_bytes_needed(name_len, len(pkl))
+            slot_bytes = (data_offset + n + trailer_bytes_needed(name_len) + DIRECT_BLOCK - 1) // DIRECT_BLOCK * DIRECT_BLOCK
+            span = self._alloc(slot_bytes, DIRECT_BLOCK)
+            off = span[0] + data_offset
+            job: tuple = ("i", path, pkl, span[0], slot_bytes, data_offset, n)
+        else:
+            span = self._alloc(n)
+            off = span[0]
+            job = ("w", path, pkl, off, n)
+        if n < _MEMMOVE_BELOW and _raw_bytes_are_values(t):
+            ctypes.memmove(self._base + off, t.data_ptr(), n)  # a torch copy costs more than a small memcpy
+        else:
+            self.arena[off:off + n].view(t.dtype).view(t.shape).copy_(t.detach())
+        self._send(job, span)
 
-    def link(self, src: Path, dst: Path) -> None:
-        self._send(("l", str(src), str(dst)), None)
+    def link(self, src: PathLike, dst: PathLike) -> None:
+        self._send(("l", os.fspath(src), os.fspath(dst)), None)
 
     def flush(self) -> int:
         before = self.failures
@@ -302,10 +349,10 @@ class TensorFiles:
                 self._backend = _ThreadFiles()
         return self._backend
 
-    def save(self, t: torch.Tensor, path: Path) -> None:
+    def save(self, t: torch.Tensor, path: PathLike) -> None:
         self._run("save", t, path)
 
-    def link(self, src: Path, dst: Path) -> None:
+    def link(self, src: PathLike, dst: PathLike) -> None:
         self._run("link", src, dst)
 
     def _run(self, method: str, *args) -> None:

@@ -10,6 +10,7 @@ once on the training thread and written by ``TensorFiles`` (a writer process).
 from __future__ import annotations
 
 import math
+import os
 import weakref
 import zlib
 from pathlib import Path
@@ -50,7 +51,7 @@ _DTYPE_NAMES: dict[torch.dtype, str] = {}
 class _Entry:
     """What is known about one tensor version: its statistics, CRC and first saved file."""
 
-    __slots__ = ("ref", "version", "ptr", "stats", "crc", "file")
+    __slots__ = ("ref", "version", "ptr", "stats", "crc", "file")  # file: the path of its first saved file
 
     def __init__(self, ref, version, ptr):
         self.ref = ref
@@ -73,6 +74,7 @@ class Summarizer:
         self._pending_crc: list[tuple[dict, torch.Tensor]] = []
         self.tensor_dir: Optional[Path] = None
         self._made_dir: Optional[Path] = None
+        self._dir_prefix = ""
 
     def reset(self) -> None:
         self._cache.clear()
@@ -162,13 +164,14 @@ class Summarizer:
     def _save(self, t: torch.Tensor, entry: Optional[_Entry], name: str) -> str:
         """Hand the tensor to the file writer (a version already saved gets a hard link instead)."""
         assert self.tensor_dir is not None and self.files is not None
-        path = self.tensor_dir / name
-        if entry is not None and entry.file is not None:
-            self.files.link(entry.file, path)
-            return name
         if self._made_dir != self.tensor_dir:
             self.tensor_dir.mkdir(parents=True, exist_ok=True)
             self._made_dir = self.tensor_dir
+            self._dir_prefix = f"{self.tensor_dir}{os.sep}"
+        path = self._dir_prefix + name  # a plain string: a Path per file costs more than the rest of the job
+        if entry is not None and entry.file is not None:
+            self.files.link(entry.file, path)
+            return name
         self.files.save(t, path)
         if entry is not None:
             entry.file = path
