@@ -92,10 +92,38 @@ def test_in_place_rejects_a_short_buffer(tmp_path):
     assert not list(tmp_path.iterdir())
 
 
-def test_writer_process_round_trip(tmp_path):
+@pytest.fixture(params=["tmp", "shm"])
+def out_dir(request, tmp_path):
+    """A folder on the temp file system (a disk here: O_DIRECT) and one on tmpfs (page-cache writes)."""
+    if request.param == "tmp":
+        return tmp_path
+    import os
+    import shutil
+    import tempfile
+
+    if not os.path.isdir("/dev/shm") or not os.access("/dev/shm", os.W_OK):
+        pytest.skip("no /dev/shm")
+    folder = tempfile.mkdtemp(dir="/dev/shm")
+    request.addfinalizer(lambda: shutil.rmtree(folder, ignore_errors=True))
+    from pathlib import Path
+    return Path(folder)
+
+
+def test_file_system_type():
+    import os
+
+    from msprobe_core.dump.pt_archive import file_system_type
+
+    assert file_system_type("/proc/self") == "proc"
+    if os.path.ismount("/dev/shm"):
+        assert file_system_type("/dev/shm/not/there") == "tmpfs"
+
+
+def test_writer_process_round_trip(out_dir):
     """Small and large tensors through the writer process and its arena, a hard link, in order."""
     from msprobe_core.pytorch.pt_writer import IN_PLACE_MIN, TensorFiles, _ProcessFiles
 
+    tmp_path = out_dir
     files = TensorFiles()
     tensors = {f"t{i}.pt": torch.randn(n) for i, n in enumerate([3, 1000, IN_PLACE_MIN // 4 + 1, 200_000, 7])}
     tensors["int.pt"] = torch.arange(100_000, dtype=torch.int64).reshape(100, 1000)

@@ -33,7 +33,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Optional
 
-from msprobe_core.dump.pt_archive import link_or_copy, write_pt_atomic, write_pt_in_place
+from msprobe_core.dump.pt_archive import direct_io_helps, link_or_copy, write_pt_atomic, write_pt_in_place
 
 _LEN = struct.Struct("<I")
 
@@ -90,39 +90,50 @@ def _run(job: tuple, view: memoryview, after: Optional[Future] = None) -> bytes:
         return b"!"
 
 
-# Files are written by a few threads: a file's I/O (O_DIRECT waits for the device) overlaps the next one's
-# checksum and headers, and the device gets several requests at once. Jobs are acknowledged in ring order.
+# Files that go to a local disk with O_DIRECT are written by a few threads: one file's device I/O overlaps
+# the next one's checksum and headers, and the device gets several requests at once. Everything else
+# (page-cache writes, links) is done by the main thread at once: handing it to a thread costs more than
+# doing it. Acknowledgements keep the order in which the trainer published the jobs.
 _THREADS = 3
 _IN_FLIGHT = 12
 
 
 class _Jobs:
-    """Jobs handed to the threads, acknowledged to the trainer in the order it published them."""
+    """Jobs being done, acknowledged to the trainer in the order it published them."""
 
     def __init__(self, view: memoryview, fd_out: int):
         self.view = view
         self.fd_out = fd_out
-        self.pool = ThreadPoolExecutor(_THREADS, thread_name_prefix="msprobe-file")
-        self.pending: collections.deque = collections.deque()  # (future, path written or None)
-        self.by_path: dict[str, Future] = {}
+        self.pool: Optional[ThreadPoolExecutor] = None
+        self.pending: collections.deque = collections.deque()  # ack byte of a finished job, or (Future, path)
+        self.by_path: dict[str, Future] = {}  # files being written by a thread
 
     def submit(self, job: tuple) -> None:
-        after = self.by_path.get(job[1]) if job[0] == "l" else None
-        fut = self.pool.submit(_run, job, self.view, after)
-        path = job[1] if job[0] in ("w", "i") else None
-        if path is not None:
-            self.by_path[path] = fut
-        self.pending.append((fut, path))
-        self.acknowledge(block=len(self.pending) >= _IN_FLIGHT)
+        if job[0] == "i" and direct_io_helps(job[1]):
+            if self.pool is None:
+                self.pool = ThreadPoolExecutor(_THREADS, thread_name_prefix="msprobe-file")
+            fut = self.pool.submit(_run, job, self.view)
+            self.by_path[job[1]] = fut
+            self.pending.append((fut, job[1]))
+            self.acknowledge(block=len(self.by_path) >= _IN_FLIGHT)
+            return
+        self.pending.append(_run(job, self.view, self.by_path.get(job[1]) if job[0] == "l" else None))
+        self.acknowledge(block=False)
 
     def acknowledge(self, block: bool) -> None:
         """Acknowledge the finished jobs at the front (waiting for the first one when ``block``)."""
         acks = []
-        while self.pending and (self.pending[0][0].done() or (block and not acks)):
-            fut, path = self.pending.popleft()
-            acks.append(fut.result())
-            if path is not None and self.by_path.get(path) is fut:
-                del self.by_path[path]
+        while self.pending:
+            head = self.pending[0]
+            if type(head) is tuple:
+                fut, path = head
+                if not fut.done() and not (block and not acks):
+                    break
+                if self.by_path.get(path) is fut:
+                    del self.by_path[path]
+                head = fut.result()
+            acks.append(head)
+            self.pending.popleft()
         if acks:
             try:
                 os.write(self.fd_out, b"".join(acks))
@@ -132,7 +143,8 @@ class _Jobs:
     def close(self) -> None:
         while self.pending:
             self.acknowledge(block=True)
-        self.pool.shutdown(wait=True)
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
 
 
 def serve(arena_path: str, arena_bytes: int, ring_bytes: int, fd_in: int = 0, fd_out: int = 1) -> None:

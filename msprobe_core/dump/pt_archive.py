@@ -142,6 +142,40 @@ def _write_all(path: Union[str, Path], chunks: list, flags: int, size: Optional[
 
 _direct_ok = hasattr(os, "O_DIRECT")  # cleared the first time a file system refuses unbuffered writes
 DIRECT_BLOCK = 4096  # O_DIRECT alignment of the buffer's address and of the written length
+# Local block-device file systems, where O_DIRECT skips the page cache. On tmpfs, network and FUSE file
+# systems it saves nothing (or costs: tmpfs copies through a slower path), so they get plain writes.
+_DIRECT_FS = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "f2fs", "jfs", "bcachefs"})
+_direct_dirs: dict[str, bool] = {}
+
+
+def file_system_type(path: Union[str, Path]) -> str:
+    """The type of the file system holding ``path`` (from /proc/self/mountinfo; "" where unknown)."""
+    real = os.path.realpath(path)
+    best, kind = -1, ""
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                fields = line.split()
+                if "-" not in fields or len(fields) < 5:
+                    continue
+                mount = fields[4].encode().decode("unicode_escape")  # \040 for a space
+                inside = real == mount or real.startswith(mount.rstrip("/") + "/")
+                if inside and len(mount) > best:
+                    best, kind = len(mount), fields[fields.index("-") + 1]
+    except OSError:
+        return ""
+    return kind
+
+
+def direct_io_helps(path: str) -> bool:
+    """Whether files written to ``path``'s folder go straight to a local disk with O_DIRECT."""
+    if not _direct_ok:
+        return False
+    folder = os.path.dirname(path)
+    helps = _direct_dirs.get(folder)
+    if helps is None:
+        helps = _direct_dirs[folder] = file_system_type(folder) in _DIRECT_FS
+    return helps
 
 
 def write_pt_in_place(path: Union[str, Path], pickle_bytes: bytes, buffer: memoryview, data_offset: int,
@@ -149,10 +183,11 @@ def write_pt_in_place(path: Union[str, Path], pickle_bytes: bytes, buffer: memor
     """Write an archive whose storage (``size`` bytes) already sits at ``buffer[data_offset:]``: its
     headers are put around it in ``buffer`` and the file is written from it in one piece, atomically.
 
-    ``buffer`` must have room for ``trailer_bytes_needed`` after the storage. When it starts on a
-    4096-byte boundary and has room up to the next one, the file is written with O_DIRECT (straight
-    from this memory to the device: no page-cache copy, which on a busy machine costs more CPU than the
-    training it competes with), then cut to its length; file systems that refuse that get a plain write.
+    ``buffer`` must have room for ``trailer_bytes_needed`` after the storage. On a local disk file system,
+    when the buffer starts on a 4096-byte boundary and has room up to the next one, the file is written
+    with O_DIRECT (straight from this memory to the device: no page-cache copy, which on a busy machine
+    costs more CPU than the training it competes with), then cut to its length; elsewhere, or where the
+    file system refuses it, a plain write.
     """
     global _direct_ok
     payload = buffer[data_offset:data_offset + size]
@@ -164,7 +199,7 @@ def write_pt_in_place(path: Union[str, Path], pickle_bytes: bytes, buffer: memor
     buffer[data_offset + size:end] = suffix
     tmp = f"{path}.tmp"
     padded = (end + DIRECT_BLOCK - 1) // DIRECT_BLOCK * DIRECT_BLOCK
-    if _direct_ok and padded <= len(buffer) and _address(buffer) % DIRECT_BLOCK == 0:
+    if _direct_ok and padded <= len(buffer) and _address(buffer) % DIRECT_BLOCK == 0 and direct_io_helps(tmp):
         try:
             _write_all(tmp, [buffer[:padded]], os.O_DIRECT, size=end)
             os.replace(tmp, path)

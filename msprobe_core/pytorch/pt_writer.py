@@ -31,7 +31,7 @@ from typing import Optional, Union
 import torch
 
 from msprobe_core.dump.file_writer import HEADER_BYTES, IDLE, WPOS, U64, ring_write
-from msprobe_core.dump.pt_archive import (ALIGN, DIRECT_BLOCK, header_bytes_needed, link_or_copy, trailer_bytes_needed,
+from msprobe_core.dump.pt_archive import (ALIGN, DIRECT_BLOCK, direct_io_helps, header_bytes_needed, link_or_copy, trailer_bytes_needed,
                                           write_pt_atomic)
 from msprobe_core.pytorch.tool_guard import mark_tool_thread
 
@@ -53,10 +53,11 @@ _RING_BYTES = 1 << 22  # shared job ring (jobs are a few hundred bytes)
 # 64 jobs), and always when the trainer waits for it: waking it for every job costs a context switch each
 # on a busy machine. Published jobs are in shared memory: they are written even if the trainer dies.
 _WAKE_AFTER = 64
-_POLL_EVERY = 64  # acknowledgements are read every this many jobs, and whenever space or the ring runs out
+_POLL_EVERY = 16  # acknowledgements are read every this many jobs, and whenever space or the ring runs out
 _MEMMOVE_BELOW = 1 << 19  # contiguous CPU tensors below this size are copied by memcpy; larger ones by torch (threads)
-# Tensors of at least this many bytes are copied into an archive-shaped slot of the arena and written from
-# there with O_DIRECT (smaller ones: a plain write, where the page cache is cheaper than a device round trip).
+# Tensors of at least this many bytes bound for a local disk are copied into an archive-shaped slot of the
+# arena and written from there with O_DIRECT; smaller ones, and all on tmpfs or network file systems, get a
+# plain write (the page cache is cheaper there than a device round trip).
 IN_PLACE_MIN = 1 << 16
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -294,7 +295,7 @@ class _ProcessFiles:
             self._acks(block=False)
         path = os.fspath(path)
         pkl = tensor_pickle(t.dtype, tuple(t.shape))
-        if n >= IN_PLACE_MIN:  # an archive-shaped slot: headers before the storage, trailer after it
+        if n >= IN_PLACE_MIN and direct_io_helps(path):  # an archive-shaped slot, written with O_DIRECT
             name_len = len(path) - path.rfind(os.sep) - 1
             data_offset = header_bytes_needed(name_len, len(pkl))
             slot_bytes = (data_offset + n + trailer_bytes_needed(name_len) + DIRECT_BLOCK - 1) // DIRECT_BLOCK * DIRECT_BLOCK
