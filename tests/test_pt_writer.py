@@ -138,3 +138,24 @@ def test_writer_process_round_trip(out_dir):
     for name, t in saved.items():
         _check_archive(tmp_path / name, t)
     assert (tmp_path / "t3.pt").stat().st_ino == (tmp_path / "t3_again.pt").stat().st_ino
+
+
+@pytest.mark.parametrize("t", [torch.randn(300, 500), torch.randn(500, 300).t(), torch.randn(70_000).bfloat16(),
+                               torch.arange(10, dtype=torch.int32), torch.randn(8).half(), torch.tensor([True, False])],
+                         ids=["f32", "f32-transposed", "bf16", "int32", "f16", "bool"])
+def test_statistics_from_the_file_copy(out_dir, t):
+    """A saved tensor's statistics come from the copy made for its file and equal host_stats'."""
+    from msprobe_core.pytorch.pt_writer import TensorFiles
+    from msprobe_core.pytorch.tensor_stats import host_stats
+
+    files = TensorFiles()
+    stats = files.save(t, out_dir / "a.pt", True)
+    assert files.flush() == 0
+    files.close()
+    expected = host_stats(t)
+    if t.dtype == torch.float16:  # a small float16 tensor is copied as bytes: the caller computes them
+        assert stats is None
+        return
+    assert stats is not None and len(stats) == len(expected)
+    assert all(a == pytest.approx(b, rel=1e-9, abs=1e-12) for a, b in zip(stats, expected))
+    _check_archive(out_dir / "a.pt", t.contiguous())

@@ -72,7 +72,7 @@ def ring_write(ring: memoryview, pos: int, data: bytes) -> None:
         ring[:len(data) - first] = data[first:]
 
 
-def _run(job: tuple, view: memoryview, after: Optional[Future] = None) -> bytes:
+def _run(job: tuple, view: memoryview) -> bytes:
     try:
         if job[0] == "w":
             _, path, pkl, offset, nbytes = job
@@ -81,8 +81,6 @@ def _run(job: tuple, view: memoryview, after: Optional[Future] = None) -> bytes:
             _, path, pkl, slot, slot_bytes, data_offset, nbytes = job
             write_pt_in_place(path, pkl, view[slot:slot + slot_bytes], data_offset, nbytes)
         elif job[0] == "l":
-            if after is not None:
-                after.result()  # the file it names is written first
             link_or_copy(job[1], job[2])
         return b"."
     except Exception as exc:  # one bad file must not stop the others
@@ -117,7 +115,13 @@ class _Jobs:
             self.pending.append((fut, job[1]))
             self.acknowledge(block=len(self.by_path) >= _IN_FLIGHT)
             return
-        self.pending.append(_run(job, self.view, self.by_path.get(job[1]) if job[0] == "l" else None))
+        source = self.by_path.get(job[1]) if job[0] == "l" else None
+        if source is not None and not source.done():  # link once the file exists, without waiting here
+            linked: Future = Future()
+            source.add_done_callback(lambda _, job=job, linked=linked: linked.set_result(_run(job, self.view)))
+            self.pending.append((linked, None))
+            return
+        self.pending.append(_run(job, self.view))
         self.acknowledge(block=False)
 
     def acknowledge(self, block: bool) -> None:

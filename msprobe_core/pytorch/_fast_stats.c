@@ -6,6 +6,7 @@
  *
  *   stats(address, numel, code, eps, threads=1) -> (max, min, sum, sum_of_squares, count |x| <= eps, count NaN)
  *
+ *   copy_stats(dst, src, numel, code, eps, threads=1) -> the same, while copying the buffer to dst
  *   buffer(address, nbytes)             -> read-only memoryview over the bytes (for checksums)
  *
  * With eps < 0 the zero count is skipped (0) and NaNs are only counted when the sums come out non-finite
@@ -18,6 +19,10 @@
  * released while reducing. Buffers of PARALLEL_MIN elements or more are split over `threads` OpenMP
  * threads: the extension links libgomp.so.1, which resolves to the copy torch has already loaded, so
  * it shares torch's thread pool (pass torch.get_num_threads(), which is 1 in a forked child).
+ *
+ * copy_stats serves tensors that are saved to files: it copies BLOCK elements at a time and reduces each
+ * block from the copy while it is in the L1 cache, so the statistics cost no second read of the tensor.
+ * Block results are merged in order (the same value whatever the thread count).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -141,6 +146,29 @@ static const kernel_t KERNELS[] = {
 };
 #define N_KERNELS ((long)(sizeof(KERNELS) / sizeof(KERNELS[0])))
 
+static const size_t ELEM_SIZE[] = {4, 8, 2, 8, 4, 2, 1, 1, 1};
+
+static int parse_common(PyObject *const *args, long *code, double *eps, int *count, void *p, Py_ssize_t n) {
+    if (PyErr_Occurred()) return -1;
+    if (p == NULL || n <= 0) {
+        PyErr_SetString(PyExc_ValueError, "address must be non-null and numel positive");
+        return -1;
+    }
+    if (*code < 0 || *code >= N_KERNELS) {
+        PyErr_Format(PyExc_ValueError, "dtype code %ld; allowed: 0..%ld", *code, N_KERNELS - 1);
+        return -1;
+    }
+    *count = *eps >= 0;
+    if (!*count) *eps = 0.0;
+    return 0;
+}
+
+static PyObject *result(acc_t a, int count) {
+    if (!count) a.zeros = 0;
+    if (a.nans > 0) a.mx = a.mn = NAN;
+    return Py_BuildValue("(dddddd)", a.mx, a.mn, a.sum, a.sumsq, a.zeros, a.nans);
+}
+
 static PyObject *stats(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 4 && nargs != 5) {
         PyErr_SetString(PyExc_TypeError, "stats(address, numel, code, eps, threads=1) takes 4 or 5 arguments");
@@ -151,25 +179,59 @@ static PyObject *stats(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
     Py_ssize_t n = PyLong_AsSsize_t(args[1]);
     long code = PyLong_AsLong(args[2]);
     double eps = PyFloat_AsDouble(args[3]);
-    if (PyErr_Occurred()) return NULL;
-    if (p == NULL || n <= 0) {
-        PyErr_SetString(PyExc_ValueError, "address must be non-null and numel positive");
-        return NULL;
-    }
-    if (code < 0 || code >= N_KERNELS) {
-        PyErr_Format(PyExc_ValueError, "dtype code %ld; allowed: 0..%ld", code, N_KERNELS - 1);
-        return NULL;
-    }
+    int count;
+    if (parse_common(args, &code, &eps, &count, p, n) < 0) return NULL;
     kernel_t k = KERNELS[code];
-    int count = eps >= 0;
     if (threads < 1 || n < PARALLEL_MIN) threads = 1;
     acc_t a;
     Py_BEGIN_ALLOW_THREADS
-    k(p, n, count ? eps : 0.0, count, (int)threads, &a);
+    k(p, n, eps, count, (int)threads, &a);
     Py_END_ALLOW_THREADS
-    if (!count) a.zeros = 0;
-    if (a.nans > 0) a.mx = a.mn = NAN;
-    return Py_BuildValue("(dddddd)", a.mx, a.mn, a.sum, a.sumsq, a.zeros, a.nans);
+    return result(a, count);
+}
+
+static PyObject *copy_stats(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5 && nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "copy_stats(dst, src, numel, code, eps, threads=1) takes 5 or 6 arguments");
+        return NULL;
+    }
+    char *dst = PyLong_AsVoidPtr(args[0]);
+    const char *src = PyLong_AsVoidPtr(args[1]);
+    Py_ssize_t n = PyLong_AsSsize_t(args[2]);
+    long code = PyLong_AsLong(args[3]);
+    double eps = PyFloat_AsDouble(args[4]);
+    long threads = nargs == 6 ? PyLong_AsLong(args[5]) : 1;
+    int count;
+    if (dst == NULL) {
+        PyErr_SetString(PyExc_ValueError, "dst must be non-null");
+        return NULL;
+    }
+    if (parse_common(args, &code, &eps, &count, (void *)src, n) < 0) return NULL;
+    if (threads < 1 || n < PARALLEL_MIN) threads = 1;
+    kernel_t k = KERNELS[code];
+    size_t es = ELEM_SIZE[code];
+    Py_ssize_t blocks = (n + BLOCK - 1) / BLOCK;
+    acc_t *parts = PyMem_RawMalloc((size_t)blocks * sizeof(acc_t));
+    if (parts == NULL) return PyErr_NoMemory();
+    acc_t a = {-INFINITY, INFINITY, 0.0, 0.0, 0.0, 0.0};
+    Py_BEGIN_ALLOW_THREADS
+#pragma omp parallel for num_threads(threads) if(threads > 1) schedule(static)
+    for (Py_ssize_t b = 0; b < blocks; b++) {
+        Py_ssize_t lo = b * BLOCK, m = lo + BLOCK < n ? BLOCK : n - lo;
+        memcpy(dst + lo * es, src + lo * es, (size_t)m * es);
+        k(dst + lo * es, m, eps, count, 1, &parts[b]);
+    }
+    for (Py_ssize_t b = 0; b < blocks; b++) {
+        a.mx = parts[b].mx > a.mx ? parts[b].mx : a.mx;
+        a.mn = parts[b].mn < a.mn ? parts[b].mn : a.mn;
+        a.sum += parts[b].sum;
+        a.sumsq += parts[b].sumsq;
+        a.zeros += parts[b].zeros;
+        a.nans += parts[b].nans;
+    }
+    Py_END_ALLOW_THREADS
+    PyMem_RawFree(parts);
+    return result(a, count);
 }
 
 /* buffer(address, nbytes) -> a read-only memoryview over raw memory (the caller keeps its owner alive). */
@@ -191,6 +253,8 @@ static PyObject *buffer(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 static PyMethodDef methods[] = {
     {"buffer", (PyCFunction)(void (*)(void))buffer, METH_FASTCALL,
      "buffer(address, nbytes) -> read-only memoryview over that memory (keep its owner alive)"},
+    {"copy_stats", (PyCFunction)(void (*)(void))copy_stats, METH_FASTCALL,
+     "copy_stats(dst, src, numel, code, eps, threads=1) -> stats(...) of src, copied to dst on the way"},
     {"stats", (PyCFunction)(void (*)(void))stats, METH_FASTCALL,
      "stats(address, numel, code, eps, threads=1) -> (max, min, sum, sum_of_squares, count |x|<=eps, count NaN)"},
     {NULL, NULL, 0, NULL},

@@ -33,6 +33,7 @@ import torch
 from msprobe_core.dump.file_writer import HEADER_BYTES, IDLE, WPOS, U64, ring_write
 from msprobe_core.dump.pt_archive import (ALIGN, DIRECT_BLOCK, direct_io_helps, header_bytes_needed, link_or_copy, trailer_bytes_needed,
                                           write_pt_atomic)
+from msprobe_core.pytorch.tensor_stats import copy_host_stats, host_stats, raw_values
 from msprobe_core.pytorch.tool_guard import mark_tool_thread
 
 logger = logging.getLogger("msprobe_core")
@@ -108,12 +109,6 @@ def tensor_pickle(dtype: torch.dtype, shape: tuple[int, ...]) -> bytes:
     return pkl
 
 
-def _raw_bytes_are_values(t: torch.Tensor) -> bool:
-    """Whether ``t``'s memory, read from its data pointer, holds its values in row-major order."""
-    return (type(t) is torch.Tensor or type(t) is torch.nn.Parameter) and t.is_cpu and t.is_contiguous() \
-        and not t.is_conj() and not t.is_neg()
-
-
 def supported(t: torch.Tensor) -> bool:
     """Dense tensors of a dtype with a storage class; anything else is written by ``torch.save``."""
     return t.layout == torch.strided and t.dtype in _STORAGE_CLASS and not t.is_quantized
@@ -141,7 +136,7 @@ class _ThreadFiles:
         self._pending: dict[str, Future] = {}
         self.failures = 0
 
-    def save(self, t: torch.Tensor, path: PathLike) -> None:
+    def save(self, t: torch.Tensor, path: PathLike, want_stats: bool = False) -> None:
         snapshot = t.detach().clone(memory_format=torch.contiguous_format)
         self._pending[str(path)] = self._pool.submit(write_file, snapshot, path)
 
@@ -286,11 +281,11 @@ class _ProcessFiles:
             self._wake()
 
     # interface ---------------------------------------------------------------------------------
-    def save(self, t: torch.Tensor, path: PathLike) -> None:
+    def save(self, t: torch.Tensor, path: PathLike, want_stats: bool = False) -> Optional[tuple[float, ...]]:
         n = t.numel() * t.element_size()
         if n == 0 or n > self.size // 2 or not supported(t):
             write_file(t, path)  # empty, huge or exotic: write it here, now
-            return
+            return None
         if self._unpolled >= _POLL_EVERY:
             self._acks(block=False)
         path = os.fspath(path)
@@ -306,11 +301,17 @@ class _ProcessFiles:
             span = self._alloc(n)
             off = span[0]
             job = ("w", path, pkl, off, n)
-        if n < _MEMMOVE_BELOW and _raw_bytes_are_values(t):
-            ctypes.memmove(self._base + off, t.data_ptr(), n)  # a torch copy costs more than a small memcpy
-        else:
-            self.arena[off:off + n].view(t.dtype).view(t.shape).copy_(t.detach())
+        stats = copy_host_stats(self._base + off, t) if want_stats else None
+        if stats is None:
+            if n < _MEMMOVE_BELOW and raw_values(t):
+                ctypes.memmove(self._base + off, t.data_ptr(), n)  # a torch copy costs more than a small memcpy
+            else:
+                copy = self.arena[off:off + n].view(t.dtype).view(t.shape)
+                copy.copy_(t.detach())
+                if want_stats:  # from the contiguous copy (a strided tensor would need one of its own)
+                    stats = host_stats(copy)
         self._send(job, span)
+        return stats
 
     def link(self, src: PathLike, dst: PathLike) -> None:
         self._send(("l", os.fspath(src), os.fspath(dst)), None)
@@ -350,18 +351,20 @@ class TensorFiles:
                 self._backend = _ThreadFiles()
         return self._backend
 
-    def save(self, t: torch.Tensor, path: PathLike) -> None:
-        self._run("save", t, path)
+    def save(self, t: torch.Tensor, path: PathLike, want_stats: bool = False) -> Optional[tuple[float, ...]]:
+        """Write ``t`` to ``path`` (in the background). With ``want_stats``, may also return its
+        ``tensor_stats.host_stats`` computed while copying it (``None``: compute them yourself)."""
+        return self._run("save", t, path, want_stats)
 
     def link(self, src: PathLike, dst: PathLike) -> None:
         self._run("link", src, dst)
 
-    def _run(self, method: str, *args) -> None:
+    def _run(self, method: str, *args):
         try:
-            getattr(self._get(), method)(*args)
+            return getattr(self._get(), method)(*args)
         except (BrokenPipeError, OSError) as e:
             self._fail_over(e)
-            getattr(self._backend, method)(*args)
+            return getattr(self._backend, method)(*args)
 
     def _fail_over(self, exc: BaseException) -> None:
         logger.warning("tensor files: writer process failed (%r); writing from threads", exc)

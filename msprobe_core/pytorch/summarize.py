@@ -106,8 +106,17 @@ class Summarizer:
         data = t  # what the statistics and the checksum read: one contiguous copy serves both
         if self.md5 and t.is_cpu and (entry is None or entry.crc is None) and not t.is_contiguous():
             data = _contiguous(t.detach())
-        if self.statistics and kind != "empty":
-            stats = entry.stats if entry is not None else None
+        stats = entry.stats if entry is not None else None
+        wants_stats = self.statistics and kind != "empty"
+        data_name = None
+        if save and file_base and self.tensor_dir is not None and self.files is not None:
+            # a tensor copied for its file gets its statistics from that copy (one read of its memory)
+            data_name, stats_of_copy = self._save(t, entry, file_base + ".pt", wants_stats and stats is None and kind != "complex")
+            if stats_of_copy is not None:
+                stats = stats_of_copy
+                if entry is not None:
+                    entry.stats = stats
+        if wants_stats:
             if stats is None:
                 stats = host_stats(data) if kind != "complex" else None
                 if stats is None:
@@ -133,8 +142,8 @@ class Summarizer:
             else:  # copy now (no sync), checksum at resolve()
                 summary["md5"] = None
                 self._pending_crc.append((summary, _to(_contiguous(t.detach()), "cpu", non_blocking=True)))
-        if save and file_base and self.tensor_dir is not None and self.files is not None:
-            summary["data_name"] = self._save(t, entry, file_base + ".pt")
+        if data_name is not None:
+            summary["data_name"] = data_name
         return summary
 
     def share(self, source: torch.Tensor, target: torch.Tensor) -> None:
@@ -161,8 +170,9 @@ class Summarizer:
         self._cache[key] = entry
         return entry
 
-    def _save(self, t: torch.Tensor, entry: Optional[_Entry], name: str) -> str:
-        """Hand the tensor to the file writer (a version already saved gets a hard link instead)."""
+    def _save(self, t: torch.Tensor, entry: Optional[_Entry], name: str, want_stats: bool) -> tuple[str, Optional[tuple]]:
+        """Hand the tensor to the file writer (a version already saved gets a hard link instead): its file
+        name, and its host statistics when ``want_stats`` and the writer computed them while copying."""
         assert self.tensor_dir is not None and self.files is not None
         if self._made_dir != self.tensor_dir:
             self.tensor_dir.mkdir(parents=True, exist_ok=True)
@@ -171,11 +181,11 @@ class Summarizer:
         path = self._dir_prefix + name  # a plain string: a Path per file costs more than the rest of the job
         if entry is not None and entry.file is not None:
             self.files.link(entry.file, path)
-            return name
-        self.files.save(t, path)
+            return name, None
+        stats = self.files.save(t, path, want_stats)
         if entry is not None:
             entry.file = path
-        return name
+        return name, stats
 
     # ------------------------------------------------------------------ host copy
     @property

@@ -59,6 +59,25 @@ def _kernel_reads(t: torch.Tensor) -> bool:
             and not t.is_neg() and not t._is_zerotensor())
 
 
+def raw_values(t: torch.Tensor) -> bool:
+    """Does ``t``'s memory, read from its data pointer, hold its values in row-major order (a contiguous,
+    dense, plain CPU tensor without a lazy negation or conjugation)?"""
+    return (t.is_cpu and type(t) in _PLAIN_TYPES and t.layout is _strided and t.is_contiguous()
+            and not t.is_neg() and not t.is_conj() and not t._is_zerotensor())
+
+
+def copy_host_stats(dst_address: int, t: torch.Tensor, eps: float = -1.0) -> Optional[tuple[float, ...]]:
+    """Copy ``t``'s bytes to ``dst_address`` and return ``host_stats(t, eps)`` from the same single read
+    (for tensors saved to files); ``None``, with nothing copied, where the kernel does not apply."""
+    if _fast_stats is None or not raw_values(t):
+        return None
+    code = _HOST_CODES.get(t.dtype)
+    if code is None:
+        return None
+    n = t.numel()
+    return _fast_stats.copy_stats(dst_address, t.data_ptr(), n, code, eps, _get_num_threads() if n >= _PARALLEL_MIN else 1)
+
+
 def host_bytes(t: torch.Tensor) -> Optional[memoryview]:
     """The bytes of a contiguous dense CPU tensor as a read-only memoryview without any torch call (keep
     ``t`` alive while using it); ``None`` where that does not apply."""
