@@ -49,6 +49,38 @@ static inline float bf16_of(uint16_t v) {
     return f;
 }
 
+/* Max, min, sum and sum of squares of p[lo:hi] in float lanes. */
+#define REDUCE_BLOCK(p, lo, hi, TO_F, bmx, bmn, bs, bss)                                         \
+    _Pragma("omp simd reduction(max:bmx) reduction(min:bmn) reduction(+:bs,bss)")                \
+    for (Py_ssize_t i = lo; i < hi; i++) {                                                       \
+        float v = TO_F(p[i]);                                                                    \
+        bmx = v > bmx ? v : bmx;                                                                 \
+        bmn = v < bmn ? v : bmn;                                                                 \
+        bs += v;                                                                                 \
+        bss += v * v;                                                                            \
+    }
+
+/* copy_stats' step for one block: copy it, then reduce the copy while it is in the L1 cache. */
+#define COPY_BLOCK(NAME, T, TO_F)                                                                \
+    CLONES static void NAME(T *dst, const T *src, Py_ssize_t m, float e, int count, acc_t *r) {  \
+        memcpy(dst, src, (size_t)m * sizeof(T));                                                 \
+        float bmx = -INFINITY, bmn = INFINITY, bs = 0.f, bss = 0.f;                              \
+        REDUCE_BLOCK(dst, 0, m, TO_F, bmx, bmn, bs, bss);                                        \
+        Py_ssize_t zeros = 0, nans = 0;                                                          \
+        if (count || !isfinite(bs) || !isfinite(bss)) {                                         \
+            _Pragma("omp simd reduction(+:zeros,nans)")                                          \
+            for (Py_ssize_t i = 0; i < m; i++) {                                                 \
+                float v = TO_F(dst[i]);                                                          \
+                zeros += fabsf(v) <= e;                                                          \
+                nans += v != v;                                                                  \
+            }                                                                                    \
+        }                                                                                        \
+        r->mx = bmx; r->mn = bmn; r->sum = bs; r->sumsq = bss; r->zeros = (double)zeros; r->nans = (double)nans; \
+    }
+
+COPY_BLOCK(copy_f32, float, f32_of)
+COPY_BLOCK(copy_bf16, uint16_t, bf16_of)
+
 /* NaNs and |x| <= eps are counted in a second pass, only when asked (count) or when the sums say a NaN
    may be there. */
 #define FLOAT_KERNEL(NAME, T, TO_F)                                                              \
@@ -60,14 +92,7 @@ static inline float bf16_of(uint16_t v) {
         for (Py_ssize_t b = 0; b < blocks; b++) {                                                \
             Py_ssize_t lo = b * BLOCK, hi = lo + BLOCK < n ? lo + BLOCK : n;                     \
             float bmx = -INFINITY, bmn = INFINITY, bs = 0.f, bss = 0.f;                          \
-            _Pragma("omp simd reduction(max:bmx) reduction(min:bmn) reduction(+:bs,bss)")        \
-            for (Py_ssize_t i = lo; i < hi; i++) {                                               \
-                float v = TO_F(p[i]);                                                            \
-                bmx = v > bmx ? v : bmx;                                                         \
-                bmn = v < bmn ? v : bmn;                                                         \
-                bs += v;                                                                         \
-                bss += v * v;                                                                    \
-            }                                                                                    \
+            REDUCE_BLOCK(p, lo, hi, TO_F, bmx, bmn, bs, bss);                                    \
             mx = bmx > mx ? bmx : mx;                                                            \
             mn = bmn < mn ? bmn : mn;                                                            \
             s += bs;                                                                             \
@@ -215,11 +240,22 @@ static PyObject *copy_stats(PyObject *self, PyObject *const *args, Py_ssize_t na
     if (parts == NULL) return PyErr_NoMemory();
     acc_t a = {-INFINITY, INFINITY, 0.0, 0.0, 0.0, 0.0};
     Py_BEGIN_ALLOW_THREADS
+    if (code == 0 || code == 2) {  /* float32, bfloat16: block kernels without a nested parallel region */
+        float e = (float)eps;
 #pragma omp parallel for num_threads(threads) if(threads > 1) schedule(static)
-    for (Py_ssize_t b = 0; b < blocks; b++) {
-        Py_ssize_t lo = b * BLOCK, m = lo + BLOCK < n ? BLOCK : n - lo;
-        memcpy(dst + lo * es, src + lo * es, (size_t)m * es);
-        k(dst + lo * es, m, eps, count, 1, &parts[b]);
+        for (Py_ssize_t b = 0; b < blocks; b++) {
+            Py_ssize_t lo = b * BLOCK, m = lo + BLOCK < n ? BLOCK : n - lo;
+            if (code == 0)
+                copy_f32((float *)dst + lo, (const float *)src + lo, m, e, count, &parts[b]);
+            else
+                copy_bf16((uint16_t *)dst + lo, (const uint16_t *)src + lo, m, e, count, &parts[b]);
+        }
+    } else {
+        for (Py_ssize_t b = 0; b < blocks; b++) {
+            Py_ssize_t lo = b * BLOCK, m = lo + BLOCK < n ? BLOCK : n - lo;
+            memcpy(dst + lo * es, src + lo * es, (size_t)m * es);
+            k(dst + lo * es, m, eps, count, 1, &parts[b]);
+        }
     }
     for (Py_ssize_t b = 0; b < blocks; b++) {
         a.mx = parts[b].mx > a.mx ? parts[b].mx : a.mx;
