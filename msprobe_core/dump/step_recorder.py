@@ -93,7 +93,7 @@ class Journal:
     copying; where that is not possible, appends fall back to ``os.write``. The unused tail reads as zeros,
     which ``read_frames`` takes as the end."""
 
-    CHUNK = 1 << 20
+    CHUNK = 1 << 17  # 128 KiB first (an L0 step journals ~100 KB), doubling as records come
 
     def __init__(self, path: Path):
         self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
