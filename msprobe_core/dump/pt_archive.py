@@ -146,6 +146,7 @@ DIRECT_BLOCK = 4096  # O_DIRECT alignment of the buffer's address and of the wri
 # systems it saves nothing (or costs: tmpfs copies through a slower path), so they get plain writes.
 _DIRECT_FS = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "f2fs", "jfs", "bcachefs"})
 _direct_dirs: dict[str, bool] = {}
+_direct_devices: dict[int, bool] = {}
 
 
 def file_system_type(path: Union[str, Path]) -> str:
@@ -173,8 +174,17 @@ def direct_io_helps(path: str) -> bool:
         return False
     folder = os.path.dirname(path)
     helps = _direct_dirs.get(folder)
-    if helps is None:
-        helps = _direct_dirs[folder] = file_system_type(folder) in _DIRECT_FS
+    if helps is None:  # a new folder (one per step): its device is usually known already
+        try:
+            device = os.stat(folder).st_dev
+        except OSError:
+            device = None
+        helps = _direct_devices.get(device) if device is not None else None
+        if helps is None:
+            helps = file_system_type(folder) in _DIRECT_FS
+            if device is not None:
+                _direct_devices[device] = helps
+        _direct_dirs[folder] = helps
     return helps
 
 

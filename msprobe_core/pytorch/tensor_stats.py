@@ -105,17 +105,19 @@ def host_stats(t: torch.Tensor, eps: float = -1.0) -> Optional[tuple[float, ...]
     return _fast_stats.stats(t.data_ptr(), n, code, eps, _get_num_threads() if n >= _PARALLEL_MIN else 1)
 
 
+_KINDS: dict[torch.dtype, str] = {}
+
+
 def summary_kind(t: torch.Tensor) -> str:
     """How a tensor is summarised: 'float', 'int', 'bool', 'complex' or 'empty'."""
     if t.numel() == 0:
         return "empty"
-    if t.dtype == torch.bool:
-        return "bool"
-    if t.is_complex():
-        return "complex"
-    if t.is_floating_point():
-        return "float"
-    return "int"
+    dtype = t.dtype
+    kind = _KINDS.get(dtype)
+    if kind is None:
+        kind = _KINDS[dtype] = ("bool" if dtype == torch.bool else "complex" if dtype.is_complex
+                                else "float" if dtype.is_floating_point else "int")
+    return kind
 
 
 def summary_stats(t: torch.Tensor, kind: str) -> tuple[torch.Tensor, ...]:
