@@ -3,6 +3,10 @@
 An archive holds ``<root>/data.pkl`` (the pickle, made by the caller), the raw little-endian storage in
 ``<root>/data/0`` starting on a 64-byte boundary, and torch's small marker records. ``zipfile``'s CRC and
 file writes release the GIL, so even a writer thread barely competes with training.
+
+``write_pt`` assembles an archive from a pickle and a buffer; ``write_pt_in_place`` writes one whose
+storage already sits in a larger buffer (the writer process's arena), putting the headers around it and
+writing the whole file from that memory, with O_DIRECT on local disk file systems.
 """
 
 from __future__ import annotations
