@@ -513,8 +513,8 @@ class DumpService:
         ]
         self._forward_handles.extend(handles)
         if self.selection.backward:
-            for pname, p in module.named_parameters(recurse=False):
-                if p.requires_grad:
+            for pname, p in module._parameters.items():  # named_parameters(recurse=False), without its generator
+                if p is not None and p.requires_grad:
                     self._step_handles.append(p.register_hook(partial(self._on_param_grad, base, pname)))
         return handles
 
