@@ -159,3 +159,34 @@ def test_statistics_from_the_file_copy(out_dir, t):
     assert stats is not None and len(stats) == len(expected)
     assert all(a == pytest.approx(b, rel=1e-9, abs=1e-12) for a, b in zip(stats, expected))
     _check_archive(out_dir / "a.pt", t.contiguous())
+
+
+def test_writer_process_death_loses_nothing(out_dir):
+    """The writer process is killed: what it was given and did not confirm is written by the trainer's
+    process from the arena, later files go through threads, and links still find their files."""
+    import os
+    import signal
+    import time
+
+    from msprobe_core.pytorch.pt_writer import TensorFiles, _ProcessFiles, _ThreadFiles
+
+    files = TensorFiles()
+    expected = {}
+    for i, n in enumerate([10, 100_000, 3]):
+        t = torch.randn(n)
+        expected[f"a{i}.pt"] = t.clone()
+        files.save(t, out_dir / f"a{i}.pt")
+        t.zero_()
+    assert isinstance(files._backend, _ProcessFiles)
+    os.kill(files._backend.proc.pid, signal.SIGKILL)
+    time.sleep(0.2)
+    for i, n in enumerate([100_000, 5, 70_000]):
+        expected[f"b{i}.pt"] = torch.randn(n)
+        files.save(expected[f"b{i}.pt"], out_dir / f"b{i}.pt")
+    files.link(out_dir / "b0.pt", out_dir / "c0.pt")
+    expected["c0.pt"] = expected["b0.pt"]
+    assert files.flush() == 0
+    assert isinstance(files._backend, _ThreadFiles)
+    files.close()
+    for name, t in expected.items():
+        _check_archive(out_dir / name, t)

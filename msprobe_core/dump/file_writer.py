@@ -72,7 +72,8 @@ def ring_write(ring: memoryview, pos: int, data: bytes) -> None:
         ring[:len(data) - first] = data[first:]
 
 
-def _run(job: tuple, view: memoryview) -> bytes:
+def run_job(job: tuple, view: memoryview) -> bytes:
+    """Do one job (``view``: the whole mapping); b"." done, b"!" failed (the reason is logged)."""
     try:
         if job[0] == "w":
             _, path, pkl, offset, nbytes = job
@@ -110,7 +111,7 @@ class _Jobs:
         if job[0] == "i" and direct_io_helps(job[1]):
             if self.pool is None:
                 self.pool = ThreadPoolExecutor(_THREADS, thread_name_prefix="msprobe-file")
-            fut = self.pool.submit(_run, job, self.view)
+            fut = self.pool.submit(run_job, job, self.view)
             self.by_path[job[1]] = fut
             self.pending.append((fut, job[1]))
             self.acknowledge(block=len(self.by_path) >= _IN_FLIGHT)
@@ -118,10 +119,10 @@ class _Jobs:
         source = self.by_path.get(job[1]) if job[0] == "l" else None
         if source is not None and not source.done():  # link once the file exists, without waiting here
             linked: Future = Future()
-            source.add_done_callback(lambda _, job=job, linked=linked: linked.set_result(_run(job, self.view)))
+            source.add_done_callback(lambda _, job=job, linked=linked: linked.set_result(run_job(job, self.view)))
             self.pending.append((linked, None))
             return
-        self.pending.append(_run(job, self.view))
+        self.pending.append(run_job(job, self.view))
         self.acknowledge(block=False)
 
     def acknowledge(self, block: bool) -> None:

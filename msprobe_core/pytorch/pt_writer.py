@@ -30,7 +30,7 @@ from typing import Optional, Union
 
 import torch
 
-from msprobe_core.dump.file_writer import HEADER_BYTES, IDLE, WPOS, U64, ring_write
+from msprobe_core.dump.file_writer import HEADER_BYTES, IDLE, WPOS, U64, ring_write, run_job
 from msprobe_core.dump.pt_archive import (ALIGN, DIRECT_BLOCK, direct_io_helps, header_bytes_needed, link_or_copy, trailer_bytes_needed,
                                           write_pt_atomic)
 from msprobe_core.pytorch.tensor_stats import copy_host_stats, host_stats, raw_values
@@ -198,7 +198,7 @@ class _ProcessFiles:
         self._wpos = 0
         self._acked_pos = 0  # ring position up to which the writer has acknowledged jobs
         self._unwoken = 0  # work published since the writer was last woken (jobs + 64 KiB units)
-        self._jobs: collections.deque = collections.deque()  # per job: (start, end) of arena space or None; ring end
+        self._jobs: collections.deque = collections.deque()  # unacknowledged: (arena span or None, ring end, job)
         self._spans: collections.deque = collections.deque()  # the arena spans of the unacknowledged jobs, oldest first
         self._head = 0
         self._unpolled = 0  # jobs published since the acknowledgements were last read
@@ -244,7 +244,7 @@ class _ProcessFiles:
         if not data:
             raise BrokenPipeError("the tensor-file writer process ended")
         for b in data:
-            span, self._acked_pos = self._jobs.popleft()
+            span, self._acked_pos, _ = self._jobs.popleft()
             if span is not None:
                 self._spans.popleft()
             if b == 33:  # "!"
@@ -271,14 +271,17 @@ class _ProcessFiles:
         ring_write(self._ring, self._wpos, frame)
         self._wpos += len(frame)
         U64.pack_into(self._header, WPOS, self._wpos)
-        self._jobs.append((span, self._wpos))
+        self._jobs.append((span, self._wpos, job))
         self._unwoken += 1
         if span is not None:
             self._spans.append(span)
             self._unwoken += (span[1] - span[0]) >> 16
         self._unpolled += 1
         if self._unwoken >= _WAKE_AFTER and U64.unpack_from(self._header, IDLE)[0]:
-            self._wake()
+            try:
+                self._wake()
+            except BrokenPipeError:  # the writer died: the next poll fails over, and this job is not lost
+                pass
 
     # interface ---------------------------------------------------------------------------------
     def save(self, t: torch.Tensor, path: PathLike, want_stats: bool = False) -> Optional[tuple[float, ...]]:
@@ -322,16 +325,39 @@ class _ProcessFiles:
             self._acks(block=True)
         return self.failures - before
 
+    def write_unacknowledged(self) -> int:
+        """After the writer process died: write every job it did not acknowledge from this process (its
+        bytes are still in the arena), in order; returns how many failed. Nothing handed over is lost."""
+        view = memoryview(self._mmap)
+        failed = 0
+        try:
+            for _, _, job in self._jobs:
+                if job[0] == "l" and os.path.lexists(job[2]):
+                    continue  # linked before the writer died
+                failed += run_job(job, view) != b"."
+        finally:
+            view.release()
+        self._jobs.clear()
+        self._spans.clear()
+        return failed
+
     def close(self) -> None:
         try:
             self.flush()
         finally:
+            self.abandon()
+
+    def abandon(self) -> None:
+        """End the writer process (it writes what it has been given, if it lives) and unmap the arena."""
+        try:
             self.proc.stdin.close()
-            self.proc.wait(timeout=60)
-            del self.arena
-            self._ring.release()
-            self._header.release()
-            self._mmap.close()
+        except OSError:
+            pass
+        self.proc.wait(timeout=60)
+        del self.arena
+        self._ring.release()
+        self._header.release()
+        self._mmap.close()
 
 
 class TensorFiles:
@@ -340,6 +366,7 @@ class TensorFiles:
 
     def __init__(self):
         self._backend = None
+        self._unreported = 0  # files that failed while failing over, not yet returned by flush()
 
     def _get(self):
         if self._backend is None:
@@ -368,17 +395,22 @@ class TensorFiles:
 
     def _fail_over(self, exc: BaseException) -> None:
         logger.warning("tensor files: writer process failed (%r); writing from threads", exc)
-        self._backend = _ThreadFiles()
+        old, self._backend = self._backend, _ThreadFiles()
+        if isinstance(old, _ProcessFiles):  # what it was given and did not confirm is written from here
+            self._unreported += old.write_unacknowledged()
+            old.abandon()
 
     def flush(self) -> int:
         """Wait until every file handed over is written; returns how many failed."""
         if self._backend is None:
             return 0
         try:
-            return self._backend.flush()
+            failed = self._backend.flush()
         except (BrokenPipeError, OSError) as e:
             self._fail_over(e)
-            return 1
+            failed = self._backend.flush()
+        failed, self._unreported = failed + self._unreported, 0
+        return failed
 
     def close(self) -> None:
         if self._backend is not None:
