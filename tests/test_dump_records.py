@@ -378,6 +378,36 @@ def test_async_dump_writes_the_same_records(tmp_path):
     assert not (rank_dir / ".dump.journal").exists()
 
 
+def test_async_dump_does_not_wait_for_tensor_files(tmp_path):
+    """async_dump: step() returns without waiting for the writer; every file is there once it is closed."""
+    model = TinyNet()
+    dbg = PrecisionDebugger({"dump_path": str(tmp_path), "level": "L1", "task": "tensor", "async_dump": True})
+    for _ in range(2):
+        dbg.start(model)
+        model(torch.randn(3, 8)).sum().backward()
+        dbg.stop()
+        dbg.step()
+    dbg.service.close()
+    for step in ("step0", "step1"):
+        rank_dir = tmp_path / step / f"proc{os.getpid()}"
+        names = [v["data_name"] for rec in load(rank_dir)["data"].values() for v in _summaries(rec) if "data_name" in v]
+        assert names
+        for name in names:
+            torch.load(rank_dir / "dump_tensor_data" / name, weights_only=True)
+
+
+def _summaries(obj):
+    if isinstance(obj, dict):
+        if obj.get("type") == "torch.Tensor":
+            yield obj
+        else:
+            for v in obj.values():
+                yield from _summaries(v)
+    elif isinstance(obj, list):
+        for v in obj:
+            yield from _summaries(v)
+
+
 def test_own_wrap_list_yaml(tmp_path):
     wrap = tmp_path / "ops.yaml"
     wrap.write_text("functional:\n  - relu\n")

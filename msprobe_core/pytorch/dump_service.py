@@ -247,7 +247,9 @@ class DumpService:
         for h in self._step_handles:
             h.remove()
         self._step_handles.clear()
-        failed = self.files.flush() if self.files is not None else 0  # every tensor file is on disk
+        # every tensor file is on disk; with async_dump the writer finishes them while training goes on
+        # (close(), also at exit, waits), and a file that fails is logged beside it by the writer
+        failed = self.files.flush() if self.files is not None and not self.cfg.async_dump else 0
         self._sync(force=True)  # every statistic on the host, for both recorders at once
         for rec in (self.recorder, self.debug_recorder):
             if rec is not None and rec.has_content:
