@@ -190,3 +190,23 @@ def test_writer_process_death_loses_nothing(out_dir):
     files.close()
     for name, t in expected.items():
         _check_archive(out_dir / name, t)
+
+
+def test_writer_death_noticed_at_close(tmp_path):
+    """The writer dies after being handed files and nothing else happens before close(): all written."""
+    import os
+    import signal
+    import time
+
+    from msprobe_core.pytorch.pt_writer import TensorFiles
+
+    files = TensorFiles()
+    tensors = {f"t{i}.pt": torch.randn(50_000 + i) for i in range(4)}
+    files.save(torch.randn(3), tmp_path / "first.pt")
+    os.kill(files._backend.proc.pid, signal.SIGKILL)
+    time.sleep(0.2)
+    for name, t in tensors.items():
+        files.save(t, tmp_path / name)
+    files.close()
+    for name, t in tensors.items():
+        _check_archive(tmp_path / name, t)

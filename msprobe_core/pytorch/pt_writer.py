@@ -415,6 +415,7 @@ class TensorFiles:
     def close(self) -> None:
         if self._backend is not None:
             try:
+                self.flush()  # a writer that died now still has its files written (flush fails over)
                 self._backend.close()
             except Exception as e:  # pragma: no cover - best effort at exit
                 logger.warning("tensor files: closing the writer failed: %r", e)
