@@ -210,3 +210,24 @@ def test_writer_death_noticed_at_close(tmp_path):
     files.close()
     for name, t in tensors.items():
         _check_archive(tmp_path / name, t)
+
+
+def test_failover_with_a_live_writer(tmp_path, monkeypatch):
+    """A failure on the training side while the writer lives: the writer finishes what it was given (no
+    file is written twice at once), and the rest goes through threads."""
+    from msprobe_core.pytorch import pt_writer
+
+    files = pt_writer.TensorFiles()
+    tensors = {f"t{i}.pt": torch.randn(30_000 + i) for i in range(6)}
+    names = list(tensors)
+    for name in names[:3]:
+        files.save(tensors[name], tmp_path / name)
+    process = files._backend
+    monkeypatch.setattr(pt_writer._ProcessFiles, "_alloc", lambda *a, **k: (_ for _ in ()).throw(OSError("no space")))
+    for name in names[3:]:
+        files.save(tensors[name], tmp_path / name)
+    assert isinstance(files._backend, pt_writer._ThreadFiles) and process.proc.returncode == 0
+    assert files.flush() == 0
+    files.close()
+    for name, t in tensors.items():
+        _check_archive(tmp_path / name, t)

@@ -327,7 +327,7 @@ class _ProcessFiles:
 
     def write_unacknowledged(self) -> int:
         """After the writer process died: write every job it did not acknowledge from this process (its
-        bytes are still in the arena), in order; returns how many failed. Nothing handed over is lost."""
+        bytes are still in the arena), in order; returns how many failed."""
         view = memoryview(self._mmap)
         failed = 0
         try:
@@ -345,15 +345,31 @@ class _ProcessFiles:
         try:
             self.flush()
         finally:
-            self.abandon()
+            self._end_writer()
+            self._unmap()
 
-    def abandon(self) -> None:
-        """End the writer process (it writes what it has been given, if it lives) and unmap the arena."""
+    def close_after_failure(self) -> int:
+        """The writer failed us. If it lives, it writes everything it was given and exits (its input is
+        closed); if it died (or hangs: it is killed), the jobs it did not acknowledge are written here.
+        Returns how many files failed."""
+        failed = 0 if self._end_writer() else self.write_unacknowledged()
+        self._unmap()
+        return failed
+
+    def _end_writer(self) -> bool:
+        """Close the writer's input and wait for it; True when it exited normally (everything written)."""
         try:
             self.proc.stdin.close()
         except OSError:
             pass
-        self.proc.wait(timeout=60)
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        return self.proc.returncode == 0
+
+    def _unmap(self) -> None:
         del self.arena
         self._ring.release()
         self._header.release()
@@ -396,9 +412,8 @@ class TensorFiles:
     def _fail_over(self, exc: BaseException) -> None:
         logger.warning("tensor files: writer process failed (%r); writing from threads", exc)
         old, self._backend = self._backend, _ThreadFiles()
-        if isinstance(old, _ProcessFiles):  # what it was given and did not confirm is written from here
-            self._unreported += old.write_unacknowledged()
-            old.abandon()
+        if isinstance(old, _ProcessFiles):  # nothing it was given is lost
+            self._unreported += old.close_after_failure()
 
     def flush(self) -> int:
         """Wait until every file handed over is written; returns how many failed."""
