@@ -60,6 +60,15 @@ static inline float bf16_of(uint16_t v) {
         bss += v * v;                                                                            \
     }
 
+/* Elements of p[lo:hi] with |x| <= e, and NaNs. */
+#define COUNT_BLOCK(p, lo, hi, TO_F, e, zeros, nans)                                             \
+    _Pragma("omp simd reduction(+:zeros,nans)")                                                  \
+    for (Py_ssize_t i = lo; i < hi; i++) {                                                       \
+        float v = TO_F(p[i]);                                                                    \
+        zeros += fabsf(v) <= e;                                                                  \
+        nans += v != v;                                                                          \
+    }
+
 /* copy_stats' step for one block: copy it, then reduce the copy while it is in the L1 cache. */
 #define COPY_BLOCK(NAME, T, TO_F)                                                                \
     CLONES static void NAME(T *dst, const T *src, Py_ssize_t m, float e, int count, acc_t *r) {  \
@@ -68,12 +77,7 @@ static inline float bf16_of(uint16_t v) {
         REDUCE_BLOCK(dst, 0, m, TO_F, bmx, bmn, bs, bss);                                        \
         Py_ssize_t zeros = 0, nans = 0;                                                          \
         if (count || !isfinite(bs) || !isfinite(bss)) {                                         \
-            _Pragma("omp simd reduction(+:zeros,nans)")                                          \
-            for (Py_ssize_t i = 0; i < m; i++) {                                                 \
-                float v = TO_F(dst[i]);                                                          \
-                zeros += fabsf(v) <= e;                                                          \
-                nans += v != v;                                                                  \
-            }                                                                                    \
+            COUNT_BLOCK(dst, 0, m, TO_F, e, zeros, nans);                                        \
         }                                                                                        \
         r->mx = bmx; r->mn = bmn; r->sum = bs; r->sumsq = bss; r->zeros = (double)zeros; r->nans = (double)nans; \
     }
@@ -101,11 +105,10 @@ COPY_BLOCK(copy_bf16, uint16_t, bf16_of)
         Py_ssize_t zeros = 0, nans = 0;                                                          \
         if (count || !isfinite(s) || !isfinite(ss)) {                                           \
             float e = (float)eps;                                                                \
-            _Pragma("omp parallel for simd num_threads(threads) if(threads > 1) reduction(+:zeros,nans)") \
-            for (Py_ssize_t i = 0; i < n; i++) {                                                 \
-                float v = TO_F(p[i]);                                                            \
-                zeros += fabsf(v) <= e;                                                          \
-                nans += v != v;                                                                  \
+            _Pragma("omp parallel for num_threads(threads) if(threads > 1) schedule(static) reduction(+:zeros,nans)") \
+            for (Py_ssize_t b = 0; b < blocks; b++) {                                            \
+                Py_ssize_t lo = b * BLOCK, hi = lo + BLOCK < n ? lo + BLOCK : n;                 \
+                COUNT_BLOCK(p, lo, hi, TO_F, e, zeros, nans);                                    \
             }                                                                                    \
         }                                                                                        \
         a->mx = mx; a->mn = mn; a->sum = s; a->sumsq = ss; a->zeros = (double)zeros; a->nans = (double)nans; \
@@ -173,7 +176,7 @@ static const kernel_t KERNELS[] = {
 
 static const size_t ELEM_SIZE[] = {4, 8, 2, 8, 4, 2, 1, 1, 1};
 
-static int parse_common(PyObject *const *args, long *code, double *eps, int *count, void *p, Py_ssize_t n) {
+static int parse_common(long *code, double *eps, int *count, void *p, Py_ssize_t n) {
     if (PyErr_Occurred()) return -1;
     if (p == NULL || n <= 0) {
         PyErr_SetString(PyExc_ValueError, "address must be non-null and numel positive");
@@ -205,7 +208,7 @@ static PyObject *stats(PyObject *self, PyObject *const *args, Py_ssize_t nargs) 
     long code = PyLong_AsLong(args[2]);
     double eps = PyFloat_AsDouble(args[3]);
     int count;
-    if (parse_common(args, &code, &eps, &count, p, n) < 0) return NULL;
+    if (parse_common(&code, &eps, &count, p, n) < 0) return NULL;
     kernel_t k = KERNELS[code];
     if (threads < 1 || n < PARALLEL_MIN) threads = 1;
     acc_t a;
@@ -231,7 +234,7 @@ static PyObject *copy_stats(PyObject *self, PyObject *const *args, Py_ssize_t na
         PyErr_SetString(PyExc_ValueError, "dst must be non-null");
         return NULL;
     }
-    if (parse_common(args, &code, &eps, &count, (void *)src, n) < 0) return NULL;
+    if (parse_common(&code, &eps, &count, (void *)src, n) < 0) return NULL;
     if (threads < 1 || n < PARALLEL_MIN) threads = 1;
     kernel_t k = KERNELS[code];
     size_t es = ELEM_SIZE[code];
