@@ -33,7 +33,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Optional
 
-from msprobe_core.dump.pt_archive import direct_io_helps, link_or_copy, write_pt_atomic, write_pt_in_place
+from msprobe_core.dump.pt_archive import link_or_copy, write_pt_atomic, write_pt_in_place
 
 _LEN = struct.Struct("<I")
 
@@ -72,6 +72,12 @@ def ring_write(ring: memoryview, pos: int, data: bytes) -> None:
         ring[:len(data) - first] = data[first:]
 
 
+def job_frame(job: tuple) -> bytes:
+    """A job as the trainer publishes it in the ring (4-byte length + marshal; ``serve`` reads it back)."""
+    body = marshal.dumps(job)
+    return _LEN.pack(len(body)) + body
+
+
 def run_job(job: tuple, view: memoryview) -> bytes:
     """Do one job (``view``: the whole mapping); b"." done, b"!" failed (the reason is logged)."""
     try:
@@ -108,7 +114,7 @@ class _Jobs:
         self.by_path: dict[str, Future] = {}  # files being written by a thread
 
     def submit(self, job: tuple) -> None:
-        if job[0] == "i" and direct_io_helps(job[1]):
+        if job[0] == "i":  # the trainer lays files out in place only for local disks (O_DIRECT)
             if self.pool is None:
                 self.pool = ThreadPoolExecutor(_THREADS, thread_name_prefix="msprobe-file")
             fut = self.pool.submit(run_job, job, self.view)

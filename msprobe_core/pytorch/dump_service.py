@@ -688,8 +688,6 @@ class DumpService:
             delattr(owner, api)
 
 
-
-
 def _check_model(model: Any) -> None:
     models = model if isinstance(model, (list, tuple)) else [model]
     if not models or not all(isinstance(m, torch.nn.Module) for m in models):

@@ -14,12 +14,10 @@ import collections
 import ctypes
 import io
 import logging
-import marshal
 import mmap
 import os
 import pickle
 import select
-import struct
 import subprocess
 import sys
 import tempfile
@@ -30,7 +28,7 @@ from typing import Optional, Union
 
 import torch
 
-from msprobe_core.dump.file_writer import HEADER_BYTES, IDLE, WPOS, U64, ring_write, run_job
+from msprobe_core.dump.file_writer import HEADER_BYTES, IDLE, WPOS, U64, job_frame, ring_write, run_job
 from msprobe_core.dump.pt_archive import (ALIGN, DIRECT_BLOCK, direct_io_helps, header_bytes_needed, link_or_copy, trailer_bytes_needed,
                                           write_pt_atomic)
 from msprobe_core.pytorch.tensor_stats import copy_host_stats, host_stats, raw_values
@@ -48,7 +46,6 @@ _STORAGE_CLASS = {
 PathLike = Union[str, Path]
 ARENA_ENV = "MSPROBE_WRITER_ARENA_MB"
 DEFAULT_ARENA_MB = 256
-_LEN = struct.Struct("<I")
 _RING_BYTES = 1 << 22  # shared job ring (jobs are a few hundred bytes)
 # An idle writer is woken once this much work is waiting (jobs + 64 KiB units of tensor bytes, so ~4 MiB or
 # 64 jobs), and always when the trainer waits for it: waking it for every job costs a context switch each
@@ -261,8 +258,7 @@ class _ProcessFiles:
         """Publish a job in the shared ring: a copy and a position update, no system call unless the
         writer is idle and enough work is waiting. A published job is written even if this process is
         killed next (the writer drains the ring when its input closes)."""
-        body = marshal.dumps(job)
-        frame = _LEN.pack(len(body)) + body
+        frame = job_frame(job)
         ring_size = len(self._ring)
         if len(frame) > ring_size:
             raise OSError(f"a tensor-file job of {len(frame)} bytes does not fit the {ring_size}-byte job ring")

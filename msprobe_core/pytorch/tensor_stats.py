@@ -47,6 +47,11 @@ _get_num_threads = torch.get_num_threads
 _PARALLEL_MIN = 1 << 17
 
 
+def _threads_for(n: int) -> int:
+    """Large buffers are split over torch's own intra-op threads (the kernel shares torch's OpenMP pool)."""
+    return _get_num_threads() if n >= _PARALLEL_MIN else 1
+
+
 def fast_cpu_stats() -> bool:
     """Is the one-pass C kernel in use for CPU tensors (built, and not turned off)?"""
     return _fast_stats is not None
@@ -75,13 +80,13 @@ def copy_host_stats(dst_address: int, t: torch.Tensor, eps: float = -1.0) -> Opt
     if code is None:
         return None
     n = t.numel()
-    return _fast_stats.copy_stats(dst_address, t.data_ptr(), n, code, eps, _get_num_threads() if n >= _PARALLEL_MIN else 1)
+    return _fast_stats.copy_stats(dst_address, t.data_ptr(), n, code, eps, _threads_for(n))
 
 
 def host_bytes(t: torch.Tensor) -> Optional[memoryview]:
     """The bytes of a contiguous dense CPU tensor as a read-only memoryview without any torch call (keep
     ``t`` alive while using it); ``None`` where that does not apply."""
-    if not _kernel_reads(t) or not t.is_contiguous() or t.is_conj():
+    if _fast_stats is None or not raw_values(t):
         return None
     return _fast_stats.buffer(t.data_ptr(), t.numel() * t.element_size())
 
@@ -101,8 +106,7 @@ def host_stats(t: torch.Tensor, eps: float = -1.0) -> Optional[tuple[float, ...]
     if not t.is_contiguous():
         t = _tensor_contiguous(t)
     n = t.numel()
-    # large buffers are split over torch's own intra-op threads (the kernel shares torch's OpenMP pool)
-    return _fast_stats.stats(t.data_ptr(), n, code, eps, _get_num_threads() if n >= _PARALLEL_MIN else 1)
+    return _fast_stats.stats(t.data_ptr(), n, code, eps, _threads_for(n))
 
 
 _KINDS: dict[torch.dtype, str] = {}
