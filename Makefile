@@ -8,7 +8,7 @@ PIP := $(BIN)/pip install -q --disable-pip-version-check
 PYTEST_ARGS ?=
 DEMO_OUT ?= demo_output
 
-.PHONY: venv demo test bench clean
+.PHONY: venv demo test bench test-oldest clean
 
 venv: $(STAMP)
 
@@ -33,5 +33,18 @@ bench: venv
 	$(BIN)/python benchmarks/monitor_overhead.py
 	$(BIN)/python benchmarks/compare_speed.py
 
+# The lowest torch pyproject.toml declares, with the core's test dependencies only (no frameworks: their tests
+# skip): the dump, monitor and compare suites against it. Not part of `make test`: PyPI's torch of that age is a
+# CUDA build (about 3 GB with its nvidia packages), so this venv takes minutes and disk space.
+OLDEST_TORCH ?= 2.6.0
+OLDEST_VENV := .venv-oldest
+test-oldest:
+	test -x $(OLDEST_VENV)/bin/python || $(PY) -m venv $(OLDEST_VENV)
+	$(OLDEST_VENV)/bin/pip install -q --disable-pip-version-check torch==$(OLDEST_TORCH)
+	$(OLDEST_VENV)/bin/pip install -q --disable-pip-version-check -r requirements/oldest.txt
+	$(OLDEST_VENV)/bin/pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+	$(OLDEST_VENV)/bin/python -c "import torch; print('torch', torch.__version__)"
+	$(OLDEST_VENV)/bin/python -m pytest -n 2 $(PYTEST_ARGS)
+
 clean:
-	rm -rf $(VENV) $(DEMO_OUT)
+	rm -rf $(VENV) $(OLDEST_VENV) $(DEMO_OUT)

@@ -69,3 +69,25 @@ class DumpInputError(MsprobeError, ValueError):
 
 class DumpStateError(MsprobeError, RuntimeError):
     """The debugger API was called in an order that cannot work (for example step() before start())."""
+
+
+class MissingExtraError(MsprobeError, ImportError):
+    """A feature or integration was used without the optional package it needs; names the extra to install."""
+
+    def __init__(self, module: str, extra: str, feature: str):
+        super().__init__(f"{feature} needs the '{module}' package, which is not installed; "
+                         f"install it with: pip install 'msprobe-toolkit[{extra}]'")
+        self.name = module
+        self.extra = extra
+
+
+def require(module: str, extra: str, feature: str) -> Any:
+    """Imports ``module`` or raises ``MissingExtraError`` naming the extra that provides it."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name is not None and e.name.split(".")[0] != module.split(".")[0]:
+            raise  # the framework is there but something it needs is missing: its own error says what
+        raise MissingExtraError(module, extra, feature) from e

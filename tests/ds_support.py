@@ -19,6 +19,7 @@ import json
 import os
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any, Optional
 
@@ -43,6 +44,29 @@ def single_process_env(port: int) -> None:
     for key, value in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(port)), ("RANK", "0"),
                        ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
         os.environ.setdefault(key, value)
+
+
+def allow_fp16_on_any_cpu() -> None:
+    """Lets DeepSpeed run its fp16 (loss-scaling) path on every CPU.
+
+    DeepSpeed's CPU accelerator allows fp16 only where oneDNN has fp16 kernels
+    (``torch.ops.mkldnn._is_mkldnn_fp16_supported()``: AVX-512 FP16 or AMX), and ``deepspeed.initialize``
+    refuses ``fp16.enabled`` elsewhere ("Type fp16 is not supported on your device"). torch itself computes
+    fp16 on any x86-64 CPU (through float32), so the loss scaler, the unscaled gradients and the skipped
+    overflow steps behave the same: the test harness says so to the accelerator instead of skipping.
+    """
+    from deepspeed.accelerator import get_accelerator
+
+    get_accelerator().is_fp16_supported = lambda: True
+
+
+def attempt(section: dict, key: Any, run) -> None:
+    """Runs one configuration into ``section[key]``; one that cannot run on this machine records why
+    (``{"error": ...}``) instead of taking the other configurations down with it."""
+    try:
+        section[key] = run()
+    except Exception as e:  # noqa: BLE001 - reported to the test that needs this configuration
+        section[key] = {"error": f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=-4)}"}
 
 
 def init_distributed() -> None:
@@ -131,12 +155,78 @@ def weights_of(engine) -> list[list[float]]:
     return out
 
 
-def run_matrix(out: Path) -> dict:
-    """ZeRO 0-3 in one process, each without and with the patch; then ZeRO-2/3 with the global batch of
-    the two-process run."""
+def _patched_stage(stage: int, data: list, work: Path) -> dict:
+    """One ZeRO stage without and with the patch (dump + monitor), then patch/unpatch checks."""
     from msprobe_core.pytorch.debugger import PrecisionDebugger
     from msprobe_integrations.deepspeed import get_patch, patch_engine, unpatch
 
+    ref_engine = make_engine(stage, clip=CLIP)
+    ref_losses, _ = train(ref_engine, data[:STEPS * GAS])
+    ref_weights = weights_of(ref_engine)
+    dump, mon = work / f"dump_z{stage}", work / f"mon_z{stage}"
+    dump_cfg = {"task": "statistics", "level": "L0", "dump_path": str(dump)}
+    configs = dict(config_path=dump_cfg, monitor_config_path=MONITOR, monitor_output_dir=str(mon))
+    if stage == 1:  # the drop-in for deepspeed.initialize
+        engine = patched = make_engine(stage, clip=CLIP, **configs)
+    else:
+        engine = make_engine(stage, clip=CLIP)
+        patched = patch_engine(engine, **configs)
+    again = patch_engine(engine, **configs)  # idempotent: no second layer of wrappers
+    patch = get_patch(engine)
+    single_layer = all(not hasattr(getattr(engine, name).__wrapped__, "__wrapped__")
+                       for name in ("forward", "step", "_take_model_step"))
+    try:
+        losses, metrics = train(engine, data[:STEPS * GAS], monitor_metrics)
+        weights = weights_of(engine)
+        reader = type(patch.reader).__name__
+    finally:
+        unpatch(engine)
+    restored = all(name not in engine.__dict__ for name in ("forward", "step", "_take_model_step", "_msprobe_patch"))
+    after, _ = train(engine, data[STEPS * GAS:])  # after unpatch: nothing more is dumped or monitored
+    PrecisionDebugger.reset()
+    return {
+        "ref_losses": ref_losses, "losses": losses, "weights_equal": ref_weights == weights,
+        "metrics": metrics, "reader": reader, "same_engine": patched is engine and again is engine,
+        "single_layer": single_layer, "restored": restored, "losses_after_unpatch": after,
+        "dump": str(dump), "monitor": str(mon), "global_steps": int(engine.global_steps),
+    }
+
+
+def _global_batch(stage: int, big: list, work: Path) -> dict:
+    """ZeRO-2/3 on one process with the global batch of the two-process run."""
+    from msprobe_integrations.deepspeed import patch_engine, unpatch
+
+    engine = make_engine(stage, micro=MICRO * 2)
+    patch_engine(engine, monitor_config_path=MONITOR, monitor_output_dir=str(work / f"mon_global_z{stage}"))
+    try:
+        losses, metrics = train(engine, big, monitor_metrics)
+    finally:
+        unpatch(engine)
+    return {"losses": losses, "metrics": metrics}
+
+
+def _fp16(stage: int, data: list, work: Path) -> dict:
+    """fp16 with a loss scale of 16 (see ``allow_fp16_on_any_cpu``)."""
+    import torch
+
+    from msprobe_integrations.deepspeed import patch_engine, unpatch
+
+    engine = make_engine(stage, fp16=True)
+    patch_engine(engine, monitor_config_path=dict(MONITOR, xy_distribution=False),
+                 monitor_output_dir=str(work / f"mon_fp16_z{stage}"))
+    try:
+        half = [(x.half(), y) for x, y in data[:STEPS * GAS]]
+        losses, metrics = train(engine, half, monitor_metrics, cast=torch.float32)
+    finally:
+        unpatch(engine)
+    return {"metrics": metrics, "optimizer": type(engine.optimizer).__name__,
+            "loss_scale": float(engine._get_optimizer_loss_scale()),
+            "onednn_fp16": bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())}
+
+
+def run_matrix(out: Path) -> dict:
+    """ZeRO 0-3 in one process, each without and with the patch; then ZeRO-2/3 with the global batch of
+    the two-process run; and ZeRO 0 and 2 in fp16. Each configuration is attempted on its own."""
     work = out.parent
     t0 = time.time()
     single_process_env(29561)
@@ -144,52 +234,13 @@ def run_matrix(out: Path) -> dict:
     result: dict[str, Any] = {"init_s": time.time() - t0, "stages": {}, "global": {}, "fp16": {}}
     data = batches(STEPS * GAS + 2, MICRO)
     for stage in (0, 1, 2, 3):
-        ref_engine = make_engine(stage, clip=CLIP)
-        ref_losses, _ = train(ref_engine, data[:STEPS * GAS])
-        ref_weights = weights_of(ref_engine)
-        dump, mon = work / f"dump_z{stage}", work / f"mon_z{stage}"
-        dump_cfg = {"task": "statistics", "level": "L0", "dump_path": str(dump)}
-        configs = dict(config_path=dump_cfg, monitor_config_path=MONITOR, monitor_output_dir=str(mon))
-        if stage == 1:  # the drop-in for deepspeed.initialize
-            engine = patched = make_engine(stage, clip=CLIP, **configs)
-        else:
-            engine = make_engine(stage, clip=CLIP)
-            patched = patch_engine(engine, **configs)
-        again = patch_engine(engine, **configs)  # idempotent: no second layer of wrappers
-        patch = get_patch(engine)
-        single_layer = all(not hasattr(getattr(engine, name).__wrapped__, "__wrapped__")
-                           for name in ("forward", "step", "_take_model_step"))
-        losses, metrics = train(engine, data[:STEPS * GAS], monitor_metrics)
-        weights = weights_of(engine)
-        reader = type(patch.reader).__name__
-        unpatch(engine)
-        restored = all(name not in engine.__dict__ for name in ("forward", "step", "_take_model_step", "_msprobe_patch"))
-        after, _ = train(engine, data[STEPS * GAS:])  # after unpatch: nothing more is dumped or monitored
-        PrecisionDebugger.reset()
-        result["stages"][stage] = {
-            "ref_losses": ref_losses, "losses": losses, "weights_equal": ref_weights == weights,
-            "metrics": metrics, "reader": reader, "same_engine": patched is engine and again is engine,
-            "single_layer": single_layer, "restored": restored, "losses_after_unpatch": after,
-            "dump": str(dump), "monitor": str(mon), "global_steps": int(engine.global_steps),
-        }
+        attempt(result["stages"], stage, lambda: _patched_stage(stage, data, work))
     big = batches(STEPS * GAS, MICRO * 2)
     for stage in (2, 3):
-        engine = make_engine(stage, micro=MICRO * 2)
-        patch_engine(engine, monitor_config_path=MONITOR, monitor_output_dir=str(work / f"mon_global_z{stage}"))
-        losses, metrics = train(engine, big, monitor_metrics)
-        unpatch(engine)
-        result["global"][stage] = {"losses": losses, "metrics": metrics}
+        attempt(result["global"], stage, lambda: _global_batch(stage, big, work))
+    allow_fp16_on_any_cpu()
     for stage in (0, 2):
-        import torch
-
-        engine = make_engine(stage, fp16=True)
-        patch_engine(engine, monitor_config_path=dict(MONITOR, xy_distribution=False),
-                     monitor_output_dir=str(work / f"mon_fp16_z{stage}"))
-        half = [(x.half(), y) for x, y in data[:STEPS * GAS]]
-        losses, metrics = train(engine, half, monitor_metrics, cast=torch.float32)
-        result["fp16"][stage] = {"metrics": metrics, "optimizer": type(engine.optimizer).__name__,
-                                 "loss_scale": float(engine._get_optimizer_loss_scale())}
-        unpatch(engine)
+        attempt(result["fp16"], stage, lambda: _fp16(stage, data, work))
     result["total_s"] = time.time() - t0
     return result
 

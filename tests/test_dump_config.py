@@ -99,14 +99,42 @@ def test_bad_config_files(tmp_path, content, reason):
     assert isinstance(e.value, ValueError)
 
 
+def _without_file_read_override() -> None:
+    """In a child about to exec: drop CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH from the bounding set, so even
+    root gets "permission denied" on a file whose mode forbids reading."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    for cap in (1, 2):  # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH
+        if libc.prctl(24, cap, 0, 0, 0) != 0:  # PR_CAPBSET_DROP
+            raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
+
+
 def test_unreadable_config_file(tmp_path):
+    """A config file the user may not read. root reads anything, so as root (CI, containers) the check runs in
+    a child process without the capability to override file permissions."""
     p = write(tmp_path, MSPROBE_EXAMPLE)
     os.chmod(p, 0)
     try:
-        if os.access(p, os.R_OK):
-            pytest.skip("running as a user who can read anything")
-        with pytest.raises(ConfigFileError, match="permission denied"):
-            load_dump_config(p)
+        if os.geteuid() != 0:
+            with pytest.raises(ConfigFileError, match="permission denied"):
+                load_dump_config(p)
+            return
+        import subprocess
+        import sys
+        from pathlib import Path
+
+        code = ("import sys\nfrom msprobe_core.errors import ConfigFileError\nfrom msprobe_core.pytorch import PrecisionDebugger\n"
+                "try:\n    PrecisionDebugger(config_path=sys.argv[1])\nexcept ConfigFileError as e:\n    print('ERROR', e)\n")
+        root = str(Path(__file__).resolve().parents[1])
+        try:
+            proc = subprocess.run([sys.executable, "-c", code, str(p)], capture_output=True, text=True, timeout=120,
+                                  cwd=tmp_path, env=dict(os.environ, PYTHONPATH=root),
+                                  preexec_fn=_without_file_read_override)
+        except subprocess.SubprocessError as e:
+            pytest.skip(f"root here cannot drop CAP_DAC_OVERRIDE for a child process ({e}), so cannot be refused a file")
+        assert "ERROR" in proc.stdout and "permission denied" in proc.stdout, proc.stdout + proc.stderr[-2000:]
+        assert str(p) in proc.stdout
     finally:
         os.chmod(p, 0o644)
 

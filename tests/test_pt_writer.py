@@ -166,7 +166,6 @@ def test_writer_process_death_loses_nothing(out_dir):
     process from the arena, later files go through threads, and links still find their files."""
     import os
     import signal
-    import time
 
     from msprobe_core.pytorch.pt_writer import TensorFiles, _ProcessFiles, _ThreadFiles
 
@@ -179,7 +178,7 @@ def test_writer_process_death_loses_nothing(out_dir):
         t.zero_()
     assert isinstance(files._backend, _ProcessFiles)
     os.kill(files._backend.proc.pid, signal.SIGKILL)
-    time.sleep(0.2)
+    files._backend.proc.wait(30)  # dead for sure, however loaded the machine
     for i, n in enumerate([100_000, 5, 70_000]):
         expected[f"b{i}.pt"] = torch.randn(n)
         files.save(expected[f"b{i}.pt"], out_dir / f"b{i}.pt")
@@ -196,7 +195,6 @@ def test_writer_death_noticed_at_close(tmp_path):
     """The writer dies after being handed files and nothing else happens before close(): all written."""
     import os
     import signal
-    import time
 
     from msprobe_core.pytorch.pt_writer import TensorFiles
 
@@ -204,7 +202,7 @@ def test_writer_death_noticed_at_close(tmp_path):
     tensors = {f"t{i}.pt": torch.randn(50_000 + i) for i in range(4)}
     files.save(torch.randn(3), tmp_path / "first.pt")
     os.kill(files._backend.proc.pid, signal.SIGKILL)
-    time.sleep(0.2)
+    files._backend.proc.wait(30)  # dead for sure, however loaded the machine
     for name, t in tensors.items():
         files.save(t, tmp_path / name)
     files.close()
