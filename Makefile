@@ -8,13 +8,13 @@ PIP := $(BIN)/pip install -q --disable-pip-version-check
 PYTEST_ARGS ?=
 DEMO_OUT ?= demo_output
 
-.PHONY: venv demo test bench test-oldest clean
+.PHONY: venv browser demo test bench test-oldest clean venv-msadapter test-msadapter
 
 venv: $(STAMP)
 
 # Idempotent: re-runs only when the pins or pyproject change. torch is pinned by the constraints file on
 # every install after the first, because any other torch version pulls gigabytes of CUDA packages.
-$(STAMP): pyproject.toml setup.py msprobe_core/pytorch/_fast_stats.c requirements/dev.txt $(CONSTRAINTS)
+$(STAMP): pyproject.toml setup.py msprobe_core/stats/_fast_stats.c requirements/dev.txt $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(PIP) torch==2.13.0
 	$(PIP) -c $(CONSTRAINTS) -r requirements/dev.txt
@@ -25,13 +25,37 @@ $(STAMP): pyproject.toml setup.py msprobe_core/pytorch/_fast_stats.c requirement
 demo: venv
 	$(BIN)/python recipes/hf_trainer.py --output-dir $(DEMO_OUT) --steps 6 --nan-at-step 6
 
-test: venv
+# The HTML report's browser tests drive Debian's chromium headless (never a downloaded browser): installed here
+# when it is missing and this user may (root with apt-get, as in CI); otherwise those tests say how to get it.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
+	  echo "note: chromium is not installed (apt-get install chromium): the report's browser tests will fail saying so"
+
+test: venv browser
 	$(BIN)/python -m pytest -n 2 $(PYTEST_ARGS)
+
+# MSAdapter (PyTorch code on MindSpore through mindtorch) in a venv of its own, since mindtorch replaces
+# `import torch`; its tests run without tests/conftest.py (which imports the real torch).
+MSADAPTER_VENV := .venv-msadapter
+MSADAPTER_STAMP := $(MSADAPTER_VENV)/.installed
+
+venv-msadapter: $(MSADAPTER_STAMP)
+
+$(MSADAPTER_STAMP): requirements/msadapter.txt requirements/msadapter-nodeps.txt
+	test -x $(MSADAPTER_VENV)/bin/python || $(PY) -m venv $(MSADAPTER_VENV)
+	$(MSADAPTER_VENV)/bin/pip install -q --disable-pip-version-check -r requirements/msadapter.txt
+	$(MSADAPTER_VENV)/bin/pip install -q --disable-pip-version-check --no-deps -r requirements/msadapter-nodeps.txt
+	touch $(MSADAPTER_STAMP)
+
+test-msadapter: venv-msadapter
+	PYTHONPATH=$(CURDIR) $(MSADAPTER_VENV)/bin/python -m pytest --noconftest -p no:cacheprovider tests/msprobe_core/mindspore/test_msadapter_dump.py $(PYTEST_ARGS)
 
 bench: venv
 	$(BIN)/python benchmarks/dump_overhead.py
 	$(BIN)/python benchmarks/monitor_overhead.py
 	$(BIN)/python benchmarks/compare_speed.py
+	$(BIN)/python benchmarks/mindspore_overhead.py
 
 # The lowest torch pyproject.toml declares, with the core's test dependencies only (no frameworks: their tests
 # skip): the dump, monitor and compare suites against it. Not part of `make test`: PyPI's torch of that age is a
@@ -47,4 +71,4 @@ test-oldest:
 	$(OLDEST_VENV)/bin/python -m pytest -n 2 $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) $(OLDEST_VENV) $(DEMO_OUT)
+	rm -rf $(VENV) $(OLDEST_VENV) $(MSADAPTER_VENV) $(DEMO_OUT)

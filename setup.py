@@ -6,5 +6,5 @@ torch's own reductions instead.
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("msprobe_core.pytorch._fast_stats", ["msprobe_core/pytorch/_fast_stats.c"],
+setup(ext_modules=[Extension("msprobe_core.stats._fast_stats", ["msprobe_core/stats/_fast_stats.c"],
                              extra_compile_args=["-O3", "-fopenmp"], extra_link_args=["-fopenmp"], optional=True)])

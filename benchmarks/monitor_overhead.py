@@ -59,7 +59,7 @@ def worker(name: str, steps: int, warmup: int, fmt: str, out_dir: str, ops: list
     model, opt, data = build()
     mon = None
     if CONFIGS[name] is not None:
-        from msprobe_core.pytorch.monitor import TrainerMon
+        from msprobe_core.monitor.trainer_mon import TrainerMon
 
         cfg = dict(CONFIGS[name], ops=ops, format=fmt,
                    alert={"rules": [{"rule_name": "AnomalyTurbulence", "args": {"threshold": 0.5}}]})

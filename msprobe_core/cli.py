@@ -19,6 +19,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "recover": ("msprobe_core.dump.recover", "rebuild dump.json/stack.json/construct.json of steps a crash left unfinished"),
     "compare": ("msprobe_core.compare.cli", "compare two dumps and name the first record where they diverge"),
     "anomalies": ("msprobe_core.monitor.anomaly_cli", "list the monitor's anomalies in order and name the first"),
+    "config_check": ("msprobe_core.config_check.cli", "collect/compare training configurations; compare checkpoints"),
+    "acc_check": ("msprobe_core.acc_check.cli", "replay a dump's API calls against a float64 CPU benchmark (pre-check)"),
+    "multi_acc_check": ("msprobe_core.acc_check.multi_cli", "acc_check with the API calls split over worker processes"),
+    "nan_analyze": ("msprobe_core.nan_analyze.cli", "find the first call that made NaN/Inf across ranks and how it spread"),
+    "parse": ("msprobe_core.parse.cli", "show one record's statistics, stack and parent chain"),
+    "report": ("msprobe_core.report.cli", "write one self-contained HTML report of a dump, compare or monitor output"),
 }
 
 
@@ -44,7 +50,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return int(_load(args._module).run(args) or 0)
+        status = int(_load(args._module).run(args) or 0)
+        if getattr(args, "report", False):  # compare / nan_analyze --report: the report package renders their result
+            from msprobe_core.report.build import report_after
+
+            print(f"report: {report_after(args.command, args)}")
+        return status
     except MsprobeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

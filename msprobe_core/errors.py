@@ -52,8 +52,13 @@ class ConfigFileError(ConfigError):
         return self.args[0]
 
 
-class DumpPathError(MsprobeError, ValueError):
-    """The dump path cannot be used (it is a file, or holds another run's dump)."""
+class OutputDirError(MsprobeError, ValueError):
+    """A folder the toolkit writes into (``dump_path``, ``MONITOR_OUTPUT_DIR``) cannot be used: it is a file,
+    lies under a file, or cannot be created or written."""
+
+
+class DumpPathError(OutputDirError):
+    """The dump path cannot be used (it is a file, holds another run's dump, or cannot be written)."""
 
 
 class TokenRangeError(ConfigError):
@@ -91,3 +96,16 @@ def require(module: str, extra: str, feature: str) -> Any:
         if e.name is not None and e.name.split(".")[0] != module.split(".")[0]:
             raise  # the framework is there but something it needs is missing: its own error says what
         raise MissingExtraError(module, extra, feature) from e
+
+
+def require_installed(module: str, extra: str, feature: str) -> None:
+    """Like ``require``, without importing ``module`` (for an integration that imports its framework only when
+    used): raises ``MissingExtraError`` naming the extra when ``module`` cannot be found."""
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # a parent package of ``module`` is missing
+        found = False
+    if not found:
+        raise MissingExtraError(module, extra, feature)

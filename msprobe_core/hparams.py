@@ -146,6 +146,11 @@ def library_versions(names: Iterable[str] = ("torch", "transformers", "accelerat
     return versions
 
 
+def mixed_precision(bf16: Any, fp16: Any) -> str:
+    """The ``mixed_precision`` value every integration reports: ``bf16``, ``fp16`` or ``fp32``."""
+    return "bf16" if bf16 else "fp16" if fp16 else "fp32"
+
+
 def capture(source: str, sections: Mapping[str, Any], optimizer: Any = None, scheduler: Any = None,
             extra_normalized: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:
     """The hyperparameters document: ``normalized`` values with their ``origin``, the raw sections,
@@ -187,7 +192,7 @@ def capture(source: str, sections: Mapping[str, Any], optimizer: Any = None, sch
 
 def write(folder: str | os.PathLike, doc: Mapping[str, Any]) -> Path:
     """Write ``hyperparameters.json`` at the top of ``folder`` (atomic: temporary file and rename)."""
-    from msprobe_core.dump.step_recorder import write_text_atomic
+    from msprobe_core.files.atomic_write import write_text_atomic
 
     path = Path(folder)
     path.mkdir(parents=True, exist_ok=True)

@@ -9,7 +9,8 @@
   read *before* gradient clipping (the callback wraps ``Accelerator.clip_grad_norm_`` while training, as
   Lightning reports them in ``on_before_optimizer_step``); without clipping, at ``on_pre_optimizer_step``.
   Under DeepSpeed the engine steps inside ``backward()``, so gradients and optimizer states are read
-  where the engine keeps them (``msprobe_integrations.deepspeed``).
+  where the engine keeps them: the session follows the engine (``ProbeSession.follow_engine``), which the
+  DeepSpeed integration serves through the core.
 - Alerts: anomalies go to the Trainer's logs (``msprobe/anomalies`` in ``on_log`` and ``log_history``);
   ``stop_on_nan=True`` stops training after a step with a NaN/Inf and says why.
 - Hyperparameters: captured at ``on_train_begin`` into ``hyperparameters.json`` at the top of the dump
@@ -20,17 +21,21 @@ Everything here is glue: statistics, files and rules live in ``msprobe_core``.
 
 from __future__ import annotations
 
+import logging
 import os
-from typing import Any, Mapping, Optional, Union
-
-from transformers import TrainerCallback
+from typing import Any, Callable, Mapping, Optional, Union
 
 from msprobe_core import hparams
+from msprobe_core.common.patch import PatchHandle, wrap
+from msprobe_core.errors import require
 from msprobe_core.log import setup_logging
 from msprobe_core.monitor.anomaly import NAN_RULE
-from msprobe_core.pytorch.session import ProbeSession
+from msprobe_core.session import ProbeSession
 
-logger = setup_logging()
+TrainerCallback = require("transformers", "hf", "msprobe_integrations.hf").TrainerCallback
+
+setup_logging()
+logger = logging.getLogger("msprobe_core.hf")
 
 ConfigLike = Union[str, os.PathLike, Mapping[str, Any], None]
 
@@ -73,7 +78,7 @@ def capture_hyperparameters(args: Any, state: Any, model: Any, optimizer: Any, l
     ds_config = getattr(getattr(args, "hf_deepspeed_config", None), "config", None)
     if ds_config:
         sections["ds_config"] = ds_config
-    precision = "bf16" if getattr(args, "bf16", False) else "fp16" if getattr(args, "fp16", False) else "fp32"
+    precision = hparams.mixed_precision(getattr(args, "bf16", False), getattr(args, "fp16", False))
     extra = {"world_size": getattr(args, "world_size", 1), "mixed_precision": precision, "seed": getattr(args, "seed", None),
              "global_batch_size": getattr(args, "per_device_train_batch_size", 1) * getattr(args, "world_size", 1)
              * getattr(args, "gradient_accumulation_steps", 1),
@@ -102,7 +107,7 @@ class MsprobeCallback(TrainerCallback):
         self.monitor_output_dir = monitor_output_dir
         self.session: Optional[ProbeSession] = None
         self.hyperparameter_files: list = []
-        self._undo: list = []
+        self._undo: list[Callable[[], None]] = []
         self._new_anomalies: list = []
         self._step_anomalies: list = []
         self._deepspeed = False
@@ -118,10 +123,11 @@ class MsprobeCallback(TrainerCallback):
         if session.monitor is not None:
             self._undo.append(session.on_anomaly(self._on_anomaly))
             if self._deepspeed:
-                from msprobe_integrations.deepspeed import follow_trainer_engine
-                self._undo.append(follow_trainer_engine(session, lambda: self._current_step))
+                session.follow_engine("deepspeed", lambda: self._current_step)
             else:
-                self._undo.append(_clip_hook(session.gradients_ready))
+                hook = _clip_hook(session.gradients_ready)
+                if hook is not None:
+                    self._undo.append(hook.remove)
         self._current_step = state.global_step + 1
         if self.capture:
             doc = capture_hyperparameters(args, state, module, optimizer, lr_scheduler)
@@ -187,26 +193,14 @@ class MsprobeCallback(TrainerCallback):
             self.session.close()
 
 
-def _clip_hook(before_clip) -> callable:
-    """Wrap ``Accelerator.clip_grad_norm_`` so gradients are recorded before they are clipped; returns the undo."""
+def _clip_hook(before_clip: Callable[[], None]) -> Optional[PatchHandle]:
+    """Wrap ``Accelerator.clip_grad_norm_`` so gradients are recorded before they are clipped."""
     try:
         from accelerate import Accelerator
     except ImportError:  # pragma: no cover
-        return lambda: None
-    original = Accelerator.__dict__["clip_grad_norm_"]
+        return None
+    return wrap(Accelerator, "clip_grad_norm_", before=lambda *args, **kwargs: before_clip(),
+                where="recording gradients before clipping", logger=logger)
 
-    def clip_grad_norm_(self, *args, **kwargs):
-        try:
-            before_clip()
-        except Exception:  # never break training for monitoring
-            logger.exception("recording gradients before clipping failed")
-        return original(self, *args, **kwargs)
 
-    clip_grad_norm_.__wrapped__ = original
-    Accelerator.clip_grad_norm_ = clip_grad_norm_
-
-    def undo() -> None:
-        if Accelerator.__dict__.get("clip_grad_norm_") is clip_grad_norm_:
-            Accelerator.clip_grad_norm_ = original
-
-    return undo
+__all__ = ["MsprobeCallback"]

@@ -80,7 +80,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     from msprobe_core.errors import MsprobeError
     from msprobe_core.pytorch import PrecisionDebugger
-    from msprobe_core.pytorch.dump_service import validate_token_range
+    from msprobe_core.dump.config import validate_token_range
 
     try:  # fail fast, before the model is built
         validate_token_range(args.token_range)

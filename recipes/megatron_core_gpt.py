@@ -17,7 +17,7 @@ dump step per iteration (``DUMP_PATH/step{N}/rank{R}``), the monitor per iterati
 ``hyperparameters.json`` with Megatron's own argument names (under ``args``) at the top of both.
 
 Runs on the CPU with gloo (one process, or ``torchrun --nproc-per-node 2`` for data parallelism); the
-CUDA-only pieces of megatron-core are redirected by ``tests/megatron_support.py`` (documented there).
+CUDA-only pieces of megatron-core are redirected by ``megatron_cpu.py`` beside this file (documented there).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-for _p in (ROOT, os.path.join(ROOT, "tests")):
+for _p in (ROOT, HERE):  # runnable from a checkout without installing the package
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
@@ -157,7 +157,7 @@ def initialize_megatron(extra_args_provider: Optional[Callable] = None, args_def
     global _CPU_PATCHES
     from megatron.core import parallel_state
     from megatron.core.num_microbatches_calculator import init_num_microbatches_calculator
-    from megatron_support import CpuPatches, init_distributed
+    from megatron_cpu import CpuPatches, init_distributed
 
     args = validate_args(parse_args(extra_args_provider, ignore_unknown_args), args_defaults)
     set_args(args)

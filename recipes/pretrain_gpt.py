@@ -2,7 +2,7 @@
 dataset provider, ``pretrain(...)`` with an ``extra_args_provider``).
 
 It imports ``megatron.training`` and so runs where Megatron-LM is installed; the tests run it against a
-stand-in of ``megatron.training`` built on megatron-core (``tests/megatron_lm_standin``). Nothing in it
+stand-in of ``megatron.training`` built on megatron-core (``tests/standins/megatron_lm``). Nothing in it
 mentions msprobe: the launcher adds the flags and the hooks without editing it::
 
     python -m msprobe_integrations.megatron recipes/pretrain_gpt.py --num-layers 2 --hidden-size 32 \\

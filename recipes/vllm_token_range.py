@@ -96,7 +96,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if vllm is None:
         return 2
     from msprobe_core.errors import MsprobeError
-    from msprobe_core.pytorch.dump_service import validate_token_range
+    from msprobe_core.dump.config import validate_token_range
     from msprobe_integrations.vllm import EXTENSION_CLASS, dump_tokens
 
     try:  # fail fast, before the engine starts

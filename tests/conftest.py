@@ -1,4 +1,8 @@
-"""Shared test fixtures: a fresh PrecisionDebugger per test, small torch models."""
+"""Shared test fixtures: a fresh PrecisionDebugger per test.
+
+The test tree mirrors the code (``tests/msprobe_core/<feature>/``, ``tests/msprobe_integrations/<framework>/``);
+shared helpers live in ``tests/support/`` and the stand-ins for what cannot run here (vLLM's engine,
+Megatron-LM's ``megatron.training``) in ``tests/standins/``: both are importable by name from every test."""
 
 from __future__ import annotations
 
@@ -7,8 +11,9 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-for p in (ROOT, os.path.join(ROOT, "benchmarks")):
+TESTS = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(TESTS)
+for p in (ROOT, os.path.join(ROOT, "benchmarks"), os.path.join(TESTS, "support"), os.path.join(TESTS, "standins")):
     if p not in sys.path:
         sys.path.insert(0, p)
 

@@ -32,6 +32,10 @@ def _read_json(path: Path, what: str) -> Any:
             return json.load(f)
     except json.JSONDecodeError as e:
         raise DumpInputError(f"{path}: {what} is not valid JSON ({e})") from None
+    except UnicodeDecodeError as e:
+        raise DumpInputError(f"{path}: {what} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except RecursionError:
+        raise DumpInputError(f"{path}: {what} is nested too deeply to be a dump") from None
     except OSError as e:
         raise DumpInputError(f"{path}: cannot read {what} ({e.strerror})") from None
 

@@ -14,6 +14,7 @@ from typing import Callable, Mapping, Optional, Sequence
 
 from msprobe_core.compare.align import align_records
 from msprobe_core.compare.dumpdir import DumpUnit, RankDump, load_rank_dump, pair_dumps
+from msprobe_core.compare.framework_map import FrameworkMapping, framework_views, load_mapping
 from msprobe_core.compare.records import direction
 from msprobe_core.compare.rows import Row, build_rows, compare_mode, record_distance
 from msprobe_core.compare.thresholds import ERROR, PASS, UNMATCHED, WARNING, Thresholds, worst
@@ -54,6 +55,7 @@ class PairResult:
     outputs: list[Path] = field(default_factory=list)
     row_counts: Counter = field(default_factory=Counter)
     seconds: float = 0.0
+    unreadable: list[str] = field(default_factory=list)  # records (target name, else golden) it could not read
 
     @property
     def label(self) -> str:
@@ -116,7 +118,7 @@ class CompareResult:
 def compare_dumps(target: str | Path, golden: str | Path, thresholds: Thresholds = Thresholds(),
                   workers: Optional[int] = None, progress: bool = False,
                   on_pair: Optional[Callable[[PairResult, int], None]] = None,
-                  keep_rows: bool = True) -> CompareResult:
+                  keep_rows: bool = True, api_mapping: Optional[str | Path] = None) -> CompareResult:
     """Compare the dump at ``target`` against the trusted one at ``golden``.
 
     Each may be a rank folder, a step folder or a whole dump path; their steps and ranks must match,
@@ -124,12 +126,15 @@ def compare_dumps(target: str | Path, golden: str | Path, thresholds: Thresholds
     ``on_pair(pair, number of pairs)`` sees each as soon as it is done (to write its files), after which
     ``keep_rows=False`` releases its rows to bound memory on many-rank dumps. Raises
     ``DumpInputError`` for inputs that are not (finished, compatible) dumps, or missing tensor files.
+    A MindSpore (or MSAdapter) dump compares with a PyTorch dump through the MindSpore-to-PyTorch
+    mapping (``framework_map``), extended by the YAML file ``api_mapping``.
     """
     start = time.perf_counter()
     units = pair_dumps(Path(target), Path(golden))
+    mapping = load_mapping(api_mapping) if api_mapping else None
     pairs: list[PairResult] = []
     for t_unit, g_unit in units:
-        pair = compare_pair(t_unit, g_unit, thresholds, workers, progress)
+        pair = compare_pair(t_unit, g_unit, thresholds, workers, progress, mapping)
         if on_pair is not None:
             on_pair(pair, len(units))
         if not keep_rows:
@@ -139,18 +144,24 @@ def compare_dumps(target: str | Path, golden: str | Path, thresholds: Thresholds
 
 
 def compare_pair(t_unit: DumpUnit, g_unit: DumpUnit, thresholds: Thresholds = Thresholds(),
-                 workers: Optional[int] = None, progress: bool = False) -> PairResult:
+                 workers: Optional[int] = None, progress: bool = False,
+                 mapping: Optional[FrameworkMapping] = None) -> PairResult:
     """Compare one target rank folder against one golden rank folder."""
     start = time.perf_counter()
-    t_dump, g_dump = load_rank_dump(t_unit.path), load_rank_dump(g_unit.path)
-    mode, notes = compare_mode(t_dump, g_dump)
+    t_own, g_own = load_rank_dump(t_unit.path), load_rank_dump(g_unit.path)
+    mode, notes = compare_mode(t_own, g_own)
+    views = framework_views(t_own, g_own, mapping)  # two frameworks: records under aligned names
+    t_dump, g_dump = (views.target, views.golden) if views else (t_own, g_own)
     merged = align_records(list(t_dump.data), list(g_dump.data), t_dump.construct, g_dump.construct,
                            distance=_distance(t_dump, g_dump))
     rows = build_rows(merged, t_dump, g_dump, mode, thresholds)
     pair = PairResult(t_unit, g_unit, t_dump, g_dump, mode, notes, merged, rows)
+    pair.unreadable = [r.target_record or r.golden_record or "" for r in rows if r.unreadable]
     _run_tensor_jobs([row for row in rows if row.job is not None], thresholds, workers, progress)
     pair.divergence = find_divergence(pair, ERROR)
     pair.first_warning = find_divergence(pair, WARNING) if pair.divergence is None else None
+    if views:
+        views.restore(pair, t_own, g_own)
     pair.row_counts = pair.counts()
     pair.seconds = time.perf_counter() - start
     return pair
@@ -172,7 +183,8 @@ def _run_tensor_jobs(rows: Sequence[Row], thresholds: Thresholds, workers: Optio
     for row, res in zip(rows, results):
         row.metrics.update({"Cosine": res.cosine, "RMSE": res.rmse, "MaxAbsErr": res.max_abs,
                             "MaxRelativeErr": res.max_rel, "One Thousandth Err Ratio": res.ratio_1e3,
-                            "One Ten-Thousandth Err Ratio": res.ratio_1e4})
+                            "One Ten-Thousandth Err Ratio": res.ratio_1e4,
+                            "Five Thousandths Err Ratio": res.ratio_5e3})  # for msprobe's columns
         if res.problem:
             row.judge(ERROR, [res.problem])
         if res.note:
@@ -210,12 +222,17 @@ def find_divergence(pair: PairResult, level: str = ERROR) -> Optional[Divergence
         if is_descendant(pair.merged[order][0], pair.merged[chosen][0], construct):
             chosen = order
     t_name, g_name = pair.merged[chosen]
-    stack, note = _stack_of(pair.target, t_name)
+    stack, note = record_stack(pair.target, t_name)
     rows = [r for r in pair.rows if r.order == chosen and r.verdict == level]
     return Divergence(t_name, g_name, level, rows, construct.get(t_name), stack, note)
 
 
-def _stack_of(dump: RankDump, name: str) -> tuple[list[str], str]:
+def record_stack(dump: RankDump, name: str) -> tuple[list[str], str]:
+    """``(frames, note)``: a record's stack from stack.json (innermost frame last).
+
+    Backward records and parameter gradients have no stack of their own in msprobe's format; the stack of
+    their forward call is returned with a note saying so.
+    """
     stacks = dump.stack
     if name in stacks:
         return stacks[name], ""

@@ -114,6 +114,40 @@ def _section(prefix: str, value: Any) -> Iterator[Leaf]:
             yield from _walk(f"{prefix}.{i}", item)
 
 
+SECTIONS = ("input_args", "input_kwargs", "output", "input", "parameters")
+
+
+def record_problem(record: Any) -> Optional[str]:
+    """Why a dump.json record cannot be compared, or None when it can. A record is an object holding its
+    sections (``input_args``/``input_kwargs``/``output``; ``input``/``output`` for backward records;
+    parameter names for parameter gradients) or, for ``save()``'s records, a value summary (or a list of
+    them); each tensor summary holds its ``dtype`` and ``shape``."""
+    if isinstance(record, list):
+        return next(filter(None, (record_problem(v) for v in record if v is not None)), None)
+    if not isinstance(record, dict):
+        return f"{_json_type(record)} where a record object is expected"
+    if not record:
+        return "an empty object: none of its fields (input_args, input_kwargs, output, input, parameters)"
+    if not ("type" in record or _is_tensor(record)):
+        present = [k for k in SECTIONS if k in record] or list(record)
+        bad = [k for k in present if record[k] is not None and not isinstance(record[k], (list, dict))]
+        if bad:
+            return f"field '{bad[0]}' is {_json_type(record[bad[0]])}, not a list or object"
+    for leaf in flatten_record(record):
+        missing = [k for k in ("dtype", "shape") if k not in leaf.summary]
+        if leaf.is_tensor and missing:
+            return f"tensor {leaf.path or 'value'} lacks {' and '.join(missing)}"
+    return None
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    return {str: "a string", int: "a number", float: "a number"}.get(type(value), f"a {type(value).__name__}")
+
+
 def flatten_record(record: Any) -> list[Leaf]:
     """The leaves of one dump.json record, in msprobe's order (inputs, kwargs, outputs, parameters).
 

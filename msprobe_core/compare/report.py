@@ -13,7 +13,7 @@ from __future__ import annotations
 import csv
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from msprobe_core.compare.engine import CompareResult, Divergence, PairResult
 from msprobe_core.compare.rows import STAT_DIFFS, TENSOR_METRICS, Row
@@ -93,23 +93,24 @@ def _csv_cell(value: Any) -> Any:
     return "" if value is None else value
 
 
-def write_csv(path: Path, pair: PairResult, cols: list[str]) -> None:
-    """Write a pair's rows as CSV."""
+def write_csv(path: Path, pair: PairResult, cols: list[str], values: Callable = row_values) -> None:
+    """Write a pair's rows as CSV (``values(pair, row, cols)``: the cells of a row under ``cols``)."""
     with open(path, "w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
         writer.writerow(cols)
         for row in pair.rows:
-            writer.writerow([_csv_cell(v) for v in row_values(pair, row, cols)])
+            writer.writerow([_csv_cell(v) for v in values(pair, row, cols)])
 
 
-def write_xlsx(path: Path, pair: PairResult, cols: list[str]) -> None:
+def write_xlsx(path: Path, pair: PairResult, cols: list[str], values: Callable = row_values) -> None:
     """Write a pair's rows as an .xlsx: errors red, warnings yellow, unmatched records grey."""
     from msprobe_core.compare.xlsx import write_xlsx as write_sheet
 
     order = list(FILLS)
-    write_sheet(path, cols, (row_values(pair, row, cols) for row in pair.rows),
+    write_sheet(path, cols, (values(pair, row, cols) for row in pair.rows),
                 row_fills=(order.index(row.verdict) if row.verdict in FILLS else None for row in pair.rows),
-                widths={"Target Name": 60, "Golden Name": 60, "Message": 50, "Target Stack": 60},
+                widths={"Target Name": 60, "Golden Name": 60, "Message": 50, "Target Stack": 60,
+                        "NPU Name": 60, "Bench Name": 60, "Err_message": 50, "NPU_Stack_Info": 60},
                 fills=[FILLS[v] for v in order])
 
 
@@ -122,17 +123,23 @@ def output_stem(pair: PairResult, single: bool) -> str:
 
 
 def write_pair_outputs(pair: PairResult, output_dir: Path, single: bool, xlsx: bool = True,
-                       with_stack: bool = False) -> list[Path]:
-    """Write one pair's CSV (and .xlsx) into ``output_dir``; ``single`` drops the step/rank suffix."""
+                       with_stack: bool = False, msprobe_columns: bool = False) -> list[Path]:
+    """Write one pair's CSV (and .xlsx) into ``output_dir``; ``single`` drops the step/rank suffix;
+    ``msprobe_columns``: under msprobe's column names (``msprobe_columns``)."""
     output_dir.mkdir(parents=True, exist_ok=True)
-    cols = columns(pair, with_stack)
+    values: Callable = row_values
+    if msprobe_columns:
+        from msprobe_core.compare import msprobe_columns as layout
+        cols, values = layout.columns(pair, with_stack), layout.row_values
+    else:
+        cols = columns(pair, with_stack)
     stem = output_stem(pair, single)
     csv_path = output_dir / f"{stem}.csv"
-    write_csv(csv_path, pair, cols)
+    write_csv(csv_path, pair, cols, values)
     pair.outputs = [csv_path]
     if xlsx:
         xlsx_path = output_dir / f"{stem}.xlsx"
-        write_xlsx(xlsx_path, pair, cols)
+        write_xlsx(xlsx_path, pair, cols, values)
         pair.outputs.append(xlsx_path)
     return pair.outputs
 
@@ -146,11 +153,12 @@ def write_summary(result: CompareResult, output_dir: Path) -> Path:
     return summary_path
 
 
-def write_outputs(result: CompareResult, output_dir: Path, xlsx: bool = True, with_stack: bool = False) -> list[Path]:
+def write_outputs(result: CompareResult, output_dir: Path, xlsx: bool = True, with_stack: bool = False,
+                  msprobe_columns: bool = False) -> list[Path]:
     """Write every pair's CSV (and .xlsx) plus compare_summary.json into ``output_dir``."""
     written: list[Path] = []
     for pair in result.pairs:
-        written.extend(write_pair_outputs(pair, output_dir, len(result.pairs) == 1, xlsx, with_stack))
+        written.extend(write_pair_outputs(pair, output_dir, len(result.pairs) == 1, xlsx, with_stack, msprobe_columns))
     written.append(write_summary(result, output_dir))
     return written
 
@@ -174,6 +182,7 @@ def summary_dict(result: CompareResult) -> dict:
             "target": str(pair.target_unit.path), "golden": str(pair.golden_unit.path), "mode": pair.mode,
             "notes": pair.notes, "records": len(pair.merged), "seconds": round(pair.seconds, 3),
             "rows": {v: counts.get(v, 0) for v in (PASS, WARNING, ERROR, UNMATCHED)},
+            "unreadable_records": len(pair.unreadable), "unreadable": pair.unreadable[:100],
             "first_divergence": _divergence_dict(pair.divergence),
             "first_warning": _divergence_dict(pair.first_warning),
             "only_in_target": pair.only_target, "only_in_golden": pair.only_golden,
@@ -225,6 +234,8 @@ def summary_text(result: CompareResult, quiet: bool = False) -> str:
     for pair in result.pairs:
         counts = pair.counts()
         tally = ", ".join(f"{counts.get(v, 0)} {v}" for v in (PASS, WARNING, ERROR) if counts.get(v, 0) or v == PASS)
+        if pair.unreadable:
+            tally += f", {len(pair.unreadable)} unreadable records"
         head = (f"{pair.label}: {len(pair.merged)} records, {sum(counts.values())} rows ({pair.mode}): {tally}")
         if quiet:
             div = pair.divergence
@@ -232,6 +243,8 @@ def summary_text(result: CompareResult, quiet: bool = False) -> str:
             continue
         lines.append(head)
         lines.extend(f"  note: {n}" for n in pair.notes)
+        if pair.unreadable:
+            lines.append(_list_line("records that could not be read (warning rows)", pair.unreadable))
         if pair.only_target:
             lines.append(_list_line("only in target", pair.only_target))
         if pair.only_golden:
@@ -250,6 +263,9 @@ def summary_text(result: CompareResult, quiet: bool = False) -> str:
         where = f"{pair.label} " if len(result.pairs) > 1 else ""
         lines.append(f"First divergence: {where}{div.target_record}"
                      + (f" (parent {div.parent})" if div.parent else ""))
+    elif any(pair.unreadable for pair in result.pairs):
+        lines.append(f"No divergence among the records that could be read; "
+                     f"{sum(len(p.unreadable) for p in result.pairs)} records could not be read (see the warning rows)")
     else:
         lines.append(f"No divergence: every compared tensor is within the thresholds ({result.seconds:.2f} s)")
     return "\n".join(lines)

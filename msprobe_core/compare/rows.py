@@ -13,10 +13,12 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 from msprobe_core.compare.dumpdir import RankDump
-from msprobe_core.compare.records import Leaf, flatten_record
+from msprobe_core.compare.framework_map import cross_framework, same_dtype
+from msprobe_core.compare.records import Leaf, flatten_record, record_problem
 from msprobe_core.compare.thresholds import (ERROR, PASS, STAT_KEYS, UNMATCHED, WARNING, Thresholds,
                                              worst)
 from msprobe_core.errors import DumpInputError
+from msprobe_core.files.safe_names import is_plain_file_name
 
 TENSOR_METRICS = ("Cosine", "RMSE", "MaxAbsErr", "MaxRelativeErr",
                   "One Thousandth Err Ratio", "One Ten-Thousandth Err Ratio")
@@ -46,6 +48,7 @@ class Row:
     messages: list[str] = field(default_factory=list)
     metrics: dict[str, Optional[float]] = field(default_factory=dict)
     job: Optional[TensorJob] = None
+    unreadable: bool = False  # a record the comparison could not read (its warning row)
 
     def name(self, side: str) -> str:
         """Full leaf name on ``side`` ('target' or 'golden'), '' when that side lacks it."""
@@ -64,10 +67,10 @@ class Row:
 def compare_mode(target: RankDump, golden: RankDump) -> tuple[str, list[str]]:
     """The mode two rank dumps can be compared in, plus notes for the user; errors when they cannot."""
     for dump in (target, golden):
-        if dump.task == "overflow_check":
+        if dump.task in ("overflow_check", "nan_check"):  # nan_check: msprobe 26's name for it
             raise DumpInputError(f"{dump.json_path}: an overflow_check dump holds only overflowing calls and "
                                  "cannot be compared; dump both runs with task statistics or tensor")
-    if target.framework != golden.framework:
+    if target.framework != golden.framework and not cross_framework(target.framework, golden.framework):
         raise DumpInputError(f"mismatched dumps: {target.json_path} is framework '{target.framework}' but "
                              f"{golden.json_path} is '{golden.framework}'")
     if target.level != golden.level:
@@ -93,6 +96,13 @@ def build_rows(merged: Sequence[tuple[Optional[str], Optional[str]]], target: Ra
     t_dir = str(target.tensor_dir)
     g_dir = str(golden.tensor_dir)
     for order, (t_name, g_name) in enumerate(merged):
+        problems = [f"{side} record cannot be read: {problem}" for side, dump, name in
+                    (("target", target, t_name), ("golden", golden, g_name))
+                    if name is not None and (problem := record_problem(dump.data[name])) is not None]
+        if problems:  # never skipped silently: a warning row, counted in the summary
+            rows.append(Row(order, t_name, g_name, "", None, None, verdict=UNMATCHED if None in (t_name, g_name)
+                            else WARNING, messages=problems, unreadable=True))
+            continue
         t_leaves = flatten_record(target.data[t_name]) if t_name is not None else []
         g_leaves = flatten_record(golden.data[g_name]) if g_name is not None else []
         if t_name is None or g_name is None:
@@ -162,7 +172,7 @@ def _is_tensor(summary: dict) -> bool:
 
 def _data_file(directory: str, summary: dict) -> Optional[str]:
     name = summary.get("data_name")
-    if isinstance(name, str) and name.endswith((".pt", ".npy")):
+    if is_plain_file_name(name) and name.endswith((".pt", ".npy")):  # never a path out of the tensor folder
         return f"{directory}/{name}"
     return None
 
@@ -184,7 +194,7 @@ def _compare_leaf(order: int, t_name: str, g_name: str, path: str, t: Optional[d
     same_shape = t.get("shape") == g.get("shape")
     if not same_shape:
         row.judge(ERROR, [f"shape {t.get('shape')} vs {g.get('shape')}"])
-    if t.get("dtype") != g.get("dtype"):
+    if not same_dtype(t.get("dtype"), g.get("dtype")):
         row.judge(WARNING, [f"dtype {t.get('dtype')} vs {g.get('dtype')}"])
     if mode == "tensor" and same_shape:
         t_file, g_file = _data_file(t_dir, t), _data_file(g_dir, g)

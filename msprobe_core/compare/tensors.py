@@ -46,9 +46,10 @@ class TensorResult:
     norm_rel: Optional[float] = None
     problem: str = ""
     note: str = ""
+    ratio_5e3: Optional[float] = None  # msprobe's Five Thousandths Err Ratio
 
 
-IDENTICAL = TensorResult(1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0)
+IDENTICAL = TensorResult(1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, ratio_5e3=1.0)
 
 
 class _Scratch:
@@ -132,8 +133,10 @@ def _metrics(a: np.ndarray, b: np.ndarray, na2: float, nb2: float, problem: str)
     mask = _SCRATCH.get(2, n, np.bool_)
     within_3 = int(np.count_nonzero(np.less_equal(rel, 1e-3, out=mask))) / n
     within_4 = int(np.count_nonzero(np.less_equal(rel, 1e-4, out=mask))) / n
+    within_5e3 = int(np.count_nonzero(np.less_equal(rel, 5e-3, out=mask))) / n
     norm_rel = abs(na - nb) / nb if nb else (0.0 if na == 0 else math.inf)
-    return TensorResult(cosine, math.sqrt(nd2 / n), max_abs, max_rel, within_3, within_4, norm_rel, problem)
+    return TensorResult(cosine, math.sqrt(nd2 / n), max_abs, max_rel, within_3, within_4, norm_rel, problem,
+                        ratio_5e3=within_5e3)
 
 
 def compare_files(target_file: str, golden_file: str) -> TensorResult:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from msprobe_core.errors import ConfigError, ConfigFileError, UnknownKeyError
+from msprobe_core.errors import ConfigError, ConfigFileError, TokenRangeError, UnknownKeyError
 
 logger = logging.getLogger("msprobe_core")
 
@@ -24,17 +24,19 @@ DEFAULT_DUMP_PATH = "./msprobe_dump"
 """Where dumps go when neither the config file nor the constructor names a ``dump_path``."""
 
 TASKS = ("statistics", "tensor", "structure", "overflow_check")
+TASK_ALIASES = {"nan_check": "overflow_check"}
+"""Task names of other msprobe versions and what they are here (msprobe 26 calls overflow_check nan_check)."""
 UNSUPPORTED_TASKS = ("acc_check", "run_ut", "free_benchmark", "grad_probe", "kernel_dump", "exception_dump")
 LEVELS = ("L0", "L1", "mix", "debug")
 DATA_MODES = ("all", "forward", "backward", "input", "output")
 SUMMARY_MODES = ("statistics", "md5")
 
-TOP_LEVEL_KEYS = ("task", "dump_path", "rank", "step", "level", "async_dump", "extra_info")
+TOP_LEVEL_KEYS = ("task", "dump_path", "rank", "step", "level", "async_dump", "extra_info", "dump_enable")
 SECTION_KEYS = ("scope", "list", "tensor_list", "data_mode", "summary_mode", "overflow_nums")
 
 # Keys msprobe documents (config_introduction) that this tool accepts and ignores with a warning.
 IGNORED_KEYS = frozenset({
-    "acl_config", "seed", "is_deterministic", "enable_dataloader", "dump_enable", "precision",
+    "acl_config", "seed", "is_deterministic", "enable_dataloader", "precision",
     "framework", "online_run_ut", "nfs_path", "host", "port", "tls_path", "master_ip", "master_port",
     "backward_input", "file_format", "white_list", "black_list", "error_data_path", "is_online",
     "rank_list", "check_mode", "fuzz_device", "pert_mode", "handler_type", "fuzz_level", "fuzz_stage",
@@ -86,6 +88,9 @@ class DumpConfig:
     summary_mode: str = "statistics"
     overflow_nums: int = 1
     source: str | None = None
+    dump_enable: bool | None = None
+    """msprobe's dynamic switch: None when the file has no ``dump_enable`` key (dumping as configured);
+    True/False when it has one: the file is then re-read at every ``step()`` and dumping follows it."""
 
     @property
     def saves_tensors(self) -> bool:
@@ -102,7 +107,7 @@ class DumpConfig:
             return self
         values: dict[str, Any] = {}
         if "task" in given:
-            values["task"] = _check_choice("task", given["task"], TASKS, "argument")
+            values["task"] = _check_task(given["task"], "argument")
         if "level" in given:
             values["level"] = _check_choice("level", given["level"], LEVELS, "argument")
         if "dump_path" in given:
@@ -130,10 +135,20 @@ def load_dump_config(config_path: str | os.PathLike | Mapping[str, Any] | None =
     return parse_dump_config(raw, source).with_overrides(**overrides)
 
 
+MAX_CONFIG_BYTES = 64 << 20
+
+
 def read_json_object(path: str) -> Mapping[str, Any]:
-    """Load a JSON file whose top level is an object, or raise ``ConfigFileError``."""
+    """Load a JSON file whose top level is an object, or raise ``ConfigFileError``. Only a regular file of
+    at most ``MAX_CONFIG_BYTES`` is read (a FIFO or a device would block or never end)."""
     try:
+        if "\x00" in path:
+            raise ConfigFileError(path, "the path holds a NUL character")
+        if os.path.exists(path) and not os.path.isdir(path) and not os.path.isfile(path):
+            raise ConfigFileError(path, "not a regular file (a FIFO, socket or device)")
         with open(path, encoding="utf-8") as f:
+            if os.fstat(f.fileno()).st_size > MAX_CONFIG_BYTES:
+                raise ConfigFileError(path, f"larger than {MAX_CONFIG_BYTES >> 20} MiB")
             data = json.load(f)
     except FileNotFoundError:
         raise ConfigFileError(path, "no such file") from None
@@ -145,6 +160,10 @@ def read_json_object(path: str) -> Mapping[str, Any]:
         raise ConfigFileError(path, f"not UTF-8 text ({e.reason})") from None
     except json.JSONDecodeError as e:
         raise ConfigFileError(path, f"invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+    except RecursionError:
+        raise ConfigFileError(path, "JSON nested too deeply") from None
+    except OSError as e:
+        raise ConfigFileError(path, e.strerror or str(e)) from None
     if not isinstance(data, dict):
         raise ConfigFileError(path, f"the top level is a {type(data).__name__}, not an object")
     return data
@@ -152,7 +171,7 @@ def read_json_object(path: str) -> Mapping[str, Any]:
 
 def parse_dump_config(raw: Mapping[str, Any], source: str | None = None) -> DumpConfig:
     """Validate a config mapping (msprobe's config.json layout) into a ``DumpConfig``."""
-    known_top = set(TOP_LEVEL_KEYS) | set(TASKS) | IGNORED_SECTIONS
+    known_top = set(TOP_LEVEL_KEYS) | set(TASKS) | set(TASK_ALIASES) | IGNORED_SECTIONS
     for key in raw:
         if key in known_top:
             continue
@@ -161,47 +180,49 @@ def parse_dump_config(raw: Mapping[str, Any], source: str | None = None) -> Dump
             continue
         raise UnknownKeyError(key, known_top | IGNORED_KEYS, source)
 
-    task = raw.get("task", "statistics")
-    if task in UNSUPPORTED_TASKS:
-        raise ConfigError("task", task, f"{', '.join(TASKS)} ('{task}' is an msprobe task this tool does not run)", source)
-    task = _check_choice("task", task, TASKS, source)
+    given_task = raw.get("task", "statistics")
+    task = _check_task(given_task, source)
     level = _check_choice("level", raw.get("level", "L1"), LEVELS, source)
     dump_path = _check_dump_path(raw.get("dump_path", DEFAULT_DUMP_PATH), source)
     rank = parse_int_filter("rank", raw.get("rank", []), source)
     step = parse_int_filter("step", raw.get("step", []), source)
     async_dump = _check_bool("async_dump", raw.get("async_dump", False), source)
     extra_info = _check_bool("extra_info", raw.get("extra_info", True), source)
+    dump_enable = raw.get("dump_enable")
+    if dump_enable is not None:
+        dump_enable = _check_bool("dump_enable", dump_enable, source)
 
-    section = raw.get(task, {})
+    section = raw.get(given_task, raw.get(task, {}))  # nan_check's section may be named either way
     if section is None:
         section = {}
     if not isinstance(section, Mapping):
-        raise ConfigError(task, section, "an object with the task's keys (scope, list, data_mode, ...)", source)
-    for other in TASKS:
-        if other != task and other in raw and not isinstance(raw[other], Mapping):
+        raise ConfigError(given_task, section, "an object with the task's keys (scope, list, data_mode, ...)", source)
+    for other in (*TASKS, *TASK_ALIASES):
+        if other not in (task, given_task) and other in raw and not isinstance(raw[other], Mapping):
             raise ConfigError(other, raw[other], "an object", source)
     for key in section:
         if key in SECTION_KEYS:
             continue
         if key in IGNORED_KEYS:
-            logger.warning("msprobe config key '%s.%s' is accepted but not used by this tool", task, key)
+            logger.warning("msprobe config key '%s.%s' is accepted but not used by this tool", given_task, key)
             continue
-        raise UnknownKeyError(f"{task}.{key}", [f"{task}.{k}" for k in (*SECTION_KEYS, *IGNORED_KEYS)], source)
+        raise UnknownKeyError(f"{given_task}.{key}", [f"{given_task}.{k}" for k in (*SECTION_KEYS, *IGNORED_KEYS)], source)
 
-    scope = _check_str_list(f"{task}.scope", section.get("scope", []), source)
+    scope = _check_str_list(f"{given_task}.scope", section.get("scope", []), source)
     if len(scope) not in (0, 2):
-        raise ConfigError(f"{task}.scope", list(scope), "an empty list or exactly two module/API names [first, last]", source)
-    api_list = _check_str_list(f"{task}.list", section.get("list", []), source)
-    tensor_list = _check_str_list(f"{task}.tensor_list", section.get("tensor_list", []), source)
-    data_mode = _check_data_mode(f"{task}.data_mode", section.get("data_mode", ["all"]), source)
-    summary_mode = _check_choice(f"{task}.summary_mode", section.get("summary_mode", "statistics"), SUMMARY_MODES, source)
+        raise ConfigError(f"{given_task}.scope", list(scope), "an empty list or exactly two module/API names [first, last]", source)
+    api_list = _check_str_list(f"{given_task}.list", section.get("list", []), source)
+    tensor_list = _check_str_list(f"{given_task}.tensor_list", section.get("tensor_list", []), source)
+    data_mode = _check_data_mode(f"{given_task}.data_mode", section.get("data_mode", ["all"]), source)
+    summary_mode = _check_choice(f"{given_task}.summary_mode", section.get("summary_mode", "statistics"), SUMMARY_MODES, source)
     overflow_nums = section.get("overflow_nums", 1)
     if isinstance(overflow_nums, bool) or not isinstance(overflow_nums, int) or (overflow_nums < 1 and overflow_nums != -1):
-        raise ConfigError(f"{task}.overflow_nums", overflow_nums, "an int >= 1, or -1 for no limit", source)
+        raise ConfigError(f"{given_task}.overflow_nums", overflow_nums, "an int >= 1, or -1 for no limit", source)
 
     return DumpConfig(task=task, dump_path=dump_path, rank=rank, step=step, level=level, async_dump=async_dump,
                       extra_info=extra_info, scope=scope, api_list=api_list, tensor_list=tensor_list,
-                      data_mode=data_mode, summary_mode=summary_mode, overflow_nums=overflow_nums, source=source)
+                      data_mode=data_mode, summary_mode=summary_mode, overflow_nums=overflow_nums, source=source,
+                      dump_enable=dump_enable)
 
 
 _RANGE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*$")
@@ -234,6 +255,16 @@ def parse_int_filter(name: str, value: Any, source: str | None = None) -> StepFi
                 continue
         raise ConfigError(name, item, allowed, source)
     return StepFilter(frozenset(singles), tuple(ranges))
+
+
+def _check_task(value: Any, source: str | None) -> str:
+    """A task name (an alias such as msprobe 26's ``nan_check`` gives the task it names)."""
+    if isinstance(value, str) and value in UNSUPPORTED_TASKS:
+        raise ConfigError("task", value, f"{', '.join((*TASKS, *TASK_ALIASES))} ('{value}' is an msprobe task this "
+                                         "tool does not run)", source)
+    if isinstance(value, str) and value in TASK_ALIASES:
+        return TASK_ALIASES[value]
+    return _check_choice("task", value, (*TASKS, *TASK_ALIASES), source)
 
 
 def _check_choice(name: str, value: Any, choices: Iterable[str], source: str | None) -> str:
@@ -270,6 +301,8 @@ def _check_dump_path(value: Any, source: str | None) -> str:
     if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
         raise ConfigError("dump_path", value, "a non-empty path string", source)
     path = os.fspath(value)
+    if "\x00" in path:
+        raise ConfigError("dump_path", path, "a path without NUL characters", source)
     p = Path(path)
     if p.exists() and not p.is_dir():
         raise ConfigError("dump_path", path, "a directory (or a path that does not exist yet), not a file", source)
@@ -279,3 +312,14 @@ def _check_dump_path(value: Any, source: str | None) -> str:
                 raise ConfigError("dump_path", path, f"a path whose parent '{parent}' is a directory, not a file", source)
             break
     return path
+
+
+def validate_token_range(token_range: Any) -> tuple[int, int] | None:
+    """``None`` or two ints [start, end] with 0 <= start <= end; else ``TokenRangeError``."""
+    if token_range is None:
+        return None
+    if (not isinstance(token_range, (list, tuple)) or len(token_range) != 2
+            or not all(isinstance(v, int) and not isinstance(v, bool) for v in token_range)
+            or token_range[0] < 0 or token_range[0] > token_range[1]):
+        raise TokenRangeError(token_range)
+    return int(token_range[0]), int(token_range[1])

@@ -11,19 +11,31 @@ import argparse
 import os
 from pathlib import Path
 
-from msprobe_core.dump.step_recorder import JOURNAL_SUFFIX, recover_journal
+from msprobe_core.files.step_recorder import JOURNAL_SUFFIX, recover_journal
 from msprobe_core.errors import DumpInputError
 
 
 def recover(dump_path: str | os.PathLike) -> list[Path]:
-    """Recover every rank folder under ``dump_path`` that still has a journal; returns those folders."""
+    """Recover every rank folder under ``dump_path`` that still has a journal; returns those folders.
+
+    A journal that cannot be used (unreadable, or not this tool's) does not stop the others: they are
+    recovered first, then one ``DumpInputError`` names every journal left as it was."""
     root = Path(dump_path)
     if not root.is_dir():
         raise DumpInputError(f"dump path '{root}' is not a directory")
     recovered = []
+    problems = []
     for journal in sorted(root.rglob(f".*{JOURNAL_SUFFIX}")):
-        if recover_journal(journal) and journal.parent not in recovered:
+        try:
+            done = recover_journal(journal)
+        except DumpInputError as e:
+            problems.append(str(e))
+            continue
+        if done and journal.parent not in recovered:
             recovered.append(journal.parent)
+    if problems:
+        done_text = f"recovered {len(recovered)} folder(s); " if recovered else ""
+        raise DumpInputError(done_text + "; ".join(problems))
     return recovered
 
 

@@ -1,6 +1,7 @@
 """``python -m msprobe_core anomalies MONITOR_DIR``: list the monitor's anomalies in order, name the first.
 
-Reads every rank's ``anomalies.json`` (written when the config's ``alert.dump`` is true), orders them
+Reads every rank's ``anomalies.json`` (written when the config's ``alert.dump`` is true) or the SQLite
+database of ``alert.inform`` (one event per fault: its origin and how many tensors it reached), orders them
 across ranks as the data was produced (step; weights, then forward and backward per micro-batch, then
 gradients and optimizer state; pipeline stage; call order) and prints one line each.
 """
@@ -16,7 +17,7 @@ from msprobe_core.monitor.anomaly_store import load_anomalies
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Arguments of the ``anomalies`` command."""
     parser.add_argument("monitor_dir", help="the monitor output folder (MONITOR_OUTPUT_DIR), a rank folder, "
-                                            "or one anomalies.json")
+                                            "one anomalies.json, or the SQLite database of alert.inform")
     parser.add_argument("-k", "--top", type=int, default=0, help="list only the first K anomalies (0: all)")
     parser.add_argument("-s", "--step", type=int, action="append", default=None,
                         help="only this step (repeat for several)")
@@ -45,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"... {len(anomalies) - len(shown)} more")
     first = anomalies[0]
     where = f"module '{first.module}'" if first.module else "the model"
+    reach = f"; it reached {first.reached} tensors" if first.reached > 1 else ""
     print(f"first anomaly: step {first.step}, rank {first.rank}, {first.stage}, {first.kind} '{first.name}' "
-          f"in {where}: {first.metric}={first.value:.6g} ({first.rule})")
+          f"in {where}: {first.metric}={first.value:.6g} ({first.rule}{reach})")
     return 0

@@ -8,11 +8,11 @@ step per device, copies it to the host in one transfer and returns ``MetricRow``
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import torch
 
-from msprobe_core.monitor.records import MetricRow
+from msprobe_core.monitor.records import MetricRow, stage_of
 from msprobe_core.monitor.stats import StatsEngine
 
 
@@ -27,6 +27,7 @@ class _Entry:
     device: torch.device
     row: int
     alias: bool
+    external: bool = False
 
 
 class StepCollector:
@@ -65,12 +66,14 @@ class StepCollector:
         return base
 
     def add_entry(self, kind: str, name: str, module: str, micro_step: int | None, numel: int,
-                  where: tuple[torch.device, int]) -> None:
-        """Name a computed row (a row may carry several names: the same tensor seen twice)."""
+                  where: tuple[torch.device, int], external: bool = False) -> None:
+        """Name a computed row (a row may carry several names: the same tensor seen twice). ``external``:
+        a tensor the model did not compute from its weights (see ``MetricRow.external``)."""
         key = (kind, where[0], where[1])
         alias = key in self._named
         self._named.add(key)
-        self._entries.append(_Entry(kind, name, module, micro_step, self._call_id, numel, where[0], where[1], alias))
+        self._entries.append(_Entry(kind, name, module, micro_step, self._call_id, numel, where[0], where[1], alias,
+                                    external))
         self._call_id += 1
 
     def record(self, kind: str, named: Sequence[tuple[str, str, torch.Tensor]], micro_step: int | None = None) -> None:
@@ -89,10 +92,35 @@ class StepCollector:
         for device, blocks in self._blocks.items():
             stacked = blocks[0] if len(blocks) == 1 else torch.cat(blocks)
             host[device] = stacked.cpu().tolist()
-        rows = [MetricRow(e.kind, e.name, e.module, e.micro_step, e.call_id, e.numel, host[e.device][e.row], e.alias)
-                for e in self._entries]
+        rows = [MetricRow(e.kind, e.name, e.module, e.micro_step, e.call_id, e.numel, host[e.device][e.row], e.alias,
+                          e.external) for e in self._entries]
         self.reset()
         return rows
+
+    def recorded(self, stages: Iterable[str]) -> bool:
+        """Whether a row of a kind of one of ``stages`` was recorded this step."""
+        wanted = set(stages)
+        return any(stage_of(e.kind) in wanted for e in self._entries)
+
+    @torch.no_grad()
+    def has_nonfinite(self, stages: Iterable[str]) -> bool:
+        """Whether a row of a kind of one of ``stages`` (``records.STAGES``) recorded so far holds a NaN or Inf
+        (one host read per device)."""
+        wanted = set(stages)
+        rows: dict[torch.device, list[int]] = {}
+        for e in self._entries:
+            if stage_of(e.kind) in wanted:
+                rows.setdefault(e.device, []).append(e.row)
+        for device, idx in rows.items():
+            blocks = self._blocks[device]
+            stacked = blocks[0] if len(blocks) == 1 else torch.cat(blocks)
+            values = stacked[idx]
+            bad = ~torch.isfinite(values).all(dim=1)
+            if "nans" in self.engine.ops:
+                bad |= values[:, self.engine.ops.index("nans")] > 0
+            if bool(bad.any()):
+                return True
+        return False
 
     def reset(self) -> None:
         self._blocks.clear()

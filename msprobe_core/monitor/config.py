@@ -26,6 +26,12 @@ FORMATS = ("csv", "tensorboard", "api")
 RULE_NAMES = ("AnomalyTurbulence", "AnomalyNan")
 TURBULENCE_METRICS = ("norm", "mean")
 TURBULENCE_KINDS = ("actv", "actv_grad", "grad", "param")
+DEFAULT_WARMUP = 8
+"""Observations of a series before the turbulence rule judges it (its noise must be measured first)."""
+DEFAULT_WINDOW = 20
+"""Observations per series the turbulence rule keeps (median and MAD are taken over them)."""
+INFORM_RECIPIENTS = ("database",)
+SQLITE_PREFIX = "sqlite:///"
 IO_KEYS = ("input", "output", "input_grad", "output_grad")
 DEFAULT_COLLECT_TIMES = 100_000_000
 MAX_NDIGITS = 20
@@ -45,6 +51,7 @@ IGNORED_KEYS = frozenset({
 # msprobe adds these pseudo-ops itself; a config copied from its output may list them.
 _PSEUDO_OPS = frozenset({"shape", "dtype", "id"})
 _ALERT_KEYS = ("rules", "dump", "inform")
+_INFORM_KEYS = ("recipient", "connection_str")
 _TUPLE_SPEC = re.compile(r"^\s*tuple\[(\d+)\]\s*:\s*(\d+)\s*$")
 
 
@@ -70,13 +77,14 @@ ALL_IO = IOSpec()
 
 @dataclass(frozen=True)
 class TurbulenceRuleConfig:
-    """``AnomalyTurbulence``: |value| of a norm/mean above (1 + threshold) x its running average."""
+    """``AnomalyTurbulence``: a norm jumps above (1 + threshold) x its level and beyond its own noise; a mean
+    shifts by more than ``threshold`` x the tensor's RMS (see ``msprobe_core.monitor.rules``)."""
 
     threshold: float
-    warmup: int = 5
+    warmup: int = DEFAULT_WARMUP
     metrics: tuple[str, ...] = TURBULENCE_METRICS
-    beta: float = 0.6
     kinds: tuple[str, ...] = TURBULENCE_KINDS
+    window: int = DEFAULT_WINDOW
 
 
 @dataclass(frozen=True)
@@ -87,6 +95,16 @@ class NanRuleConfig:
 
 
 @dataclass(frozen=True)
+class InformConfig:
+    """``alert.inform``: where anomalies are sent besides the log. Only msprobe's ``database`` recipient, on
+    SQLite (the standard library's ``sqlite3``): ``path`` is the database file."""
+
+    recipient: str
+    connection_str: str
+    path: str
+
+
+@dataclass(frozen=True)
 class AlertConfig:
     """The ``alert`` section. ``enabled`` is True when the config has one (NaN/Inf checks are then on)."""
 
@@ -94,6 +112,7 @@ class AlertConfig:
     turbulence: TurbulenceRuleConfig | None = None
     nan: NanRuleConfig = field(default_factory=NanRuleConfig)
     dump: bool = False
+    inform: InformConfig | None = None
 
 
 @dataclass(frozen=True)
@@ -312,7 +331,7 @@ def _alert(value: Any, source: str | None) -> AlertConfig:
     if value is None:
         return AlertConfig()
     if not isinstance(value, Mapping):
-        raise ConfigError("alert", value, 'an object {"rules": [...], "dump": false}', source)
+        raise ConfigError("alert", value, 'an object {"rules": [...], "dump": false, "inform": {...}}', source)
     for key in value:
         if key not in _ALERT_KEYS:
             raise UnknownKeyError(f"alert.{key}", [f"alert.{k}" for k in _ALERT_KEYS], source)
@@ -343,28 +362,57 @@ def _alert(value: Any, source: str | None) -> AlertConfig:
             turbulence = _turbulence(args, where, source)
         else:
             nan = _nan_rule(args, where, source)
-    return AlertConfig(enabled=True, turbulence=turbulence, nan=nan, dump=dump)
+    return AlertConfig(enabled=True, turbulence=turbulence, nan=nan, dump=dump,
+                       inform=_inform(value.get("inform"), source))
+
+
+def _inform(value: Any, source: str | None) -> InformConfig | None:
+    """``alert.inform``: None/absent, or {"recipient": "database", "connection_str": "sqlite:///path.db"}."""
+    if value is None:
+        return None
+    allowed = '{"recipient": "database", "connection_str": "sqlite:///path/to/anomalies.db"}'
+    if not isinstance(value, Mapping):
+        raise ConfigError("alert.inform", value, allowed, source)
+    for key in value:
+        if key not in _INFORM_KEYS:
+            raise UnknownKeyError(f"alert.inform.{key}", [f"alert.inform.{k}" for k in _INFORM_KEYS], source)
+    recipient = value.get("recipient")
+    if recipient not in INFORM_RECIPIENTS:
+        raise ConfigError("alert.inform.recipient", recipient,
+                          f"{', '.join(INFORM_RECIPIENTS)} (msprobe's email recipient is not supported)", source)
+    conn = value.get("connection_str")
+    if not isinstance(conn, str) or not conn.startswith(SQLITE_PREFIX) or len(conn) == len(SQLITE_PREFIX):
+        raise ConfigError("alert.inform.connection_str", conn,
+                          "an SQLite URL 'sqlite:///relative/path.db' or 'sqlite:////absolute/path.db' "
+                          "(other databases, e.g. mysql+pymysql://, need drivers this tool does not ship)", source)
+    path = conn[len(SQLITE_PREFIX):]
+    if path == ":memory:" or path.endswith(("/", os.sep)):
+        raise ConfigError("alert.inform.connection_str", conn,
+                          "a database file, not ':memory:' or a folder (every rank and reader opens the same file)",
+                          source)
+    return InformConfig(recipient=recipient, connection_str=conn, path=path)
 
 
 def _turbulence(args: Mapping[str, Any], where: str, source: str | None) -> TurbulenceRuleConfig:
-    known = ("threshold", "warmup", "metrics", "beta", "kinds")
+    known = ("threshold", "warmup", "metrics", "kinds", "window")
     for key in args:
         if key not in known:
             raise UnknownKeyError(f"{where}.args.{key}", [f"{where}.args.{k}" for k in known], source)
     if "threshold" not in args:
         raise ConfigError(f"{where}.args.threshold", None, "a number >= 0 (required by AnomalyTurbulence)", source)
     threshold = _number(f"{where}.args.threshold", args["threshold"], 0.0, source, "a number >= 0, e.g. 0.5")
-    warmup = args.get("warmup", 5)
+    warmup = args.get("warmup", DEFAULT_WARMUP)
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 1:
         raise ConfigError(f"{where}.args.warmup", warmup, "an int >= 1 (steps observed before the rule arms)", source)
+    window = args.get("window", DEFAULT_WINDOW)
+    if isinstance(window, bool) or not isinstance(window, int) or window < 3:
+        raise ConfigError(f"{where}.args.window", window,
+                          "an int >= 3 (observations per series the median and MAD are taken over)", source)
     metrics = args.get("metrics", list(TURBULENCE_METRICS))
     if isinstance(metrics, str):
         metrics = [metrics]
     if not isinstance(metrics, (list, tuple)) or not metrics or any(m not in TURBULENCE_METRICS for m in metrics):
         raise ConfigError(f"{where}.args.metrics", metrics, "a non-empty list of norm, mean", source)
-    beta = args.get("beta", 0.6)
-    if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not (0 <= beta < 1):
-        raise ConfigError(f"{where}.args.beta", beta, "a number >= 0 and < 1 (running-average decay)", source)
     kinds = args.get("kinds", list(TURBULENCE_KINDS))
     if isinstance(kinds, str):
         kinds = [kinds]
@@ -372,7 +420,7 @@ def _turbulence(args: Mapping[str, Any], where: str, source: str | None) -> Turb
         raise ConfigError(f"{where}.args.kinds", kinds,
                           "a non-empty list of kinds (actv, actv_grad, grad, param, exp_avg, exp_avg_sq)", source)
     return TurbulenceRuleConfig(threshold=threshold, warmup=warmup, metrics=tuple(dict.fromkeys(metrics)),
-                                beta=float(beta), kinds=tuple(dict.fromkeys(kinds)))
+                                kinds=tuple(dict.fromkeys(kinds)), window=max(window, warmup))
 
 
 def _nan_rule(args: Mapping[str, Any], where: str, source: str | None) -> NanRuleConfig:

@@ -26,7 +26,7 @@ from torch import nn
 from msprobe_core.monitor.collector import StepCollector
 from msprobe_core.monitor.config import IOSpec
 from msprobe_core.monitor.records import ACTV, ACTV_GRAD
-from msprobe_core.pytorch.tool_guard import tool_work
+from msprobe_core.common.tool_guard import tool_work
 
 logger = logging.getLogger("msprobe_core.monitor")
 
@@ -193,7 +193,7 @@ class ActivationHooks:
         for (full, t), where in zip(selected, places):
             if where is None:
                 where = self._fwd_rows[_identity(t)][1]
-            self.collector.add_entry(ACTV, full, module, micro, t.numel(), where)
+            self.collector.add_entry(ACTV, full, module, micro, t.numel(), where, external=not t.requires_grad)
 
     def _register_grad(self, full: str, module: str, t: torch.Tensor, micro: int) -> None:
         key = _identity(t)

@@ -50,6 +50,9 @@ class MetricRow:
     values: Sequence[float]
     alias: bool = False
     """The same tensor as an earlier row of this kind (ln.output is linear.input): written, not judged."""
+    external: bool = False
+    """An activation the model did not compute from its weights (an input batch, a mask, a constant: it
+    does not require grad). -inf/+inf there is what the tensor means (a mask); only NaN is an anomaly."""
 
     @property
     def stage(self) -> str:
@@ -66,7 +69,3 @@ def display_name(name: str, micro_step: int | None, with_micro: bool) -> str:
         return f"{name}:{micro_step}"
     return name
 
-
-def tensorboard_tag(name: str, kind: str, op: str) -> str:
-    """``{name}/{kind}_{op}``: TensorBoard groups charts by name; regex ``actv_norm`` filters a kind and op."""
-    return f"{name}/{kind}_{op}"

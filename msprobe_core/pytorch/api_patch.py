@@ -9,11 +9,14 @@ not set on the class: assigning and deleting one rewires CPython's type slots fo
 ``__getitem__`` leaves ``torch.Tensor`` looking like a sequence, which breaks ``torch.tensor(list of
 0-d tensors)`` under any TorchFunctionMode). They are seen through a ``TorchFunctionMode`` pushed
 between ``patch()`` and ``restore()`` instead, which leaves the class untouched.
+
+An ``aten`` section (ATen operators) is seen through a ``TorchDispatchMode`` pushed the same way
+(``aten_dispatch``); the sections of msprobe's own file for libraries not hooked here (``NOT_HOOKED``:
+torch_npu, mindspeed...) are skipped with a warning.
 """
 
 from __future__ import annotations
 
-import functools
 import os
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
@@ -21,7 +24,9 @@ from typing import Any, Callable, Optional
 import torch
 from torch.overrides import TorchFunctionMode
 
-from msprobe_core.errors import ConfigError
+from msprobe_core.dump import api_wrap
+from msprobe_core.dump.api_wrap import make_wrapper
+from msprobe_core.pytorch.aten_dispatch import AtenDispatch
 
 DEFAULT_WRAP_LIST = os.path.join(os.path.dirname(__file__), "support_wrap_ops.yaml")
 
@@ -33,14 +38,16 @@ NAMESPACES: dict[str, tuple[str, Callable[[], Any]]] = {
     "_VF": ("VF", lambda: torch._VF),
     "distributed": ("Distributed", lambda: torch.distributed),
 }
+ATEN_SECTION = "aten"  # ATen operators, seen through a TorchDispatchMode (``aten_dispatch``)
+NOT_HOOKED = ("torch_npu", "npu_distributed", "mindspeed", "triton")
+"""Sections of msprobe's own support_wrap_ops.yaml for libraries this build does not hook: skipped with a warning."""
 
 _stack_len = torch._C._len_torch_function_stack
 _stack_at = torch._C._get_function_stack_at
 _stack_pop = torch._C._pop_torch_function_stack
 _stack_push = torch._C._push_on_torch_function_stack
 
-# Handler signature: handler(original, prefix, api_name, args, kwargs) -> result
-ApiHandler = Callable[[Callable, str, str, tuple, dict], Any]
+ApiHandler = api_wrap.ApiHandler
 
 
 @dataclass
@@ -54,41 +61,7 @@ class PatchSlot:
 
 def load_wrap_list(path: Optional[str] = None) -> dict[str, list[str]]:
     """Read a support_wrap_ops.yaml (msprobe's layout: namespace -> list of API names)."""
-    import yaml
-
-    path = path or DEFAULT_WRAP_LIST
-    try:
-        with open(path, encoding="utf-8") as f:
-            doc = yaml.safe_load(f) or {}
-    except OSError as e:
-        raise ConfigError("wrap_list", path, f"a readable YAML file ({e.strerror})") from None
-    except yaml.YAMLError as e:
-        raise ConfigError("wrap_list", path, f"valid YAML ({e})") from None
-    if not isinstance(doc, dict):
-        raise ConfigError("wrap_list", path, "a YAML mapping of namespace -> list of API names")
-    for section, names in doc.items():
-        if section not in NAMESPACES:
-            raise ConfigError(f"wrap_list.{section}", section, ", ".join(NAMESPACES))
-        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-            raise ConfigError(f"wrap_list.{section}", names, "a list of API names")
-    return doc
-
-
-def make_wrapper(original: Callable, prefix: str, api: str, handler: ApiHandler,
-                 should_record: Callable[[], bool]) -> Callable:
-    """A wrapper that calls ``handler`` while recording, and ``original`` directly otherwise."""
-
-    def wrapper(*args, **kwargs):
-        if should_record():
-            return handler(original, prefix, api, args, kwargs)
-        return original(*args, **kwargs)
-
-    try:
-        functools.update_wrapper(wrapper, original)
-    except (AttributeError, TypeError):
-        pass
-    wrapper.__msprobe_original__ = original  # type: ignore[attr-defined]
-    return wrapper
+    return api_wrap.load_wrap_list(path or DEFAULT_WRAP_LIST, [*NAMESPACES, ATEN_SECTION], NOT_HOOKED)
 
 
 # torch's own entry points whose internal API calls (e.g. ``torch.ones_like`` for the initial gradient)
@@ -152,6 +125,8 @@ class ApiPatcher:
         self._slots: Optional[list[PatchSlot]] = None
         self._dunders: dict = {}
         self._mode: Optional[_DunderMode] = None
+        self._aten_names: frozenset[str] = frozenset()
+        self._aten: Optional[AtenDispatch] = None
         self.patched = False
 
     def _plan(self) -> list[PatchSlot]:
@@ -159,6 +134,9 @@ class ApiPatcher:
             return self._slots
         slots: list[PatchSlot] = []
         for section, names in load_wrap_list(self._wrap_list).items():
+            if section == ATEN_SECTION:
+                self._aten_names = frozenset(names)
+                continue
             prefix, get_owner = NAMESPACES[section]
             try:
                 owner = get_owner()
@@ -202,6 +180,9 @@ class ApiPatcher:
         if self._dunders:
             self._mode = _DunderMode(self._dunders, self._handler, self._should_record)
             self._mode.__enter__()
+        if self._aten_names:
+            self._aten = AtenDispatch(self._aten_names, self._handler, self._should_record)
+            self._aten.__enter__()
         self.patched = True
 
     def call(self, original: Callable, args: tuple, kwargs: dict) -> Any:
@@ -219,6 +200,9 @@ class ApiPatcher:
     def restore(self) -> None:
         if not self.patched:
             return
+        if self._aten is not None:
+            self._aten.__exit__(None, None, None)
+            self._aten = None
         if self._mode is not None:
             self._mode.__exit__(None, None, None)
             self._mode = None

@@ -1,129 +1,40 @@
-"""``PrecisionDebugger`` and the module-level helpers of msprobe's PyTorch dump API."""
+"""``PrecisionDebugger`` and the module-level helpers of msprobe's PyTorch dump API.
+
+The core's debugger (``msprobe_core.dump.debugger``: one per process, config loading and validation,
+class-level calls from another file) with the PyTorch dump service (``dump_service``) behind it.
+"""
 
 from __future__ import annotations
 
-import os
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Optional
 
-from msprobe_core.dump.config import DumpConfig, load_dump_config
-from msprobe_core.errors import DumpStateError
+from msprobe_core.dump import debugger
+from msprobe_core.dump.config import DumpConfig
 
 
-class PrecisionDebugger:
-    """msprobe's dump entry point: ``PrecisionDebugger(config_path=None, task=None, dump_path=None,
+class PrecisionDebugger(debugger.PrecisionDebugger):
+    """msprobe's PyTorch dump entry point: ``PrecisionDebugger(config_path=None, task=None, dump_path=None,
     level=None, step=None)``.
 
     Constructor arguments override the config file; with neither, L1 statistics of every rank and step go
-    to ``./msprobe_dump``. One debugger per process: constructing it again returns the same instance
-    (later arguments are ignored, as msprobe does), so ``PrecisionDebugger.start()`` / ``stop()`` /
-    ``step()`` also work as class-level calls from another file (cross-file dump).
+    to ``./msprobe_dump``. One debugger per process: constructing it again returns the same instance, so
+    ``PrecisionDebugger.start()`` / ``stop()`` / ``step()`` also work as class-level calls from another file
+    (cross-file dump). Constructed again with another config, it applies that config when it is idle (steps
+    start again at 0) and raises ``DumpStateError`` in the middle of a step (arguments without a
+    ``config_path`` change the current config); with no arguments, or the same settings, nothing changes.
+    A config file with a ``dump_enable`` key is followed while the job runs (``msprobe_core.dump.dynamic``).
 
     ``config_path`` may also be a dict with the config.json content. ``wrap_list`` (an addition) names a
     support_wrap_ops.yaml to use instead of the shipped one.
     """
 
-    _instance: Optional["PrecisionDebugger"] = None
-
-    def __new__(cls, *args: Any, **kwargs: Any) -> "PrecisionDebugger":
-        if cls._instance is None:
-            instance = super().__new__(cls)
-            instance._initialized = False
-            cls._instance = instance
-        return cls._instance
-
-    def __init__(self, config_path: Union[str, os.PathLike, Mapping[str, Any], None] = None, task: Optional[str] = None,
-                 dump_path: Optional[str] = None, level: Optional[str] = None, step: Any = None,
-                 wrap_list: Optional[str] = None):
-        if self._initialized:
-            return
-        try:
-            cfg = load_dump_config(config_path, task=task, dump_path=dump_path, level=level, step=step)
-        except BaseException:
-            type(self)._instance = None
-            raise
-        from msprobe_core.pytorch.dump_service import DumpService
-
-        self.config: DumpConfig = cfg
-        self.service = DumpService(cfg, wrap_list)
-        self._initialized = True
-
-    # ---------------------------------------------------------------- msprobe API (instance or class level)
-    @classmethod
-    def _get(cls) -> "PrecisionDebugger":
-        if cls._instance is None or not cls._instance._initialized:
-            raise DumpStateError("PrecisionDebugger is not created yet: call PrecisionDebugger(config_path=...) first")
-        return cls._instance
+    _instance: Optional["PrecisionDebugger"] = None  # PyTorch's own: MindSpore's may live in the same process
 
     @staticmethod
-    def _target(obj: Any) -> "PrecisionDebugger":
-        return obj if isinstance(obj, PrecisionDebugger) else PrecisionDebugger._get()
+    def _make_service(cfg: DumpConfig, wrap_list: Optional[str]) -> Any:
+        from msprobe_core.pytorch.dump_service import DumpService
 
-    class _Dual:
-        """A method callable on the instance or on the class (msprobe's cross-file usage)."""
-
-        def __init__(self, fn):
-            self.fn = fn
-            self.__doc__ = fn.__doc__
-
-        def __get__(self, obj, owner):
-            target = obj
-            fn = self.fn
-
-            def bound(*args, **kwargs):
-                return fn(PrecisionDebugger._target(target), *args, **kwargs)
-
-            bound.__doc__ = fn.__doc__
-            bound.__name__ = fn.__name__
-            return bound
-
-    @_Dual
-    def start(self, model=None, token_range=None, rank_id: Optional[int] = None) -> None:
-        """Start collecting. ``model``: the module (or list/tuple of modules) whose submodules L0/mix dump;
-        ``token_range=[start, end]``: dump only the forward passes producing those tokens (0 = prefill);
-        ``rank_id``: name the rank folder explicitly (e.g. SGLang DP workers sharing a rank)."""
-        self.service.start(model=model, token_range=token_range, rank_id=rank_id)
-
-    @_Dual
-    def stop(self) -> None:
-        """Stop collecting; records stay in the current step (backward hooks still record until step())."""
-        self.service.stop()
-
-    @_Dual
-    def step(self) -> None:
-        """End the step: write dump.json, stack.json and construct.json, then count the next step."""
-        self.service.step()
-
-    @_Dual
-    def set_init_step(self, step: int) -> None:
-        """Number the first step ``step`` instead of 0 (call before the training loop)."""
-        self.service.set_init_step(step)
-
-    @_Dual
-    def register_custom_api(self, module: Any, api: str, api_prefix: Optional[str] = None) -> None:
-        """Dump ``module.api`` as ``{api_prefix}.{api}.{n}.forward`` (prefix default: the module's name)."""
-        self.service.register_custom_api(module, api, api_prefix)
-
-    @_Dual
-    def restore_custom_api(self, module: Any, api: str) -> None:
-        """Undo ``register_custom_api``: put the original ``module.api`` back."""
-        self.service.restore_custom_api(module, api)
-
-    @_Dual
-    def save(self, variable: Any, name: str, save_backward: bool = True) -> None:
-        """Single-point save into debug.json (see the module-level ``save``)."""
-        self.service.save(variable, name, save_backward)
-
-    @_Dual
-    def close(self) -> None:
-        """Finish the open step and restore every patched attribute and hook now (also done at exit)."""
-        self.service.close()
-
-    @classmethod
-    def reset(cls) -> None:
-        """Close and forget the process's debugger so a new one can be created (tests, notebooks)."""
-        if cls._instance is not None and cls._instance._initialized:
-            cls._instance.service.close()
-        cls._instance = None
+        return DumpService(cfg, wrap_list)
 
 
 def module_dump(module, module_name: str) -> None:

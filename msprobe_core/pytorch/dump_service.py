@@ -1,35 +1,42 @@
 """The PyTorch dump service: hooks, naming and step life cycle behind ``PrecisionDebugger``.
 
 Decide once, run fast: the API patch plan and the module hook plan are built when dumping starts; a call
-that is not recorded costs one flag test. Gradients are captured with tensor hooks that return None
-(never ``register_full_backward_hook``, which inserts identity nodes and can change the order in which
-autograd sums gradients), so losses and gradients are bit-identical with the tool on or off.
+that is not recorded costs one flag test. Gradients are captured with tensor hooks and autograd node hooks
+that return None (never ``register_full_backward_hook``, which inserts identity nodes and can change the
+order in which autograd sums gradients), so losses and gradients are bit-identical with the tool on or off.
 
-Backward records: ``input`` holds the gradients of the call's outputs; ``output`` the gradients of its
-tensor inputs, as autograd delivers them to each input tensor (for an input that other calls also use,
-this is its full gradient, summed over every use).
+Backward records: ``input`` holds the gradients of the call's outputs (tensor hooks); ``output`` the
+gradients the call itself sends to its tensor inputs, read on the edges of its own graph nodes
+(``backward_capture``): for an input that other calls also use, this call's share only.
 """
 
 from __future__ import annotations
 
 import atexit
 import os
+import sys
+import threading
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from msprobe_core.dump.call_stack import StackCapture
-from msprobe_core.dump.config import DumpConfig
+from msprobe_core.files.call_stack import StackCapture
+from msprobe_core.common.patch import PatchHandle, patch
+from msprobe_core.common.rank_folder import check_not_taken, rank_folder_name
+from msprobe_core.dump.config import DumpConfig, validate_token_range
 from msprobe_core.dump.selection import Selection
-from msprobe_core.dump.step_recorder import StepRecorder
-from msprobe_core.errors import ConfigError, DumpPathError, TokenRangeError
+from msprobe_core.files.step_recorder import StepRecorder
+from msprobe_core.errors import ConfigError
 from msprobe_core.pytorch.api_patch import ApiPatcher, make_wrapper
+from msprobe_core.pytorch.backward_capture import InputEdges, capture
+from msprobe_core.pytorch.inplace_comm import written_tensors
+from msprobe_core.pytorch.ranks import current_rank
 from msprobe_core.pytorch.summarize import Summarizer, tensors_in
 from msprobe_core.pytorch.tensor_stats import has_inf_or_nan
 from msprobe_core.pytorch.pt_writer import TensorFiles
-from msprobe_core.pytorch.tool_guard import TOOL
+from msprobe_core.common.tool_guard import TOOL
 
 from msprobe_core.log import setup_logging
 
@@ -39,8 +46,11 @@ _graph_task_id = torch._C._current_graph_task_id
 _is_grad_enabled = torch._C.is_grad_enabled
 _set_grad_enabled = torch._C._set_grad_enabled
 _no_torch_function = torch._C.DisableTorchFunction  # the tool's own tensor work skips every TorchFunctionMode
+_thread_id = threading.get_ident
+_Uninitialized = torch.nn.parameter.UninitializedTensorMixin
 _OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _DEFERRED_BATCH = 512  # device statistics resolved (one host copy) every this many records
+_WARNED_ERRORS = 10  # a step's first errors are also logged (a full disk must not flood the training's output)
 
 
 class _no_grad:
@@ -82,23 +92,6 @@ class _OwnWork:
         return False
 
 
-def validate_token_range(token_range: Any) -> Optional[tuple[int, int]]:
-    """``None`` or two ints [start, end] with 0 <= start <= end; else ``TokenRangeError``."""
-    if token_range is None:
-        return None
-    if (not isinstance(token_range, (list, tuple)) or len(token_range) != 2
-            or not all(isinstance(v, int) and not isinstance(v, bool) for v in token_range)
-            or token_range[0] < 0 or token_range[0] > token_range[1]):
-        raise TokenRangeError(token_range)
-    return int(token_range[0]), int(token_range[1])
-
-
-def current_rank() -> Optional[int]:
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank()
-    return None
-
-
 _STACKS = StackCapture((_OWN_DIR,), ("torch/nn/modules/module.py", "torch/utils/hooks.py"))
 capture_stack = _STACKS.capture
 
@@ -109,12 +102,14 @@ _SAME_VALUES = frozenset({"view", "view_as", "reshape", "reshape_as", "transpose
                           "unflatten", "adjoint"})
 
 _SKIPPED = object()  # a module call the tool did not look at (not recording, or nested in a recorded API)
+_RAW_INPUTS = "#inputs"   # overflow_check: a call's inputs, summarized once the call is known to overflow
+_INPUT_FLAGS = "#flags"   # overflow_check: whether each input held Inf/NaN when the call started
 
 
 class _Call:
     """A recorded forward call between its start and its end."""
 
-    __slots__ = ("name", "backward", "seq", "record", "save", "parent")
+    __slots__ = ("name", "backward", "seq", "record", "save", "parent", "edges")
 
     def __init__(self, name, backward, seq, record, save, parent):
         self.name = name
@@ -123,6 +118,11 @@ class _Call:
         self.record = record
         self.save = save
         self.parent = parent
+        self.edges: Optional[InputEdges] = None  # its inputs' gradient edges, until its end hooks its own nodes
+
+    def backward_parent(self) -> Optional[str]:
+        """The parent of its backward record in construct.json."""
+        return self.parent.replace(".forward", ".backward") if self.parent else None
 
 
 class DumpService:
@@ -142,6 +142,7 @@ class DumpService:
         self._rank_dir_name: Optional[str] = None
         self._checked_dirs: set[str] = set()
         self.recorder: Optional[StepRecorder] = None
+        self.last_rank_dir: Optional[Path] = None  # the rank folder whose dump.json the last finished step wrote
         self.debug_recorder: Optional[StepRecorder] = None
         self._uses_l1 = cfg.level in ("L1", "mix")
         self._uses_l0 = cfg.level in ("L0", "mix")
@@ -150,7 +151,7 @@ class DumpService:
                                    silence=self._silenced) if self._uses_l1 else None
         if self.patcher is not None:
             self.patcher.prepare()  # a bad wrap list fails here, not mid-training
-        saves = cfg.task == "tensor" or bool(cfg.tensor_list)
+        saves = cfg.task in ("tensor", "overflow_check") or bool(cfg.tensor_list)  # overflow: the call's tensors
         self.files = TensorFiles() if saves else None
         self.summarizer = Summarizer(statistics=cfg.task != "structure", md5=cfg.summary_mode == "md5", files=self.files)
         self._saves = cfg.task == "tensor"
@@ -159,22 +160,44 @@ class DumpService:
         self._module_calls: dict[int, list[Optional[_Call]]] = {}
         self._bwd_sizes: dict[str, list[int]] = {}
         self._forward_handles: list[Any] = []   # removed at stop()
-        self._step_handles: list[Any] = []      # grad hooks on leaves: removed at step()
+        self._step_handles: list[Any] = []      # gradient hooks (tensors', graph nodes'): removed at step()
         self._hooked_models: list[torch.nn.Module] = []
         self._recorded_modules: set[str] = set()
         self._overflows = 0
         self._deferred = 0
-        self._custom: dict[tuple[int, str], tuple[Any, Any, bool]] = {}
+        self._custom: dict[tuple[int, str], PatchHandle] = {}
         self._module_dump_handles: list[Any] = []
-        atexit.register(self.close)
+        self._thread = _thread_id()  # the dumping thread: the one that called start() (see _other_thread)
+        self._other_threads: set[int] = set()
+        atexit.register(self._close_at_exit)
 
     # ================================================================== life cycle
     def _update_recording(self) -> None:
         self._recording = self._collecting and self._token_ok and self._exclusive is None
 
     def should_record(self) -> bool:
-        """Hot path of every wrapped API: record this call?"""
-        return self._recording and self._tls.depth == 0 and _graph_task_id() == -1
+        """Hot path of every wrapped API: record this call? Only the dumping thread's calls are recorded
+        (``_other_thread``)."""
+        if not (self._recording and self._tls.depth == 0 and _graph_task_id() == -1):
+            return False
+        return _thread_id() == self._thread or self._other_thread()
+
+    def _other_thread(self) -> bool:
+        """A call from a thread other than the one that called start() (a pin-memory thread, an asynchronous
+        checkpoint, a user's thread): not recorded, by design. Records are named by call counts in execution
+        order, which threads would make depend on scheduling (and two runs would no longer compare); the
+        dumping thread's records stay complete and in order. Said once per thread. Returns False."""
+        ident = _thread_id()
+        if ident not in self._other_threads:
+            self._other_threads.add(ident)
+            logger.info("calls from thread '%s' are not dumped: the dump records the thread that called start()",
+                        threading.current_thread().name)
+        return False
+
+    @property
+    def idle(self) -> bool:
+        """No step is open: not collecting, and nothing recorded since the last ``step()``."""
+        return not self._collecting and self.recorder is None and self.debug_recorder is None
 
     def start(self, model=None, token_range=None, rank_id: Optional[int] = None) -> None:
         window = validate_token_range(token_range)
@@ -199,6 +222,7 @@ class DumpService:
         if self.current_step not in self.cfg.step:
             return
         self._open_step()
+        self._thread = _thread_id()
         if model is not None and (self._uses_l0 or window is not None):
             self._install_model_hooks(model, window)
         if self.patcher is not None:
@@ -219,6 +243,48 @@ class DumpService:
         self._hooked_models.clear()
         self._token_ok = True  # the token window (if any) ends with its hooks
         self._sync(force=True)
+        if self._backward_ran():
+            try:
+                self._write_json()
+            except OSError as e:  # the files are written again at step(); training goes on
+                self._error("writing the step's JSON files at stop()", e)
+
+    def _backward_ran(self) -> bool:
+        """Has the step's backward run, i.e. is its latest record a backward one (or a parameter gradient)?
+        Then stop() writes the JSON files. Otherwise the backward may still record, or the step is
+        forward-only (an inference loop may stop() many times a step): step() writes them."""
+        rec = self.recorder
+        last = next(reversed(rec.data), "") if rec is not None else ""
+        return ".backward" in last or ".parameters_grad." in last
+
+    def _write_json(self, finish: bool = False) -> list[StepRecorder]:
+        """Write dump.json, stack.json, construct.json (and debug.json) of the open step as it stands:
+        at stop() once the step's backward has run (step() rewrites them only if records came after), and
+        with ``finish`` at step(), which also drops the journal. Returns the recorders written."""
+        # every tensor file is on disk; with async_dump the writer finishes them while training goes on
+        # (close(), also at exit, waits), and a file that fails is logged beside it by the writer
+        failed = self.files.flush() if self.files is not None and not self.cfg.async_dump else 0
+        self._sync(force=True)  # every statistic on the host, for both recorders at once
+        written = []
+        for rec in (self.recorder, self.debug_recorder):
+            if rec is not None and rec.has_content:
+                if failed:
+                    rec.log_error(f"{failed} tensor files could not be written (see the writer's messages)")
+                    rec.drop_missing_files()  # no record names a file that is not there
+                try:
+                    if finish:
+                        rec.finish()
+                    else:
+                        rec.write_files()
+                except Exception as e:  # a full disk: training goes on; the journal stays for `recover`
+                    rec.log_error(f"writing {rec.json_name}: {e!r}")
+                    if finish:  # (at stop() they are written again at step())
+                        logger.error("%s of %s could not be written (%s); what the journal holds can be rebuilt"
+                                     " with `python -m msprobe_core recover %s`", rec.json_name, rec.rank_dir,
+                                     getattr(e, "strerror", None) or e, self.cfg.dump_path)
+                    continue
+                written.append(rec)
+        return written
 
     def step(self) -> None:
         self.stop()
@@ -234,6 +300,16 @@ class DumpService:
             raise ConfigError("step", step, "an int >= 0")
         self.current_step = step
 
+    def _close_at_exit(self) -> None:
+        """``close()`` at interpreter exit. When the program ends on an uncaught exception (Ctrl-C's
+        KeyboardInterrupt included) the open step was cut short: its files say so (``"interrupted": true``)
+        instead of looking like a finished step."""
+        if getattr(sys, "last_value", None) is not None:
+            for rec in (self.recorder, self.debug_recorder):
+                if rec is not None:
+                    rec.set_header("interrupted", True)
+        self.close()
+
     def close(self) -> None:
         """Finish the open step (also at interpreter exit) and restore everything."""
         try:
@@ -247,16 +323,11 @@ class DumpService:
         for h in self._step_handles:
             h.remove()
         self._step_handles.clear()
-        # every tensor file is on disk; with async_dump the writer finishes them while training goes on
-        # (close(), also at exit, waits), and a file that fails is logged beside it by the writer
-        failed = self.files.flush() if self.files is not None and not self.cfg.async_dump else 0
-        self._sync(force=True)  # every statistic on the host, for both recorders at once
-        for rec in (self.recorder, self.debug_recorder):
-            if rec is not None and rec.has_content:
-                if failed:
-                    rec.log_error(f"{failed} tensor files could not be written (see the writer's messages)")
-                rec.finish()
-                logger.info("%s is at %s", rec.json_name, rec.rank_dir)
+        self.last_rank_dir = None
+        for rec in self._write_json(finish=True):
+            logger.info("%s is at %s", rec.json_name, rec.rank_dir)
+            if rec is self.recorder:
+                self.last_rank_dir = rec.rank_dir
         self.recorder = None
         self.debug_recorder = None
         self._counters.clear()
@@ -272,24 +343,14 @@ class DumpService:
         return self._rank_id if self._rank_id is not None else current_rank()
 
     def _rank_dir(self) -> Path:
-        rank = self._rank()
-        name = f"rank{rank}" if rank is not None else f"proc{os.getpid()}"
+        name = rank_folder_name(self._rank())
         if name not in self._checked_dirs:
             self._check_not_taken(name)
             self._checked_dirs.add(name)
         return Path(self.cfg.dump_path) / f"step{self.current_step}" / name
 
     def _check_not_taken(self, rank_dir_name: str) -> None:
-        root = Path(self.cfg.dump_path)
-        if root.exists() and not root.is_dir():
-            raise DumpPathError(f"dump_path '{root}' is a file; allowed: a directory or a path that does not exist yet")
-        if not root.is_dir():
-            return
-        taken = sorted(p for p in root.glob(f"step*/{rank_dir_name}") if p.is_dir() and any(p.iterdir()))
-        if taken:
-            raise DumpPathError(
-                f"dump_path '{root}' already holds a dump for {rank_dir_name} ({taken[0]}); a dump never "
-                "overwrites another run's files: choose a new dump_path or remove the old dump")
+        check_not_taken(self.cfg.dump_path, rank_dir_name)
 
     def _header(self, level: str) -> dict[str, Any]:
         return {"task": self.cfg.task, "level": level, "framework": "pytorch", "dump_data_dir": None}
@@ -333,10 +394,13 @@ class DumpService:
                     self.summarizer.resolve()
             finally:
                 self._tls.depth -= 1
-        if self.recorder is not None:
-            self.recorder.sync_journal()
-        if self.debug_recorder is not None:
-            self.debug_recorder.sync_journal()
+        try:
+            if self.recorder is not None:
+                self.recorder.sync_journal()
+            if self.debug_recorder is not None:
+                self.debug_recorder.sync_journal()
+        except OSError as e:  # a full disk: the records stay in memory for dump.json; training goes on
+            self._error("journal", e)
 
     def _own(self, where: str) -> _OwnWork:
         return _OwnWork(self, where)
@@ -344,7 +408,10 @@ class DumpService:
     def _error(self, where: str, exc: BaseException) -> None:
         rec = self.recorder or self._open_step()
         rec.log_error(f"{where}: {exc!r}")
-        logger.warning("error while dumping %s: %r (see dump_error_info.log)", where, exc)
+        if rec.errors <= _WARNED_ERRORS:
+            logger.warning("error while dumping %s: %r (see dump_error_info.log)", where, exc)
+            if rec.errors == _WARNED_ERRORS:
+                logger.warning("further errors of this step go only to dump_error_info.log")
 
     # ================================================================== L1 APIs
     def _silenced(self, original: Callable) -> Callable:
@@ -376,15 +443,31 @@ class DumpService:
                 except Exception as e:  # the tool must never break the user's call
                     self._error(name, e)
             out = self.patcher.call(original, args, kwargs) if self.patcher is not None else original(*args, **kwargs)
+            shown = self._collective_result(name, api, original, args, kwargs, out) if prefix == "Distributed" else out
             if call is not None:
                 try:
-                    self._end(call, out, args[0] if api in _SAME_VALUES and args else None)
+                    self._end(call, shown, args[0] if api in _SAME_VALUES and args else None)
                 except Exception as e:
                     self._error(name, e)
             self.selection.call_finished(name)
             return out
         finally:
             tls.depth -= 1
+
+    def _collective_result(self, name: str, api: str, original: Callable, args: tuple, kwargs: dict, out: Any) -> Any:
+        """What a ``Distributed`` call's record shows as output: the tensors an in-place collective wrote,
+        as they are after the call (see ``inplace_comm``), whose cached statistics are dropped; else ``out``."""
+        try:
+            target, is_async = written_tensors(api, original, args, kwargs)
+            if target is None:
+                return out
+            with _no_torch_function():
+                for t in tensors_in(target):
+                    self.summarizer.forget(t)
+        except Exception as e:  # the tool must never break the user's call
+            self._error(name, e)
+            return out
+        return out if is_async else target
 
     # ================================================================== shared record logic
     def _begin(self, name: str, backward: str, args: tuple, kwargs: dict, parent: Optional[str],
@@ -396,7 +479,24 @@ class DumpService:
         rec = self.recorder or self._open_step()
         overflow = self.cfg.task == "overflow_check"
         seq = -1 if overflow else rec.reserve(name)
-        save = self._saves or self.selection.saves_tensor(name)
+        save = overflow or self._saves or self.selection.saves_tensor(name)
+        if overflow:  # the inputs are checked now, summarized (and saved) at the end only if the call overflows
+            record = {_RAW_INPUTS: (args, kwargs, parameters),
+                      _INPUT_FLAGS: [has_inf_or_nan(t) for t in tensors_in((args, kwargs, parameters))]}
+        else:
+            record = self._input_record(name, args, kwargs, parameters, save)
+        call = _Call(name, backward, seq, record, save, parent)
+        if self.selection.backward and grad_enabled:
+            tensors = tensors_in((args, kwargs))
+            self._bwd_sizes.setdefault(backward, [0, 0])[1] = len(tensors)
+            if self.selection.keeps("backward", "output"):
+                call.edges = InputEdges.of(tensors)
+        if not overflow and self.cfg.extra_info:
+            rec.put_stack(name, capture_stack(3))
+        return call
+
+    def _input_record(self, name: str, args: tuple, kwargs: dict, parameters: Any, save: bool) -> dict[str, Any]:
+        """The forward record's ``input_args``, ``input_kwargs`` (and a module's ``parameters``)."""
         keep_in = self.selection.forward and self.selection.keeps("forward", "input")
         summarize = self.summarizer.summarize
         record: dict[str, Any] = {
@@ -405,15 +505,7 @@ class DumpService:
         }
         if parameters is not None:
             record["parameters"] = {p: summarize(t, f"{name}.parameters.{p}", save) for p, t in parameters} if keep_in else {}
-        call = _Call(name, backward, seq, record, save, parent)
-        if self.selection.backward and grad_enabled:
-            tensors = tensors_in((args, kwargs))
-            self._bwd_sizes.setdefault(backward, [0, 0])[1] = len(tensors)
-            if self.selection.keeps("backward", "output"):
-                self._hook_grads(tensors, call, "output")
-        if not overflow and self.cfg.extra_info:
-            rec.put_stack(name, capture_stack(3))
-        return call
+        return record
 
     def _end(self, call: _Call, out: Any, same_values_as: Any = None) -> None:
         """Finish ``call`` with its output; ``same_values_as`` is an input the output only rearranges (a view,
@@ -423,15 +515,18 @@ class DumpService:
                     and out.dtype == same_values_as.dtype and out.numel() == same_values_as.numel():
                 self.summarizer.share(same_values_as, out)
             self._end_inner(call, out, grad_enabled)
+            if call.edges is not None:
+                self._hook_own_grads(call, out)
 
     def _end_inner(self, call: _Call, out: Any, grad_enabled: bool) -> None:
         rec = self.recorder or self._open_step()
         outputs = list(out) if isinstance(out, (list, tuple)) else [out]
         keep_out = self.selection.forward and self.selection.keeps("forward", "output")
         if self.cfg.task == "overflow_check":
-            if not self._overflowed(outputs):
+            if not self._overflowed(call.record[_INPUT_FLAGS], outputs):
                 return
             call.seq = rec.reserve(call.name)
+            call.record = self._input_record(call.name, *call.record[_RAW_INPUTS], call.save)
             if self.cfg.extra_info:
                 rec.put_stack(call.name, capture_stack(3))
         call.record["output"] = self.summarizer.summarize(outputs, f"{call.name}.output", call.save) if keep_out else []
@@ -446,10 +541,11 @@ class DumpService:
                 self._hook_grads(tensors, call, "input")
         self._sync(record_on_device=bool(tensors) and not tensors[0].is_cpu)
 
-    def _overflowed(self, outputs: list) -> bool:
+    def _overflowed(self, input_flags: list, outputs: list) -> bool:
+        """Does the call hold Inf/NaN in an input (``input_flags``, taken when it started) or an output?"""
         if self.cfg.overflow_nums != -1 and self._overflows >= self.cfg.overflow_nums:
             return False
-        flags = [has_inf_or_nan(t) for t in tensors_in(outputs)]
+        flags = input_flags + [has_inf_or_nan(t) for t in tensors_in(outputs)]
         if not flags or not bool(torch.stack([f.to("cpu") for f in flags]).any()):
             return False
         self._overflows += 1
@@ -458,13 +554,20 @@ class DumpService:
         return True
 
     def _hook_grads(self, tensors: list, call: _Call, field: str) -> None:
+        parent = call.backward_parent()
         for i, t in enumerate(tensors):
-            if not t.requires_grad:
-                continue
-            handle = t.register_hook(partial(self._on_grad, call.backward, field, i, call.save,
-                                             call.parent.replace(".forward", ".backward") if call.parent else None))
-            if t.is_leaf:  # hooks on leaves outlive the graph: remove them when the step ends
-                self._step_handles.append(handle)
+            if t.requires_grad:  # removed when the step ends (a leaf's hook outlives the graph; a backward
+                # run after step() belongs to no recorded step)
+                self._step_handles.append(t.register_hook(partial(self._on_grad, call.backward, field, i, call.save, parent)))
+
+    def _hook_own_grads(self, call: _Call, out: Any) -> None:
+        """The backward record's ``output``: each input's gradient from this call only (backward_capture)."""
+        edges, call.edges = call.edges, None
+        capture(edges, tensors_in(out), partial(self._on_own_grad, call.backward, call.save, call.backward_parent()),
+                partial(self._error, call.backward), self._step_handles)
+
+    def _on_own_grad(self, backward: str, save: bool, parent: Optional[str], index: int, grad) -> None:
+        self._on_grad(backward, "output", index, save, parent, grad)
 
     def _skips_grad(self, grad) -> bool:
         """overflow_check keeps only gradients holding Inf/NaN."""
@@ -516,11 +619,15 @@ class DumpService:
         self._forward_handles.extend(handles)
         if self.selection.backward:
             for pname, p in module._parameters.items():  # named_parameters(recurse=False), without its generator
-                if p is not None and p.requires_grad:
+                # a lazy module's parameter is not a tensor yet (hooked from the next start() on)
+                if p is not None and p.requires_grad and not isinstance(p, _Uninitialized):
                     self._step_handles.append(p.register_hook(partial(self._on_param_grad, base, pname)))
         return handles
 
     def _module_pre(self, base: str, exclusive: bool, module, args, kwargs):
+        if _thread_id() != self._thread:  # another thread's call: neither recorded nor in the call stacks
+            self._other_thread()
+            return None
         allowed = (self._collecting and self._tls.depth == 0 and _graph_task_id() == -1) if exclusive \
             else self.should_record()
         calls = self._module_calls.setdefault(id(module), [])
@@ -543,6 +650,8 @@ class DumpService:
         return None
 
     def _module_post(self, base: str, module, args, kwargs, output):
+        if _thread_id() != self._thread:
+            return None
         calls = self._module_calls.get(id(module))
         if not calls:
             return None
@@ -618,6 +727,9 @@ class DumpService:
             raise ConfigError("name", name, "a non-empty string")
         if self.finished:
             return
+        if _thread_id() != self._thread:
+            self._other_thread()
+            return
         rank = self._rank()
         if (rank is not None and rank not in self.cfg.rank) or self.current_step not in self.cfg.step:
             return
@@ -634,12 +746,14 @@ class DumpService:
             if save_backward and torch.is_grad_enabled():
                 self._hook_saved_grads(variable, f"{name}_grad.{n}.debug", [])
             self._sync()
+        except Exception as e:  # like every recorded call: the tool never breaks the user's program
+            self._error(f"save({name!r})", e)
         finally:
             tls.depth -= 1
 
     def _hook_saved_grads(self, obj: Any, key: str, path: list) -> None:
         if isinstance(obj, torch.Tensor):
-            if obj.requires_grad:
+            if obj.requires_grad and not isinstance(obj, _Uninitialized):
                 handle = obj.register_hook(partial(self._on_saved_grad, key, list(path)))
                 if obj.is_leaf:
                     self._step_handles.append(handle)
@@ -673,19 +787,13 @@ class DumpService:
         if (id(module), api) in self._custom:
             return
         prefix = api_prefix if api_prefix is not None else str(getattr(module, "__name__", type(module).__name__))
-        owned = api in getattr(module, "__dict__", {})
-        self._custom[(id(module), api)] = (module, module.__dict__.get(api, original) if owned else original, owned)
-        setattr(module, api, make_wrapper(original, prefix, api, self._on_api_call, self.should_record))
+        self._custom[(id(module), api)] = patch(
+            module, api, lambda _: make_wrapper(original, prefix, api, self._on_api_call, self.should_record))
 
     def restore_custom_api(self, module: Any, api: str) -> None:
-        entry = self._custom.pop((id(module), api), None)
-        if entry is None:
-            return
-        owner, original, owned = entry
-        if owned:
-            setattr(owner, api, original)
-        else:
-            delattr(owner, api)
+        handle = self._custom.pop((id(module), api), None)
+        if handle is not None:
+            handle.remove()
 
 
 def _check_model(model: Any) -> None:

@@ -1,7 +1,7 @@
 """Dumped tensors to ``.pt`` files (``torch.save``'s format) without slowing the training thread.
 
 ``TensorFiles`` copies each tensor once into a shared-memory arena and hands the job to a writer process
-(``msprobe_core.dump.file_writer``) that never touches the trainer's GIL: writer *threads* running
+(``msprobe_core.files.writer_process``) that never touches the trainer's GIL: writer *threads* running
 ``torch.save`` hold the GIL while they copy and checksum, and every small torch op of the training
 thread then waits for it. Where no arena can be made (no /dev/shm or temp space, no subprocess), a
 thread pool does the same job with the GIL-friendly ``pt_archive`` writer. Files load with
@@ -28,11 +28,11 @@ from typing import Optional, Union
 
 import torch
 
-from msprobe_core.dump.file_writer import HEADER_BYTES, IDLE, WPOS, U64, job_frame, ring_write, run_job
-from msprobe_core.dump.pt_archive import (ALIGN, DIRECT_BLOCK, direct_io_helps, header_bytes_needed, link_or_copy, trailer_bytes_needed,
-                                          write_pt_atomic)
+from msprobe_core.files.writer_process import HEADER_BYTES, IDLE, WPOS, U64, job_frame, ring_write, run_job
+from msprobe_core.files.pt_archive import (ALIGN, DIRECT_BLOCK, direct_io_helps, header_bytes_needed, link_or_copy,
+                                          removed_on_failure, trailer_bytes_needed, write_pt_atomic)
 from msprobe_core.pytorch.tensor_stats import copy_host_stats, host_stats, raw_values
-from msprobe_core.pytorch.tool_guard import mark_tool_thread
+from msprobe_core.common.tool_guard import mark_tool_thread
 
 logger = logging.getLogger("msprobe_core")
 
@@ -116,8 +116,9 @@ def write_file(t: torch.Tensor, path: PathLike) -> None:
     x = t.detach()
     if not supported(x):
         tmp = f"{path}.tmp"
-        torch.save(x.cpu().clone(), tmp)
-        os.replace(tmp, path)
+        with removed_on_failure(tmp):
+            torch.save(x.cpu().clone(), tmp)
+            os.replace(tmp, path)
         return
     x = x.cpu().contiguous()
     payload = memoryview(x.reshape(-1).view(torch.uint8).numpy()) if x.numel() else memoryview(b"")
@@ -179,7 +180,7 @@ class _ProcessFiles:
             os.close(fd)
         try:
             env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [_PACKAGE_ROOT, os.environ.get("PYTHONPATH")])))
-            self.proc = subprocess.Popen([sys.executable, "-m", "msprobe_core.dump.file_writer", path, str(arena_bytes),
+            self.proc = subprocess.Popen([sys.executable, "-m", "msprobe_core.files.writer_process", path, str(arena_bytes),
                                           str(ring_bytes)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
             ready = os.read(self.proc.stdout.fileno(), 1)
         finally:
@@ -389,6 +390,12 @@ class TensorFiles:
                 logger.warning("tensor files: no writer process (%s); writing from threads", e)
                 self._backend = _ThreadFiles()
         return self._backend
+
+    @property
+    def writer(self) -> Optional[subprocess.Popen]:
+        """The writer process while files go through one; None while they are written from threads (or
+        before the first file)."""
+        return self._backend.proc if isinstance(self._backend, _ProcessFiles) else None
 
     def save(self, t: torch.Tensor, path: PathLike, want_stats: bool = False) -> Optional[tuple[float, ...]]:
         """Write ``t`` to ``path`` (in the background). With ``want_stats``, may also return its

@@ -7,16 +7,22 @@ import random
 
 import torch
 
+from msprobe_core.common.patch import PatchHandle, patch
 from msprobe_core.errors import ConfigError
 
 _DROPOUT_FUNCS = ("dropout", "dropout2d", "dropout3d")
 _DROPOUT_MODULES = ("Dropout", "Dropout2d", "Dropout3d")
 
+PATCHES: list[PatchHandle] = []
+"""What ``rm_dropout`` / ``is_enhanced`` patched (they last for the process, as in msprobe)."""
+
 
 def seed_all(seed: int = 1234, mode: bool = False, rm_dropout: bool = False, is_enhanced: bool = False) -> None:
     """Fix random seeds (Python, NumPy, torch CPU and CUDA), optionally deterministic algorithms (``mode``),
     dropout with p=0 (``rm_dropout``, for dropout modules created afterwards and every functional call),
-    and with ``is_enhanced`` the same random values for every repeated call of a random API.
+    and with ``is_enhanced`` the same random values for every repeated call of a random API (torch's random
+    functions, Tensor methods such as ``normal_`` / ``uniform_`` and so every ``nn.init``, ``numpy.random.*``,
+    Python's ``random.*``).
 
     ``HCCL_DETERMINISTIC`` is set as msprobe does (it only matters on Ascend); torch_npu is seeded when
     importable.
@@ -59,42 +65,62 @@ def seed_all(seed: int = 1234, mode: bool = False, rm_dropout: bool = False, is_
 def _remove_dropout() -> None:
     import torch.nn.functional as F
 
-    for name in _DROPOUT_FUNCS:
-        original = getattr(F, name)
-        if getattr(original, "__msprobe_no_dropout__", False):
-            continue
+    def no_dropout(original):
+        def dropout(input, p=0.5, training=True, inplace=False):
+            return original(input, 0.0, training, inplace)
 
-        def no_dropout(input, p=0.5, training=True, inplace=False, _orig=original):
-            return _orig(input, 0.0, training, inplace)
+        dropout.__msprobe_no_dropout__ = True  # type: ignore[attr-defined]
+        return dropout
 
-        no_dropout.__msprobe_no_dropout__ = True  # type: ignore[attr-defined]
-        setattr(F, name, no_dropout)
-    for name in _DROPOUT_MODULES:
-        cls = getattr(torch.nn, name)
-        if getattr(cls.__init__, "__msprobe_no_dropout__", False):
-            continue
-        original_init = cls.__init__
-
-        def init(self, p=0.5, inplace=False, _orig=original_init):
-            _orig(self, 0.0, inplace)
+    def no_dropout_init(original):
+        def init(self, p=0.5, inplace=False):
+            original(self, 0.0, inplace)
 
         init.__msprobe_no_dropout__ = True  # type: ignore[attr-defined]
-        cls.__init__ = init
+        return init
+
+    for name in _DROPOUT_FUNCS:
+        if not getattr(getattr(F, name), "__msprobe_no_dropout__", False):
+            PATCHES.append(patch(F, name, no_dropout))
+    for name in _DROPOUT_MODULES:
+        cls = getattr(torch.nn, name)
+        if not getattr(cls.__init__, "__msprobe_no_dropout__", False):
+            PATCHES.append(patch(cls, "__init__", no_dropout_init))
 
 
-_ENHANCED_APIS = ("rand", "randn", "randint", "randperm", "rand_like", "randn_like", "randint_like",
-                  "normal", "bernoulli", "multinomial")
+_ENHANCED_APIS: dict[str, tuple[str, ...]] = {
+    "torch": ("rand", "randn", "randint", "randperm", "rand_like", "randn_like", "randint_like", "normal",
+              "bernoulli", "multinomial", "poisson"),
+    # in-place Tensor methods: nn.init (uniform_, normal_, kaiming_*, xavier_*, trunc_normal_...) draws with these
+    "torch.Tensor": ("random_", "uniform_", "normal_", "bernoulli_", "exponential_", "geometric_", "log_normal_",
+                     "cauchy_"),
+    "numpy.random": ("rand", "randn", "randint", "random", "random_sample", "ranf", "sample", "choice", "shuffle",
+                     "permutation", "normal", "uniform", "standard_normal", "binomial", "poisson", "exponential",
+                     "beta", "gamma", "bytes"),
+    "random": ("random", "randint", "randrange", "randbytes", "getrandbits", "uniform", "triangular", "gauss",
+               "normalvariate", "lognormvariate", "expovariate", "betavariate", "gammavariate", "choice", "choices",
+               "shuffle", "sample"),
+}
+
+
+def _enhanced_owners() -> list[tuple[object, tuple[str, ...]]]:
+    owners: list[tuple[object, tuple[str, ...]]] = [(torch, _ENHANCED_APIS["torch"]),
+                                                     (torch.Tensor, _ENHANCED_APIS["torch.Tensor"]),
+                                                     (random, _ENHANCED_APIS["random"])]
+    try:
+        import numpy as np
+        owners.append((np.random, _ENHANCED_APIS["numpy.random"]))
+    except ImportError:  # pragma: no cover
+        pass
+    return owners
 
 
 def _enhance(seed: int) -> None:
-    """Re-seed torch, NumPy and Python before every call of a random torch API, so repeated calls (in one
-    process or several) give the same values."""
-    for name in _ENHANCED_APIS:
-        original = getattr(torch, name)
-        if getattr(original, "__msprobe_enhanced__", False):
-            continue
-
-        def reseeded(*args, _orig=original, **kwargs):
+    """Re-seed torch, NumPy and Python before every call of a random API of any of them (torch functions,
+    Tensor methods such as ``normal_`` / ``uniform_`` and thus ``nn.init``, ``numpy.random.*``, ``random.*``),
+    so repeated calls (in one process or several) give the same values."""
+    def reseeding(original):
+        def reseeded(*args, **kwargs):
             torch.manual_seed(seed)
             random.seed(seed)
             try:
@@ -102,8 +128,14 @@ def _enhance(seed: int) -> None:
                 np.random.seed(seed)
             except ImportError:  # pragma: no cover
                 pass
-            return _orig(*args, **kwargs)
+            return original(*args, **kwargs)
 
         reseeded.__msprobe_enhanced__ = True  # type: ignore[attr-defined]
         reseeded.__wrapped__ = original  # type: ignore[attr-defined]
-        setattr(torch, name, reseeded)
+        return reseeded
+
+    for owner, names in _enhanced_owners():
+        for name in names:
+            current = getattr(owner, name, None)
+            if current is not None and not getattr(current, "__msprobe_enhanced__", False):
+                PATCHES.append(patch(owner, name, reseeding))

@@ -12,38 +12,21 @@ from __future__ import annotations
 import math
 import os
 import weakref
-import zlib
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
 
+from msprobe_core.files.safe_names import NAME_MAX, name_max, safe_file_name
 from msprobe_core.pytorch import tensor_stats
+from msprobe_core.pytorch.odd_tensors import PLAIN_TYPES, QUANTIZED_DTYPES, known_shape, unsupported_reason
 from msprobe_core.pytorch.pt_writer import TensorFiles
-from msprobe_core.pytorch.tensor_stats import host_bytes, host_stats, summary_kind, summary_stats
+from msprobe_core.pytorch.tensor_crc import tensor_crc32
+from msprobe_core.pytorch.tensor_stats import host_stats, summary_kind, summary_stats
 
 _contiguous = torch.Tensor.contiguous
-_view = torch.Tensor.view
+_strided = torch.strided
 _to = torch.Tensor.to
-
-try:  # ISA-L's CRC-32 is ~6x faster than zlib's; same polynomial, same values.
-    from isal.isal_zlib import crc32 as _crc32
-except ImportError:  # pragma: no cover - optional dependency
-    _crc32 = zlib.crc32
-
-
-def tensor_crc32(t: torch.Tensor) -> str:
-    """CRC-32 of a CPU tensor's bytes (row-major contiguous), as 8 hex digits (msprobe's "md5" field)."""
-    if t.numel() == 0:
-        return "00000000"
-    raw = host_bytes(t)
-    if raw is None:
-        x = _contiguous(t.detach())
-        if x.is_neg() or x.is_conj():
-            x = x.resolve_neg().resolve_conj()
-        raw = _view(x.reshape(-1), torch.uint8).numpy()
-    return "%08x" % (_crc32(raw) & 0xFFFFFFFF)
-
 
 _DTYPE_NAMES: dict[torch.dtype, str] = {}
 
@@ -75,9 +58,24 @@ class Summarizer:
         self.tensor_dir: Optional[Path] = None
         self._made_dir: Optional[Path] = None
         self._dir_prefix = ""
+        self._name_limit = NAME_MAX
 
     def reset(self) -> None:
         self._cache.clear()
+
+    def forget(self, t: torch.Tensor) -> None:
+        """``t``'s memory was written without a version bump (c10d's in-place collectives): drop what is
+        cached for every tensor in the same storage (views included), so later summaries read the new values."""
+        self._cache.pop(id(t), None)
+        try:
+            storage = t.untyped_storage()
+            lo = storage.data_ptr()
+            hi = lo + storage.nbytes()
+        except (RuntimeError, NotImplementedError, TypeError):  # no plain storage: only ``t`` itself is known
+            return
+        if hi > lo:
+            for key in [k for k, e in self._cache.items() if lo <= e.ptr < hi]:
+                del self._cache[key]
 
     # ------------------------------------------------------------------ structures
     def summarize(self, obj: Any, file_base: Optional[str], save: bool) -> Any:
@@ -100,7 +98,18 @@ class Summarizer:
         name = _DTYPE_NAMES.get(dtype)
         if name is None:
             name = _DTYPE_NAMES[dtype] = str(dtype)
-        summary: dict[str, Any] = {"type": "torch.Tensor", "dtype": name, "shape": list(t.shape)}
+        # a tensor the dump cannot read (odd_tensors): nothing reads its memory, the record says why
+        if type(t) in PLAIN_TYPES and t.layout is _strided and dtype not in QUANTIZED_DTYPES and (t.is_cpu or t.is_cuda):
+            try:
+                shape = list(t.shape)
+            except RuntimeError:  # a nested tensor has no shape
+                return self._unsupported(t, name, unsupported_reason(t) or "tensor without a shape")
+        else:
+            reason = unsupported_reason(t)
+            if reason is not None:
+                return self._unsupported(t, name, reason)
+            shape = list(t.shape)
+        summary: dict[str, Any] = {"type": "torch.Tensor", "dtype": name, "shape": shape}
         entry = self._entry(t)
         kind = summary_kind(t)
         data = t  # what the statistics and the checksum read: one contiguous copy serves both
@@ -111,19 +120,19 @@ class Summarizer:
         data_name = None
         if save and file_base and self.tensor_dir is not None and self.files is not None:
             # a tensor copied for its file gets its statistics from that copy (one read of its memory)
-            data_name, stats_of_copy = self._save(t, entry, file_base + ".pt", wants_stats and stats is None and kind != "complex")
+            data_name, stats_of_copy = self._save(t, entry, file_base, wants_stats and stats is None and kind != "complex")
             if stats_of_copy is not None:
                 stats = stats_of_copy
                 if entry is not None:
                     entry.stats = stats
         if wants_stats:
             if stats is None:
-                stats = host_stats(data) if kind != "complex" else None
-                if stats is None:
-                    stats = summary_stats(t, kind)
+                stats = _stats_of(t, data, kind, summary)
                 if entry is not None:
                     entry.stats = stats
-            if type(stats[0]) is float:  # host floats from the one-pass kernel: fill the summary now
+            if stats is None:
+                summary.update(Max=None, Min=None, Mean=None, Norm=None)
+            elif type(stats[0]) is float:  # host floats from the one-pass kernel: fill the summary now
                 _fill(summary, stats, kind, t.numel())
             else:
                 summary.update(Max=None, Min=None, Mean=None, Norm=None)
@@ -144,6 +153,15 @@ class Summarizer:
                 self._pending_crc.append((summary, _to(_contiguous(t.detach()), "cpu", non_blocking=True)))
         if data_name is not None:
             summary["data_name"] = data_name
+        return summary
+
+    def _unsupported(self, t: torch.Tensor, dtype_name: str, reason: str) -> dict:
+        """The record of a tensor the dump does not read (``odd_tensors``): what is known without reading it."""
+        summary: dict[str, Any] = {"type": "torch.Tensor", "dtype": dtype_name, "shape": known_shape(t),
+                                   "Max": None, "Min": None, "Mean": None, "Norm": None,
+                                   "requires_grad": bool(t.requires_grad), "summary": f"unsupported: {reason}"}
+        if self.md5:
+            summary["md5"] = None
         return summary
 
     def share(self, source: torch.Tensor, target: torch.Tensor) -> None:
@@ -170,14 +188,17 @@ class Summarizer:
         self._cache[key] = entry
         return entry
 
-    def _save(self, t: torch.Tensor, entry: Optional[_Entry], name: str, want_stats: bool) -> tuple[str, Optional[tuple]]:
+    def _save(self, t: torch.Tensor, entry: Optional[_Entry], file_base: str, want_stats: bool) -> tuple[str, Optional[tuple]]:
         """Hand the tensor to the file writer (a version already saved gets a hard link instead): its file
-        name, and its host statistics when ``want_stats`` and the writer computed them while copying."""
+        name (``file_base.pt``, made safe: it never leaves the tensor folder), and its host statistics when
+        ``want_stats`` and the writer computed them while copying."""
         assert self.tensor_dir is not None and self.files is not None
         if self._made_dir != self.tensor_dir:
             self.tensor_dir.mkdir(parents=True, exist_ok=True)
             self._made_dir = self.tensor_dir
             self._dir_prefix = f"{self.tensor_dir}{os.sep}"
+            self._name_limit = name_max(self.tensor_dir)
+        name = safe_file_name(file_base, ".pt", self._name_limit)
         path = self._dir_prefix + name  # a plain string: a Path per file costs more than the rest of the job
         if entry is not None and entry.file is not None:
             self.files.link(entry.file, path)
@@ -196,15 +217,30 @@ class Summarizer:
         """Copy every pending statistic to the host in one stacked transfer and fill the summaries."""
         pending, self._pending = self._pending, []
         if pending:
-            rows = _to_host([stats for _, stats, _, _ in pending])
+            try:
+                rows = _to_host([stats for _, stats, _, _ in pending])
+            except Exception:  # a tensor whose statistics cannot reach the host must not cost the others theirs
+                rows = [_one_to_host(summary, stats) for summary, stats, _, _ in pending]
             for (summary, _, kind, numel), row in zip(pending, rows):
-                _fill(summary, row, kind, numel, norm_is_squared=False)
+                if row is not None:
+                    _fill(summary, row, kind, numel, norm_is_squared=False)
         crcs, self._pending_crc = self._pending_crc, []
         if crcs:
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
             for summary, host in crcs:
                 summary["md5"] = tensor_crc32(host)
+
+
+def _stats_of(t: torch.Tensor, data: torch.Tensor, kind: str, summary: dict) -> Optional[tuple]:
+    """``t``'s statistics (host floats from the kernel, or device tensors); None, with the reason in
+    ``summary["summary"]``, for a dtype torch cannot reduce (sub-byte integers, bit types)."""
+    try:
+        stats = host_stats(data) if kind != "complex" else None
+        return stats if stats is not None else summary_stats(t, kind)
+    except Exception as e:
+        summary["summary"] = f"unsupported: no statistics for {summary['dtype']} ({type(e).__name__})"
+        return None
 
 
 def _fill(summary: dict, row, kind: str, numel: int, norm_is_squared: bool = True) -> None:
@@ -233,6 +269,15 @@ def _to_host(groups: list[tuple]) -> list[list[float]]:
             out[i] = values[pos:pos + n]
             pos += n
     return out
+
+
+def _one_to_host(summary: dict, stats: tuple) -> Optional[list[float]]:
+    """One summary's statistics on the host; None, with the reason in the summary, where they cannot be read."""
+    try:
+        return _to_host([stats])[0]
+    except Exception as e:
+        summary["summary"] = f"unsupported: statistics could not be read ({type(e).__name__})"
+        return None
 
 
 def describe_value(obj: Any) -> dict:

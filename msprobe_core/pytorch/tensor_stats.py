@@ -7,17 +7,15 @@ detached tensors, so autograd never sees it.
 
 from __future__ import annotations
 
-import os
 from typing import Optional, Sequence
 
 import torch
 
-try:  # the optional one-pass CPU kernel (msprobe_core/pytorch/_fast_stats.c); MSPROBE_FAST_STATS=0 turns it off
-    from msprobe_core.pytorch import _fast_stats
-except ImportError:  # pragma: no cover - built without a C compiler
-    _fast_stats = None
-if os.environ.get("MSPROBE_FAST_STATS", "1") == "0":
-    _fast_stats = None
+from msprobe_core.pytorch.odd_tensors import unsupported_reason
+from msprobe_core.stats.kernel import KERNEL
+
+# the optional one-pass CPU kernel (msprobe_core/stats/_fast_stats.c; None when not built or MSPROBE_FAST_STATS=0)
+_fast_stats = KERNEL
 
 # Captured at import, before any API patching, so that the tool's own tensor work never goes through
 # (and is never recorded by) its own wrappers.
@@ -38,7 +36,9 @@ _foreach_norm = torch._foreach_norm
 
 _tensor_contiguous = torch.Tensor.contiguous
 
-_LOW_PRECISION = (torch.float16, torch.bfloat16)
+# reduced in float32: half precision, and the float8 formats torch has no CPU reductions for
+_LOW_PRECISION = (torch.float16, torch.bfloat16) + tuple(
+    getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz") if hasattr(torch, n))
 _HOST_CODES = {torch.float32: 0, torch.float64: 1, torch.bfloat16: 2, torch.int64: 3, torch.int32: 4,
                torch.int16: 5, torch.int8: 6, torch.uint8: 7, torch.bool: 8}
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
@@ -151,6 +151,8 @@ def summary_stats(t: torch.Tensor, kind: str) -> tuple[torch.Tensor, ...]:
 def has_inf_or_nan(t: torch.Tensor) -> torch.Tensor:
     """A 0-dim bool device tensor: does ``t`` hold any Inf or NaN? (False for non-float tensors.)"""
     x = _tensor_detach(t)
+    if unsupported_reason(x) is not None:  # a meta, sparse, fake... tensor: nothing to read (a CPU False)
+        return torch.zeros((), dtype=torch.bool)
     if not (x.is_floating_point() or x.is_complex()) or x.numel() == 0:
         return torch.zeros((), dtype=torch.bool, device=x.device)
     return _tensor_any(~torch.isfinite(x))
@@ -176,7 +178,7 @@ def batched_stats(tensors: Sequence[torch.Tensor], ops: Sequence[str], eps: floa
     rows = _host_rows(tensors, ops, eps)
     if rows is not None:
         return torch.tensor(rows, dtype=torch.float32)
-    xs = [_tensor_detach(t) for t in tensors]
+    xs = [_readable(_tensor_detach(t)) for t in tensors]
     xs = [_tensor_to(x, torch.float32) if x.dtype != torch.float32 else x for x in xs]
     device = xs[0].device
     nan = torch.full((), float("nan"), device=device)
@@ -203,6 +205,23 @@ def batched_stats(tensors: Sequence[torch.Tensor], ops: Sequence[str], eps: floa
 
 
 _NAN = float("nan")
+
+
+def _readable(x: torch.Tensor) -> torch.Tensor:
+    """``x`` as a dense tensor with the same values, for the monitor's statistics: a sparse gradient
+    (``nn.Embedding(sparse=True)``) densified, a quantized tensor dequantized, a nested tensor's
+    components in one flat tensor. Meta, fake and other unreadable tensors are left as they are (their
+    statistics fail, and the monitor reports it)."""
+    if type(x) in _PLAIN_TYPES and x.layout is _strided and not x.is_nested and not x.is_quantized:
+        return x
+    if x.is_nested:
+        parts = [c.reshape(-1) for c in x.unbind()]
+        return torch.cat(parts) if parts else torch.empty(0, dtype=x.dtype, device=x.device)
+    if x.is_quantized:
+        return x.dequantize()
+    if x.layout is not _strided:
+        return x.to_dense()
+    return x
 
 
 def _host_rows(tensors: Sequence[torch.Tensor], ops: Sequence[str], eps: float) -> Optional[list[list[float]]]:

@@ -23,15 +23,18 @@ forward-backward schedule, ``probe.end_iteration()`` after the optimizer step (s
 Gradients, fp32 main parameters and Adam moments are read where Megatron's optimizers keep them
 (``MegatronStateReader``: ``FP32Optimizer``, ``Float16OptimizerWithFloat16Params``,
 ``DistributedOptimizer`` shards, ``ChainedOptimizer``). Everything here is glue over
-``msprobe_core.pytorch.session.ProbeSession``.
+``msprobe_core.session.ProbeSession``.
 """
 
-from msprobe_integrations.megatron.args import FLAGS, add_args, compose, parse_known, with_msprobe_args
-from msprobe_integrations.megatron.hooks import MegatronHooks, MegatronIntegrationError, install
-from msprobe_integrations.megatron.probe import (MegatronProbe, capture_hyperparameters, num_microbatches,
-                                                 unwrap_chunks)
-from msprobe_integrations.megatron.state_reader import MegatronStateReader, leaf_optimizers
+from msprobe_core.errors import require_installed
 
-__all__ = ["FLAGS", "add_args", "compose", "with_msprobe_args", "parse_known", "MegatronHooks", "MegatronProbe",
-           "MegatronIntegrationError", "MegatronStateReader", "install", "capture_hyperparameters",
-           "leaf_optimizers", "num_microbatches", "unwrap_chunks"]
+require_installed("megatron.core", "megatron", "msprobe_integrations.megatron")
+
+from msprobe_integrations.megatron.args import FLAGS, add_args, compose, parse_known, with_msprobe_args  # noqa: E402
+from msprobe_integrations.megatron.hooks import MegatronHooks, MegatronIntegrationError, install  # noqa: E402
+from msprobe_integrations.megatron.probe import (MegatronProbe, capture_hyperparameters,  # noqa: E402,F401
+                                                 num_microbatches, unwrap_chunks)
+from msprobe_integrations.megatron.state_reader import MegatronStateReader, leaf_optimizers  # noqa: E402,F401
+
+__all__ = ["add_args", "compose", "with_msprobe_args", "install", "MegatronHooks", "MegatronProbe",
+           "MegatronIntegrationError"]

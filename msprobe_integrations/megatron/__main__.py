@@ -55,7 +55,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     flags = parse_known(script_args)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    log = logging.getLogger("msprobe_integrations.megatron")
+    log = logging.getLogger("msprobe_core.megatron")
     log.setLevel(logging.INFO)
     try:
         for path in (flags.msprobe_config, flags.msprobe_monitor_config):

@@ -23,11 +23,12 @@ import logging
 import sys
 from typing import Any, Callable, Optional
 
+from msprobe_core.common.patch import PatchHandle, patch
 from msprobe_core.errors import MsprobeError
 from msprobe_integrations.megatron.args import with_msprobe_args
 from msprobe_integrations.megatron.probe import ConfigLike, MegatronProbe
 
-logger = logging.getLogger("msprobe_integrations.megatron")
+logger = logging.getLogger("msprobe_core.megatron")
 
 TRAINING_MODULE = "megatron.training.training"
 ARGUMENTS_MODULE = "megatron.training.arguments"
@@ -78,7 +79,7 @@ class MegatronHooks:
         self.capture_hyperparameters = capture_hyperparameters
         self.args_getter = args_getter or (lambda: None)
         self.probe: Optional[MegatronProbe] = None
-        self._undo: list[Callable[[], None]] = []
+        self._handles: list[PatchHandle] = []
 
     # ------------------------------------------------------------------------------ the probe
     def args(self) -> Any:
@@ -180,14 +181,13 @@ class MegatronHooks:
         holders = [module] + [m for m in list(sys.modules.values())
                               if m is not None and m is not module and _module_dict(m).get(name) is original]
         for holder in holders:
-            setattr(holder, name, wrapped)
-            self._undo.append(functools.partial(_restore, holder, name, wrapped, original))
+            self._handles.append(patch(holder, name, lambda _original: wrapped))
         return True
 
     def uninstall(self) -> None:
         """Put the original functions back (where they are still ours)."""
-        while self._undo:
-            self._undo.pop()()
+        while self._handles:
+            self._handles.pop().remove()
 
     def close(self) -> None:
         """Close the probe (finish the dump step, flush the monitor) and uninstall."""
@@ -201,11 +201,6 @@ def _module_dict(module: Any) -> dict:
         return vars(module)
     except TypeError:
         return {}
-
-
-def _restore(holder: Any, name: str, wrapped: Callable, original: Callable) -> None:
-    if getattr(holder, name, None) is wrapped:
-        setattr(holder, name, original)
 
 
 def _signature(fn: Callable) -> Optional[inspect.Signature]:

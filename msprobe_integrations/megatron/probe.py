@@ -11,11 +11,12 @@ an iteration starts and ends. Statistics, files and rules live in ``msprobe_core
 - Dump: one dump step per iteration, labelled with Megatron's iteration number (the first iteration is
   ``step1``, as Megatron logs it), holding every micro-batch of the iteration (forward/backward ``.0``,
   ``.1``, ...). The dump config's ``step`` list selects by this label.
-- Monitor: driven at ``optimizer.step()`` (the probe wraps the optimizer instance's ``step``): gradients
+- Monitor: driven at ``optimizer.step()`` (the session wraps the optimizer instance's ``step``): gradients
   are read right before it, i.e. after the data-parallel reduction of the grad buffers and before
   clipping; weights are the fp32 main parameters before the update; Adam moments after it (see
   ``state_reader``). Under the distributed optimizer every rank reads its shards and the statistics are
-  combined over the data-parallel group.
+  combined over the data-parallel group; with ``module_ranks`` naming part of that group, the ranks left
+  out still contribute their shards (``msprobe_core.monitor.shard_agreement``).
 - Hyperparameters: Megatron's args namespace (raw, under ``args``, with Megatron's own names), the model's
   ``TransformerConfig``, the ``OptimizerConfig``, the optimizer and LR scheduler, normalised by
   ``msprobe_core.hparams``.
@@ -33,10 +34,11 @@ import torch
 
 from msprobe_core import hparams
 from msprobe_core.errors import ConfigError
-from msprobe_core.pytorch.session import ProbeSession
+from msprobe_core.pytorch.ranks import dist_ready, group_size
+from msprobe_core.session import ProbeSession
 from msprobe_integrations.megatron.state_reader import MegatronStateReader, leaf_optimizers
 
-logger = logging.getLogger("msprobe_integrations.megatron")
+logger = logging.getLogger("msprobe_core.megatron")
 
 ConfigLike = Union[str, os.PathLike, Mapping[str, Any], None]
 
@@ -138,12 +140,11 @@ def capture_hyperparameters(args: Any, chunks: Sequence[torch.nn.Module], optimi
     for key, value in parallel_sizes().items():
         if args_dict.get(key) is None and value is not None:
             extra[key] = value
-    if torch.distributed.is_available() and torch.distributed.is_initialized() and args_dict.get("world_size") is None:
-        extra["world_size"] = torch.distributed.get_world_size()
+    if dist_ready() and args_dict.get("world_size") is None:
+        extra["world_size"] = group_size(None)
     extra["gradient_accumulation_steps"] = num_microbatches(args)
-    bf16 = args_dict.get("bf16", (opt_config or {}).get("bf16"))
-    fp16 = args_dict.get("fp16", (opt_config or {}).get("fp16"))
-    extra["mixed_precision"] = "bf16" if bf16 else "fp16" if fp16 else "fp32"
+    extra["mixed_precision"] = hparams.mixed_precision(args_dict.get("bf16", (opt_config or {}).get("bf16")),
+                                                       args_dict.get("fp16", (opt_config or {}).get("fp16")))
     return hparams.capture("megatron", sections, leaves[0] if leaves else None, opt_param_scheduler, extra)
 
 
@@ -167,7 +168,6 @@ class MegatronProbe:
         self.hyperparameter_files: list = []
         self.next_step = 1
         self._step: Optional[int] = None
-        self._optimizer_step_patched = False
         self._closed = False
 
     @classmethod
@@ -193,24 +193,20 @@ class MegatronProbe:
         ``args.iteration + 1``). Writes ``hyperparameters.json``. Does nothing when disabled or done."""
         if not self.enabled or self.session is not None:
             return self
-        from msprobe_core.pytorch.monitor import TrainerMon
-
         self.chunks = unwrap_chunks(model)
         self.optimizer = optimizer
         if start_iteration is None:
             start_iteration = int(getattr(args, "iteration", 0) or 0) + 1
         self.next_step = start_iteration
-        session = ProbeSession(self.config_path, None)
-        if self.monitor_config_path is not None:
-            # the pipeline group orders anomalies across pipeline stages
-            session.monitor = TrainerMon(self.monitor_config_path, process_group=pipeline_group(),
-                                         params_have_main_grad=True, output_dir=self.monitor_output_dir)
+        # the pipeline group orders anomalies across pipeline stages; gradients are in main_grad
+        session = ProbeSession(self.config_path, self.monitor_config_path, monitor_output_dir=self.monitor_output_dir,
+                               process_group=pipeline_group(), params_have_main_grad=True)
         self.session = session
         reader = MegatronStateReader(optimizer) if optimizer is not None else None
+        # the session wraps optimizer.step: gradients after the data-parallel reduction, before clipping
         session.attach(self.chunks, optimizer, grad_acc_steps=num_microbatches(args), state_reader=reader,
-                       dp_group=data_parallel_group(), start_iteration=start_iteration)
-        if session.monitor is not None and optimizer is not None:
-            self._patch_optimizer_step(optimizer)
+                       dp_group=data_parallel_group(), start_iteration=start_iteration,
+                       patch_optimizer=optimizer is not None, step_label=self._optimizer_step_label)
         if self.capture:
             doc = capture_hyperparameters(args, self.chunks, optimizer, opt_param_scheduler)
             self.hyperparameter_files = session.write_hyperparameters(doc)
@@ -232,28 +228,13 @@ class MegatronProbe:
         if self.session is not None:
             self.session.end_step()
 
-    def _patch_optimizer_step(self, optimizer: Any) -> None:
-        original = optimizer.step
-
-        def step(*args: Any, **kwargs: Any) -> Any:
-            label = self._step if self._step is not None else self.next_step
-            session = self.session
-            if session is not None:
-                try:
-                    session.gradients_ready()  # reduced, not yet clipped
-                    session.before_optimizer_step()
-                except Exception:  # monitoring never breaks training
-                    logger.exception("msprobe: reading gradients before the optimizer step failed")
-            result = original(*args, **kwargs)
-            if session is not None:
-                session.after_optimizer_step(label)
-            if self._step is None:  # optimizer stepped outside a wrapped train_step
-                self.next_step = label + 1
-            return result
-
-        step.__wrapped__ = original  # type: ignore[attr-defined]
-        optimizer.step = step
-        self._optimizer_step_patched = True
+    def _optimizer_step_label(self) -> int:
+        """The label of the optimizer step about to run: the iteration's, or the next one when the optimizer
+        steps outside a wrapped ``train_step``."""
+        if self._step is not None:
+            return self._step
+        label, self.next_step = self.next_step, self.next_step + 1
+        return label
 
     # ------------------------------------------------------------------------------ end
     def close(self) -> None:
@@ -261,9 +242,6 @@ class MegatronProbe:
         if self._closed:
             return
         self._closed = True
-        if self._optimizer_step_patched and "step" in vars(self.optimizer):
-            del self.optimizer.step
-            self._optimizer_step_patched = False
         if self.session is not None:
             self.session.close()
         try:

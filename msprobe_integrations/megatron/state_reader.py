@@ -28,8 +28,9 @@ import torch
 
 from msprobe_core.monitor.records import EXP_AVG, EXP_AVG_SQ
 from msprobe_core.monitor.state_readers import STATE_KINDS, StateReader, TorchStateReader
+from msprobe_core.pytorch.ranks import rank_in
 
-logger = logging.getLogger("msprobe_integrations.megatron")
+logger = logging.getLogger("msprobe_core.megatron")
 
 _EMPTY = torch.empty(0)
 
@@ -72,7 +73,7 @@ class MegatronStateReader(StateReader):
         distributed = [o for o in leaves if is_distributed(o) and not getattr(o, "is_stub_optimizer", False)]
         self.sharded = bool(distributed)
         self.group = getattr(distributed[0], "data_parallel_group", None) if distributed else None
-        self._replica = _rank_in(self.group) if self.sharded else 0
+        self._replica = rank_in(self.group) if self.sharded else 0
         for leaf in leaves:
             if getattr(leaf, "is_stub_optimizer", False) or getattr(leaf, "optimizer", None) is None:
                 continue
@@ -203,11 +204,3 @@ def _buffer_params(leaf: Any) -> list:
     seen = {id(p) for p in params}
     params.extend(p for p in getattr(leaf, "model_param_gbuf_map", {}) if id(p) not in seen)
     return params
-
-
-def _rank_in(group: Any) -> int:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(group=group)
-    return 0

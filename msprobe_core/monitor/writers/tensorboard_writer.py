@@ -10,8 +10,9 @@ from __future__ import annotations
 from typing import Sequence
 
 from msprobe_core.errors import MsprobeError
-from msprobe_core.monitor.records import MetricRow, display_name, tensorboard_tag
+from msprobe_core.monitor.records import MetricRow, display_name
 from msprobe_core.monitor.writers.base import MetricWriter, WriterContext
+from msprobe_core.monitor.writers.tensorboard_tags import tensorboard_tag
 
 
 class TensorBoardUnavailableError(MsprobeError, ImportError):

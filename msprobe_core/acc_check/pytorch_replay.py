@@ -1,0 +1,591 @@
+"""PyTorch replay backend of acc_check.
+
+Each recorded call (``Functional.*`` -> ``torch.nn.functional``, ``Torch.*`` -> ``torch``, ``Tensor.*`` ->
+``torch.Tensor`` methods, ``VF.*`` -> ``torch._VF``) is rebuilt from its record: tensors from their
+tensor files (``torch.load``) in real-data mode, otherwise from ``inputs.random_array``; plain values
+exactly. It then runs
+
+* **tested**: on the accelerator (CUDA, or NPU with torch_npu; the CPU when there is none) in the
+  recorded dtypes. A call whose floating outputs are float16/bfloat16 while its floating inputs are
+  float32 ran under autocast: it is replayed under ``torch.autocast`` with that dtype.
+* **benchmark**: on the CPU in float64: floating inputs are converted to float64 (for autocast calls
+  after rounding them to the autocast dtype, as autocast did, so the benchmark sees the kernel's
+  inputs), floating ``dtype`` arguments become float64, device arguments become the CPU.
+
+For calls that compute in float16/bfloat16 a third run is the **reference** of the dtype-aware standard
+(see ``standards``): the benchmark again on the CPU, computed in float32 with every aten operation's result
+rounded to float16/bfloat16 precision (a ``TorchDispatchMode``; backward formulas are rounded op by op as
+well, fused attention runs as its math decomposition): what a correct kernel computing in float32 and
+rounding its output gives.
+
+All run forward and, when recorded inputs require gradients and the call returns floating outputs,
+backward: the gradients of the outputs come from the dump's backward record (its tensor files, or
+random values matching its statistics), or are random in [-1, 1] when the dump has no backward record.
+
+Not replayed (listed with the reason): distributed calls, custom APIs (a prefix or name torch does not
+have), random ops (dropout with p > 0 in training, rand*, normal, bernoulli, ...), ops returning
+uninitialized memory (empty*), writes into part of another tensor (``__setitem__``, ``set_``,
+``resize_``, ``as_strided_``: in-place ops on views), and arguments the dump could not describe.
+Other in-place ops are replayed on a copy of their target.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import numpy as np
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_map
+
+from msprobe_core.acc_check.inputs import call_rng, random_array
+from msprobe_core.acc_check.records import (LOW_PRECISION, ApiCall, TensorSpec, Typed, leaves_of, normalize_dtype,
+                                            precision_rank)
+from msprobe_core.acc_check.replay import OutputPair, Replay, Unreplayable
+from msprobe_core.acc_check.standards import round_to
+from msprobe_core.compare.ptfile import ArrayTensor
+from msprobe_core.files.safe_names import name_max, safe_file_name
+
+_OWNERS: dict[str, Any] = {"Functional": torch.nn.functional, "Torch": torch, "Tensor": torch.Tensor,
+                           "VF": torch._VF}
+_DISTRIBUTED_PREFIXES = frozenset({"Distributed", "DistributedC10d"})
+_RANDOM = frozenset({
+    "rand", "rand_like", "randn", "randn_like", "randint", "randint_like", "randperm", "normal", "bernoulli",
+    "bernoulli_", "multinomial", "poisson", "binomial", "native_dropout", "gumbel_softmax", "rrelu", "rrelu_",
+    "fractional_max_pool2d", "fractional_max_pool3d", "fractional_max_pool2d_with_indices",
+    "fractional_max_pool3d_with_indices", "uniform_", "normal_", "random_", "exponential_", "geometric_",
+    "cauchy_", "log_normal_", "_standard_gamma", "_sample_dirichlet"})
+_DROPOUT = frozenset({"dropout", "dropout_", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "alpha_dropout_",
+                      "feature_alpha_dropout", "feature_alpha_dropout_", "feature_dropout", "feature_dropout_"})
+_UNINITIALIZED = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"})
+_VIEW_WRITES = frozenset({"__setitem__", "set_", "resize_", "resize_as_", "as_strided_"})
+_CASTS = frozenset({"to", "type", "type_as", "float", "half", "bfloat16", "double", "view", "view_as"})
+_IN_PLACE_DUNDERS = frozenset({"__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__", "__imod__",
+                               "__ipow__", "__iand__", "__ior__", "__ixor__", "__ilshift__", "__irshift__",
+                               "__imatmul__"})
+_KNOWN_TYPED = frozenset({"torch.dtype", "torch.device", "torch.Size"})
+
+
+def make_backend(device_index: Optional[int] = None, workers: int = 1) -> "TorchBackend":
+    """The backend of one process: the accelerator ``device_index`` when there is one, else the CPU (with
+    the CPUs shared among ``workers`` processes)."""
+    index = device_index or 0
+    if torch.cuda.is_available():
+        device = f"cuda:{index}"
+    elif hasattr(torch, "npu") and torch.npu.is_available():  # torch_npu
+        device = f"npu:{index}"
+    else:
+        device = "cpu"
+        if workers > 1:
+            try:
+                cpus = len(os.sched_getaffinity(0))
+            except AttributeError:
+                cpus = os.cpu_count() or 1
+            torch.set_num_threads(max(1, cpus // workers))
+    return TorchBackend(device)
+
+
+def _is_in_place(call: ApiCall) -> bool:
+    api = call.api
+    return ((api.endswith("_") and not api.startswith("__")) or api in _IN_PLACE_DUNDERS
+            or call.kwargs.get("inplace") is True)
+
+
+def _dropout_active(call: ApiCall) -> bool:
+    p = call.kwargs.get("p", call.args[1] if len(call.args) > 1 else 0.5)
+    training = call.kwargs.get("training", call.kwargs.get("train", call.args[2] if len(call.args) > 2 else True))
+    return not (isinstance(p, (int, float)) and p == 0) and training is not False
+
+
+def _typed_in(tree: Any) -> list[Typed]:
+    return leaves_of(tree, Typed)
+
+
+def _autocast_dtype(call: ApiCall) -> Optional[str]:
+    """The autocast dtype a call ran under, inferred from its dtypes (None when it did not)."""
+    if call.api in _CASTS or any(t.type == "torch.dtype" for t in _typed_in((call.args, call.kwargs))):
+        return None
+    ins = [s for s in call.input_tensors() if s.is_float]
+    outs = {s.dtype for s in call.output_tensors() if s.is_float}
+    if not ins or len(outs) != 1:
+        return None
+    low = next(iter(outs))
+    if low not in LOW_PRECISION:
+        return None
+    if any(s.dtype == "float32" and s.shape for s in ins) and all(s.dtype in ("float32", low) for s in ins):
+        return low
+    return None
+
+
+def _array(value: Any) -> tuple[ArrayTensor, str]:
+    """A tensor or Python value as a numpy ``ArrayTensor`` and the name of its dtype."""
+    if isinstance(value, torch.Tensor):
+        t = value.detach().to("cpu").resolve_conj().resolve_neg().contiguous()
+        name = str(t.dtype)
+        if t.dtype == torch.bfloat16:
+            raw = t.view(torch.int16).numpy().view(np.uint16).reshape(-1)
+            return ArrayTensor(raw, "bfloat16", tuple(t.shape)), name
+        try:
+            raw = t.numpy()
+        except TypeError:  # float8 and other dtypes numpy lacks
+            raw = t.to(torch.float32).numpy()
+        return ArrayTensor(raw.reshape(-1), normalize_dtype(name), tuple(t.shape)), name
+    arr = np.asarray(value)
+    if arr.dtype.kind not in "biufc":
+        raise TypeError(f"output of type {type(value).__name__}")
+    return ArrayTensor(arr.reshape(-1), str(arr.dtype), tuple(arr.shape)), type(value).__name__
+
+
+def _from_values(values: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    """A CPU tensor of ``dtype`` from a numpy array, rounding float16/bfloat16 with numpy (several times faster
+    than torch's own conversions from float64 on CPU)."""
+    if dtype == torch.bfloat16:
+        raw = round_to(values.reshape(-1), "bfloat16", values.shape).raw
+        return torch.from_numpy(raw.view(np.int16)).view(torch.bfloat16).reshape(values.shape)
+    if dtype == torch.float16:
+        return torch.from_numpy(values.astype(np.float16))
+    if dtype == torch.float32:
+        return torch.from_numpy(values.astype(np.float32, copy=False))
+    return torch.from_numpy(values).to(dtype)
+
+
+def _upcast(t: torch.Tensor, dtype: torch.dtype = torch.float64,
+            round_first: Optional[torch.dtype] = None) -> torch.Tensor:
+    """A floating CPU tensor as ``dtype`` (float32 or float64; complex tensors as the complex of that width),
+    rounded to ``round_first`` on the way (as autocast rounds its inputs)."""
+    if t.is_complex():
+        return t.to(torch.complex128 if dtype == torch.float64 else torch.complex64)
+    if round_first is not None and t.dtype != round_first and t.dtype in (torch.float32, torch.float16, torch.bfloat16):
+        t = _from_values(t.detach().numpy(), round_first)
+    if t.dtype in (torch.bfloat16, torch.float16):
+        values = _array(t)[0].values()  # float32, by numpy
+        return torch.from_numpy(values.astype(np.float64) if dtype == torch.float64 else values).reshape(t.shape)
+    return t.to(dtype)
+
+
+_SIGNIFICAND_BITS = {"bfloat16": 8, "float16": 11}
+_FLOAT16_OVERFLOW = 65520.0  # float16 rounds values of this magnitude and above to infinity
+
+
+def _round_precision(t: torch.Tensor, dtype: str) -> torch.Tensor:
+    """float32 ``t`` rounded to nearest at ``dtype``'s precision, staying float32 (Veltkamp splitting: three
+    multiply/subtracts instead of two slow dtype conversions). float16's range is applied; its subnormals
+    keep 11 bits."""
+    c = t * (2.0 ** (24 - _SIGNIFICAND_BITS[dtype]) + 1.0)
+    rounded = c - (c - t)
+    if dtype == "float16":
+        rounded = torch.where(rounded.abs() >= _FLOAT16_OVERFLOW, rounded.sign() * torch.inf, rounded)
+    return torch.where(rounded.isnan(), t, rounded)  # infinities (and values near float32's limit) stay
+
+
+class _InPrecision(TorchDispatchMode):
+    """Runs float32 code as if every aten operation rounded its result to ``dtype``."""
+
+    def __init__(self, dtype: str):
+        super().__init__()
+        self.dtype = dtype
+
+    def _round(self, t: Any) -> Any:
+        if isinstance(t, torch.Tensor) and t.dtype == torch.float32:
+            return _round_precision(t, self.dtype)
+        return t
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        aliases = [r.alias_info for r in func._schema.returns]
+        if not any(aliases):
+            return tree_map(self._round, out)
+        for alias, value in zip(aliases, out if isinstance(out, (list, tuple)) else [out]):
+            written = alias is not None and alias.is_write  # in-place ops and out= write the rounded result
+            if written and isinstance(value, torch.Tensor) and value.dtype == torch.float32:
+                value.copy_(_round_precision(value, self.dtype))
+        return out  # views share their input's (already rounded) values
+
+
+def _output_leaves(out: Any) -> list[tuple[str, Any]]:
+    """(path, value) of every tensor and number of an output, numbered as the dumper numbers them."""
+    top = list(out) if isinstance(out, (list, tuple)) else [out]
+    leaves: list[tuple[str, Any]] = []
+
+    def walk(path: str, node: Any) -> None:
+        if node is None or isinstance(node, str):
+            return
+        if isinstance(node, (list, tuple)) and not isinstance(node, torch.Size):
+            for i, item in enumerate(node):
+                walk(f"{path}.{i}", item)
+        else:
+            leaves.append((path, list(node) if isinstance(node, torch.Size) else node))
+
+    for i, item in enumerate(top):
+        walk(str(i), item)
+    return leaves
+
+
+def _tensors(out: Any) -> list[torch.Tensor]:
+    return [v for _, v in _output_leaves(out) if isinstance(v, torch.Tensor)]
+
+
+def _lower(dtype: str, autocast: Optional[str]) -> str:
+    if autocast and precision_rank(autocast) < precision_rank(dtype) and dtype in ("float32", "float64"):
+        return autocast
+    return dtype
+
+
+def _failure(e: BaseException) -> str:
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".rstrip(": ")
+
+
+@dataclass
+class _Side:
+    """One replay of a call: tested (accelerator, recorded dtypes, autocast), benchmark (CPU float64) or
+    reference (the benchmark in float32 with every operation rounded to ``precision``). ``leaves``: input
+    tensor index -> the tensor whose gradient is compared."""
+
+    args: list
+    kwargs: dict
+    leaves: dict[int, torch.Tensor]
+    device: str
+    autocast: Optional[str] = None
+    precision: Optional[str] = None
+    out: Any = None
+
+    def _mode(self) -> contextlib.ExitStack:
+        stack = contextlib.ExitStack()
+        stack.enter_context(torch.enable_grad())
+        if self.precision:
+            # fused attention runs as its math decomposition, whose every step the mode rounds
+            stack.enter_context(sdpa_kernel([SDPBackend.MATH]))
+            stack.enter_context(_InPrecision(self.precision))
+        return stack
+
+    def run(self, fn: Callable) -> None:
+        """The forward call; its output goes to ``out``."""
+        with self._mode():
+            if self.autocast:
+                with torch.autocast(torch.device(self.device).type, dtype=getattr(torch, self.autocast)):
+                    self.out = fn(*self.args, **self.kwargs)
+            else:
+                self.out = fn(*self.args, **self.kwargs)
+
+    def grads(self, indices: list[int], host_grads: list[torch.Tensor], order: list[int]) -> tuple:
+        """Gradients of the leaves ``order`` for the output tensors ``indices`` receiving ``host_grads``."""
+        outs = _tensors(self.out)
+        chosen = [outs[i] for i in indices]
+        grads = [(_upcast(g, o.dtype) if o.dtype in (torch.float32, torch.float64) and self.device == "cpu" else g)
+                 .to(self.device, o.dtype) for g, o in zip(host_grads, chosen)]
+        with self._mode():
+            out = torch.autograd.grad(chosen, [self.leaves[i] for i in order], grads, allow_unused=True)
+        if self.precision:  # the gradient reaches a float16/bfloat16 input in that dtype
+            return tuple(None if g is None else _round_precision(g, self.precision) for g in out)
+        return out
+
+
+class TorchBackend:
+    """Replays recorded PyTorch calls; see the module docstring."""
+
+    framework = "pytorch"
+
+    def __init__(self, device: str = "cpu"):
+        self.device = device
+        self.device_type = torch.device(device).type
+
+    # ------------------------------------------------------------------ classification
+    def unreplayable(self, call: ApiCall) -> Optional[str]:
+        """The reason ``call`` cannot be replayed, or None."""
+        if call.prefix in _DISTRIBUTED_PREFIXES:
+            return "distributed communication: it needs the process group of the training run"
+        owner = _OWNERS.get(call.prefix)
+        if owner is None:
+            return f"custom API: '{call.prefix}' is not a torch namespace (an API registered with register_custom_api?)"
+        if getattr(owner, call.api, None) is None:
+            return f"custom API: this torch ({torch.__version__}) has no {call.prefix}.{call.api}"
+        if call.api in _UNINITIALIZED:
+            return "uninitialized memory: the output of this op has no defined values"
+        if call.api in _RANDOM or (call.api in _DROPOUT and _dropout_active(call)):
+            return "random op: its output depends on the random number generator state of the training run"
+        if call.api in _VIEW_WRITES:
+            return "in-place op on a view: it writes into part of another tensor, which the dump does not hold"
+        unknown = [t.type for t in _typed_in((call.args, call.kwargs)) if t.type not in _KNOWN_TYPED]
+        if unknown:
+            return f"an argument of type {unknown[0]} is not recorded in the dump (value unknown)"
+        return None
+
+    # ------------------------------------------------------------------ replay
+    def replay(self, call: ApiCall, keep_data: bool) -> Replay:
+        """Run ``call`` tested, as the float64 CPU benchmark and (float16/bfloat16 calls) as the in-dtype
+        reference, forward and backward; see the module docstring."""
+        fn = getattr(_OWNERS[call.prefix], call.api)
+        rng = call_rng(call.name)
+        notes: list[str] = []
+        host_args = [self._host(node, rng, notes) for node in call.args]
+        host_kwargs = {k: self._host(v, rng, notes) for k, v in call.kwargs.items()}
+        autocast = _autocast_dtype(call)
+        if autocast:
+            notes.append(f"ran under autocast({autocast}) (inferred from the dtypes)")
+        in_place = _is_in_place(call)
+        args, tested, t_error = self._run_tested(fn, call, host_args, host_kwargs, autocast, in_place)
+        bench = self._side(args, host_kwargs, call, bench=True, autocast=autocast, in_place=in_place)
+        try:
+            bench.run(fn)
+        except Exception as e:  # noqa: BLE001
+            both = f"; the tested call failed too ({_failure(t_error)})" if t_error else ""
+            raise Unreplayable(f"replay failed: the CPU float64 benchmark raised {_failure(e)}{both}") from None
+        if t_error is not None:
+            failure = f"the tested call on {self.device} raised {_failure(t_error)}"
+            return Replay([], forward_failure=failure, notes=notes)
+        reference = None
+        ref_dtype = _reference_dtype(call, autocast)
+        if ref_dtype:
+            reference = self._side(args, host_kwargs, call, bench=True, autocast=autocast, in_place=in_place,
+                                   precision=ref_dtype)
+            try:
+                reference.run(fn)
+            except Exception as e:  # noqa: BLE001 - the standard falls back to the correctly rounded benchmark
+                notes.append(f"no {ref_dtype} reference ({_failure(e)}): judged against the rounded benchmark")
+                reference = None
+        replay = Replay(self._pairs(call, tested, bench, reference, autocast, notes), notes=notes)
+        grads = self._backward(call, tested, bench, reference, autocast, rng, replay)
+        if keep_data:
+            replay.save = _saver(call.name, host_args, host_kwargs, tested.out, bench.out, grads)
+        return replay
+
+    def _run_tested(self, fn: Callable, call: ApiCall, host_args: list, host_kwargs: dict, autocast: Optional[str],
+                    in_place: bool) -> tuple[list, _Side, Optional[BaseException]]:
+        """The tested forward: (the positional arguments used, the tested side holding its output, the
+        exception it raised)."""
+        recorded = [s.shape for s in call.output_tensors()]
+        result: Optional[tuple] = None
+        for args in _index_variants(call, host_args):  # the first whose output has the recorded shapes wins
+            tested = self._side(args, host_kwargs, call, bench=False, autocast=autocast, in_place=in_place)
+            try:
+                tested.run(fn)
+            except Exception as e:  # noqa: BLE001 - the tested kernel failing is a finding, not a crash
+                result = result or (args, tested, e)
+                continue
+            if [tuple(t.shape) for t in _tensors(tested.out)] == recorded:
+                return args, tested, None
+            if result is None or result[2] is not None:
+                result = (args, tested, None)
+        assert result is not None
+        return result
+
+    def _host(self, node: Any, rng: np.random.Generator, notes: list[str]) -> Any:
+        """A record tree with tensors built on the CPU in their recorded dtype (files or random values)."""
+        if isinstance(node, TensorSpec):
+            return self._tensor(node, rng, notes)
+        if isinstance(node, list):
+            return [self._host(v, rng, notes) for v in node]
+        if isinstance(node, dict):
+            return {k: self._host(v, rng, notes) for k, v in node.items()}
+        return node
+
+    def _tensor(self, spec: TensorSpec, rng: np.random.Generator, notes: list[str]) -> torch.Tensor:
+        dtype = getattr(torch, spec.dtype, None)
+        if not isinstance(dtype, torch.dtype):
+            raise Unreplayable(f"tensor dtype {spec.framework_dtype!r} is not a torch dtype")
+        if spec.data_path:
+            t = torch.load(spec.data_path, map_location="cpu", weights_only=True)
+            if isinstance(t, torch.Tensor) and t.dtype == dtype and tuple(t.shape) == spec.shape:
+                return t
+            notes.append(f"{os.path.basename(spec.data_path)} does not hold a {spec.dtype}{list(spec.shape)} tensor: "
+                         "random values used")
+        return _from_values(random_array(spec, rng), dtype)
+
+    def _value(self, node: Any, bench: bool, compute: torch.dtype = torch.float64) -> Any:
+        if not isinstance(node, Typed):
+            return node
+        if node.type == "torch.dtype":
+            dtype = getattr(torch, str(node.value).rsplit(".", 1)[-1])
+            if bench and dtype.is_floating_point:
+                return compute
+            if bench and dtype.is_complex:
+                return torch.complex128 if compute == torch.float64 else torch.complex64
+            return dtype
+        if node.type == "torch.device":
+            return torch.device("cpu" if bench or str(node.value).startswith("cpu") else self.device)
+        return torch.Size(node.value)  # the only other _KNOWN_TYPED
+
+    def _side(self, args: list, kwargs: dict, call: ApiCall, bench: bool, autocast: Optional[str], in_place: bool,
+              precision: Optional[str] = None) -> _Side:
+        """One side's arguments from the host tree: tested (``bench`` False: the device, autocast) or benchmark
+        (float64 on the CPU, autocast's rounding applied to the inputs; ``precision`` makes it the reference,
+        in float32)."""
+        specs = call.input_tensors()
+        leaves: dict[int, torch.Tensor] = {}
+        counter = iter(range(len(specs)))
+        compute = torch.float32 if precision else torch.float64
+        round_first = getattr(torch, autocast) if autocast else None
+
+        def convert(node: Any) -> Any:
+            if isinstance(node, torch.Tensor):
+                i = next(counter)
+                x = node
+                if bench and (x.is_floating_point() or x.is_complex()):
+                    x = _upcast(x, compute, round_first)
+                elif not bench:
+                    x = x.to(self.device)
+                if specs[i].requires_grad and (x.is_floating_point() or x.is_complex()):
+                    x = x.detach().requires_grad_(True)
+                    leaves[i] = x
+                return x
+            if isinstance(node, (list, tuple)):
+                return type(node)(convert(v) for v in node)
+            if isinstance(node, dict):
+                return {k: convert(v) for k, v in node.items()}
+            return self._value(node, bench, compute)
+
+        converted_args = [convert(v) for v in args]
+        converted_kwargs = {k: convert(v) for k, v in kwargs.items()}
+        if in_place and converted_args and isinstance(converted_args[0], torch.Tensor):
+            converted_args[0] = converted_args[0].clone()  # never write into a leaf or the host copy
+        if bench:
+            return _Side(converted_args, converted_kwargs, leaves, "cpu", precision=precision)
+        return _Side(converted_args, converted_kwargs, leaves, self.device, autocast=autocast)
+
+    def _pairs(self, call: ApiCall, tested: _Side, bench: _Side, reference: Optional[_Side], autocast: Optional[str],
+               notes: list[str]) -> list[OutputPair]:
+        t_leaves = _output_leaves(tested.out)
+        b_leaves = dict(_output_leaves(bench.out))
+        r_leaves = dict(_output_leaves(reference.out)) if reference is not None else {}
+        recorded = call.output_tensors()
+        t_tensors = [v for _, v in t_leaves if isinstance(v, torch.Tensor)]
+        if len(recorded) == len(t_tensors):
+            for spec, t in zip(recorded, t_tensors):
+                if (normalize_dtype(str(t.dtype)), tuple(t.shape)) != (spec.dtype, spec.shape):
+                    notes.append(f"replayed output is {str(t.dtype)}{list(t.shape)}, the dump recorded "
+                                 f"{spec.framework_dtype}{list(spec.shape)}")
+                    break
+        pairs = []
+        for path, t in t_leaves:
+            if path not in b_leaves:
+                notes.append(f"output {path} has no benchmark counterpart")
+                continue
+            pairs.append(_pair(f"{call.name}.forward.output.{path}", t, b_leaves[path], r_leaves.get(path), autocast,
+                               reference.precision if reference is not None else None))
+        return pairs
+
+    def _backward(self, call: ApiCall, tested: _Side, bench: _Side, reference: Optional[_Side],
+                  autocast: Optional[str], rng: np.random.Generator, replay: Replay) -> Optional[dict]:
+        """Gradients of the recorded inputs on every side; ``replay.backward`` gets their pairs. Returns the
+        output gradients and both sides' input gradients (for the error data), or None without a backward."""
+        chosen = self._grad_outputs(call, tested, bench, rng, replay)
+        if not chosen:
+            return None
+        indices = [i for i, _ in chosen]
+        host_grads = [g for _, g in chosen]
+        order = sorted(tested.leaves)
+        try:
+            t_grads = tested.grads(indices, host_grads, order)
+        except Exception as e:  # noqa: BLE001 - judged with the benchmark's outcome below
+            t_grads, t_error = None, e
+        try:
+            b_grads = bench.grads(indices, host_grads, order)
+        except Exception as e:  # noqa: BLE001
+            both = f"; the tested backward failed too ({_failure(t_error)})" if t_grads is None else ""
+            replay.backward_skip = f"backward replay failed: the CPU float64 benchmark raised {_failure(e)}{both}"
+            return None
+        if t_grads is None:
+            replay.backward_failure = f"the tested backward on {self.device} raised {_failure(t_error)}"
+            replay.backward = []
+            return None
+        r_grads: list = [None] * len(order)
+        if reference is not None:
+            try:
+                r_grads = list(reference.grads(indices, host_grads, order))
+            except Exception as e:  # noqa: BLE001
+                replay.notes.append(f"no {reference.precision} reference backward ({_failure(e)})")
+        pairs = []
+        for i, tg, bg, rg in zip(order, t_grads, b_grads, r_grads):
+            if tg is None and bg is None:
+                continue
+            if tg is None or bg is None:
+                side = "benchmark" if tg is None else "tested"
+                replay.backward_failure = f"input {i} gets a gradient on the {side} side only"
+                continue
+            pairs.append(_pair(f"{call.name}.backward.output.{i}", tg, bg, rg, autocast,
+                               reference.precision if reference is not None else None))
+        replay.backward = pairs
+        return {"grad_outputs": host_grads, "tested": list(t_grads), "bench": list(b_grads)}
+
+    def _grad_outputs(self, call: ApiCall, tested: _Side, bench: _Side, rng: np.random.Generator,
+                      replay: Replay) -> list[tuple[int, torch.Tensor]]:
+        """(output tensor index, host gradient) of the outputs whose gradients are replayed: from the backward
+        record (files or statistics), random in [-1, 1] when the dump has none; [] without a backward."""
+        if not tested.leaves:
+            return []
+        t_tensors, b_count = _tensors(tested.out), len(_tensors(bench.out))
+        specs = call.grad_outputs
+        chosen = []
+        for i, t in enumerate(t_tensors):
+            if not (t.requires_grad and (t.is_floating_point() or t.is_complex())) or i >= b_count:
+                continue
+            spec = specs[i] if specs is not None and i < len(specs) else None
+            if specs is not None and not isinstance(spec, TensorSpec):
+                continue  # no gradient reached this output in the training run
+            spec = spec or TensorSpec(normalize_dtype(str(t.dtype)), str(t.dtype), tuple(t.shape), 1.0, -1.0)
+            chosen.append((i, self._tensor(spec, rng, replay.notes)))
+        if chosen and specs is None:
+            replay.notes.append("no backward record: random output gradients in [-1, 1]")
+        return chosen
+
+
+def _reference_dtype(call: ApiCall, autocast: Optional[str]) -> Optional[str]:
+    """The float16/bfloat16 dtype a call computes in (autocast's, else its outputs' or inputs'), or None."""
+    if autocast:
+        return autocast
+    for specs in (call.output_tensors(), call.input_tensors()):
+        low = [s.dtype for s in specs if s.dtype in LOW_PRECISION]
+        if low:
+            return low[0]
+    return None
+
+
+def _pair(name: str, tested: Any, bench: Any, reference: Any, autocast: Optional[str],
+          ref_dtype: Optional[str]) -> OutputPair:
+    tested_arr, tested_dtype = _array(tested)
+    bench_arr, bench_dtype = _array(bench)
+    precision = _lower(tested_arr.dtype, autocast)
+    ref_arr = _array(reference)[0] if reference is not None and precision == ref_dtype else None
+    return OutputPair(name, tested_arr, bench_arr, tested_dtype, bench_dtype, precision, reference=ref_arr)
+
+
+def _index_variants(call: ApiCall, args: list) -> list[list]:
+    """``x[i, j]`` and ``x[[i, j]]`` are recorded alike (a list): for ``__getitem__`` try the tuple first, then
+    the list when every element is an int (the recorded output shape picks)."""
+    if call.api != "__getitem__" or len(args) < 2 or not isinstance(args[1], list):
+        return [args]
+    as_tuple = [args[0], tuple(args[1]), *args[2:]]
+    if all(isinstance(v, int) and not isinstance(v, bool) for v in args[1]):
+        return [as_tuple, args]
+    return [as_tuple]
+
+
+def _detached(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu")
+    if isinstance(obj, (list, tuple)):
+        return [_detached(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: _detached(v) for k, v in obj.items()}
+    return obj
+
+
+def _saver(name: str, args: list, kwargs: dict, t_out: Any, b_out: Any,
+           grads: Optional[dict]) -> Callable[[Path, bool], None]:
+    def save(folder: Path, with_backward: bool) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        files = {"forward.input": {"args": args, "kwargs": kwargs}, "forward.output.tested": t_out,
+                 "forward.output.bench": b_out}
+        if with_backward and grads is not None:
+            files.update({"backward.input": grads["grad_outputs"], "backward.output.tested": grads["tested"],
+                          "backward.output.bench": grads["bench"]})
+        for suffix, obj in files.items():
+            torch.save(_detached(obj), folder / safe_file_name(f"{name}.{suffix}", ".pt", name_max(folder)))
+
+    return save
+

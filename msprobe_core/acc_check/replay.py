@@ -1,0 +1,108 @@
+"""What a framework's replay backend gives the framework-neutral core.
+
+A backend (``pytorch_replay``; a MindSpore one would be ``mindspore_replay``) rebuilds a recorded call,
+runs it on the tested device in the recorded dtype and on the CPU in float64, forward and backward, and
+returns the outputs as numpy arrays (``ArrayTensor``) in a ``Replay``. Judging, CSV writing, resuming,
+progress and workers are the core's.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional, Protocol
+
+from msprobe_core.acc_check.records import ApiCall
+from msprobe_core.compare.ptfile import ArrayTensor
+from msprobe_core.errors import DumpInputError
+
+
+class Unreplayable(Exception):
+    """The call cannot be replayed (custom, distributed, random, in-place on a view, unrecorded argument,
+    or both sides of the replay failed); the message is the reason written to the result CSV."""
+
+
+@dataclass
+class OutputPair:
+    """One compared tensor: a forward output or the gradient of one input."""
+
+    name: str               # details "API Name": Functional.linear.0.forward.output.0
+    tested: ArrayTensor
+    bench: ArrayTensor
+    tested_dtype: str       # as the framework names it (torch.bfloat16)
+    bench_dtype: str
+    precision: str          # normalized dtype whose standard applies (see standards)
+    note: str = ""
+    reference: Optional[ArrayTensor] = None  # the call computed in ``precision`` by a trusted reference
+
+
+@dataclass
+class Replay:
+    """The result of replaying one call."""
+
+    forward: list[OutputPair]
+    backward: Optional[list[OutputPair]] = None   # None: the call has no backward
+    forward_failure: str = ""    # the tested side raised while the benchmark did not: an error
+    backward_failure: str = ""
+    backward_skip: str = ""      # the backward could not be replayed (reason)
+    notes: list[str] = field(default_factory=list)
+    save: Optional[Callable[[Path, bool], None]] = None  # save(folder, with_backward): inputs and both outputs
+
+
+class ReplayBackend(Protocol):
+    """The per-framework part of acc_check."""
+
+    framework: str
+    device: str
+
+    def unreplayable(self, call: ApiCall) -> Optional[str]:
+        """The reason ``call`` cannot be replayed, or None."""
+
+    def replay(self, call: ApiCall, keep_data: bool) -> Replay:
+        """Run ``call`` on the tested device and as the float64 CPU benchmark; ``keep_data`` keeps the inputs
+        and outputs for ``Replay.save``. Raises ``Unreplayable``."""
+
+
+BACKENDS = {"pytorch": ("msprobe_core.acc_check.pytorch_replay", "torch")}
+"""framework (dump.json's "framework" field) -> (module with ``make_backend(device_index, workers)``, the
+framework's package)."""
+
+_NO_MINDSPORE = ("replaying MindSpore / MSAdapter dumps (Mint., MintFunctional., Functional., Tensor. records) "
+                 "needs the MindSpore replay backend, which is not available in this version; only PyTorch dumps "
+                 "can be replayed")
+MISSING_BACKENDS = {"mindspore": _NO_MINDSPORE, "mindtorch": _NO_MINDSPORE}
+
+
+def check_framework(framework: str) -> tuple[str, str]:
+    """The backend module and framework package for ``framework``; ``DumpInputError`` naming the framework
+    when there is no backend for it."""
+    entry = BACKENDS.get(framework)
+    if entry is None:
+        reason = MISSING_BACKENDS.get(framework, f"allowed: {', '.join(sorted(BACKENDS))}")
+        raise DumpInputError(f"dump.json field 'framework' = {framework!r}: {reason}")
+    return entry
+
+
+def load_backend(framework: str, device_index: Optional[int] = None, workers: int = 1) -> ReplayBackend:
+    """The replay backend for ``framework`` on accelerator ``device_index`` (the CPU when there is none),
+    sharing the machine with ``workers`` processes.
+
+    A replay runs thousands of small kernels; between them OpenMP's default busy-waiting threads doubled
+    the CPU time and halved the speed of a run on a shared 2-CPU machine (measured: 21 CPU-s and 44 s for
+    7.7 CPU-s and 18 s). So when the framework is not imported yet, its OpenMP runtime is asked to wait
+    passively (``OMP_WAIT_POLICY=PASSIVE``) unless the environment says otherwise.
+    """
+    module = prefer_passive_openmp(framework)
+    return importlib.import_module(module).make_backend(device_index, workers)
+
+
+def prefer_passive_openmp(framework: str) -> str:
+    """Ask for passive OpenMP waiting (see ``load_backend``) if ``framework`` is not imported yet; returns the
+    backend module's name."""
+    module, package = check_framework(framework)
+    if package not in sys.modules:
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    return module

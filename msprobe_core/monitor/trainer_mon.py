@@ -1,0 +1,524 @@
+"""``TrainerMon``: msprobe-compatible training monitor for PyTorch.
+
+Per optimizer step it records statistics (config ``ops``) of activations and their gradients
+(``xy_distribution``), weight gradients (``wg_distribution``), optimizer moments (``mv_distribution``)
+and weights (``param_distribution``), writes them to TensorBoard / CSV / an in-memory dict, and checks
+them for anomalies (NaN/Inf, ``AnomalyTurbulence``)::
+
+    mon = TrainerMon("monitor_config.json")
+    mon.set_monitor(model, grad_acc_steps=1, optimizer=optimizer)
+    ...  # train as usual: optimizer.step() drives the monitor
+    mon.close()  # also runs at interpreter exit
+
+Frameworks that own the optimizer pass ``patch_optimizer=False`` (or no optimizer) and call the explicit
+entry points themselves: ``collect_grads()`` before clipping (optional), ``pre_optimizer_step()`` before
+the update, ``post_optimizer_step(optimizer_step=...)`` after it (or ``step(...)`` for both at once).
+
+Nothing here changes the numbers: hooks return None and never touch tensors, statistics run under
+``no_grad`` on detached tensors, and everything of a step is copied to the host once.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+from torch import nn
+
+from msprobe_core.errors import ConfigError
+from msprobe_core.monitor.alerts import AlertCenter, AnomalyCallback
+from msprobe_core.monitor.anomaly import Anomaly
+from msprobe_core.monitor.detector import BACKWARD_STAGES, AnomalyDetector, SkippedStep
+from msprobe_core.monitor.collector import StepCollector
+from msprobe_core.monitor.config import AlertConfig, MonitorConfig, load_monitor_config
+from msprobe_core.monitor.module_hooks import ActivationHooks, in_backward
+from msprobe_core.monitor.records import ACTV, ACTV_GRAD, EXP_AVG, EXP_AVG_SQ, GRAD, PARAM
+from msprobe_core.monitor.rules.learning_rate import learning_rates
+from msprobe_core.monitor.shard_agreement import contributes
+from msprobe_core.monitor.schedule import CollectionSchedule, ConfigWatcher, dynamic_requested
+from msprobe_core.monitor.selection import Selection, model_structure, module_names, named_parameters, owner_module
+from msprobe_core.monitor.state_readers import StateReader, TorchStateReader
+from msprobe_core.monitor.shard_stats import combine_partials, partials_to_ops, shard_partials
+from msprobe_core.monitor.stats import StatsEngine
+from msprobe_core.monitor.writers import ApiWriter, MetricWriter, WriterContext, make_writers
+from msprobe_core.pytorch.ranks import current_rank, rank_in
+from msprobe_core.common.patch import PatchHandle, wrap
+from msprobe_core.common.output_dir import check_output_dir
+from msprobe_core.common.rank_folder import rank_folder_name
+from msprobe_core.common.tool_guard import tool_work
+
+logger = logging.getLogger("msprobe_core.monitor")
+
+OUTPUT_DIR_ENV = "MONITOR_OUTPUT_DIR"
+DEFAULT_OUTPUT_DIR = "./monitor_output"
+
+
+class TrainerMon:
+    """The training monitor of one rank. See the module docstring for the call sequence."""
+
+    def __init__(self, config_file_path: str | os.PathLike | Mapping[str, Any], process_group: Any = None,
+                 params_have_main_grad: bool = True, *, output_dir: str | os.PathLike | None = None,
+                 state_reader: StateReader | None = None):
+        """Load and validate the config (``ConfigError`` on invalid values); nothing is hooked yet.
+
+        ``process_group`` is the pipeline group (its rank orders anomalies across pipeline stages);
+        ``params_have_main_grad`` reads ``param.main_grad`` where present (Megatron). ``output_dir``
+        overrides ``MONITOR_OUTPUT_DIR``; ``state_reader`` replaces where gradients/optimizer states are
+        read from (see ``msprobe_core.monitor.state_readers``).
+        """
+        # a mapping works too (integrations accept dicts); dynamic_on then has no file to watch
+        self.config_file_path = None if isinstance(config_file_path, Mapping) else os.fspath(config_file_path)
+        self.config: MonitorConfig = load_monitor_config(config_file_path)
+        self.process_group = process_group
+        self.params_have_main_grad = params_have_main_grad
+        self.reader: StateReader = state_reader or TorchStateReader(params_have_main_grad)
+        self.rank = current_rank() or 0
+        self.pp_stage = rank_in(process_group) if process_group is not None else 0
+        self.output_dir = Path(output_dir if output_dir is not None else os.environ.get(OUTPUT_DIR_ENV, DEFAULT_OUTPUT_DIR))
+        self.rank_dir = self.output_dir / rank_folder_name(self.rank)
+        self.dynamic = dynamic_requested(self.config) and self.config_file_path is not None
+        self._watcher = ConfigWatcher(self.config_file_path) if self.dynamic else None
+
+        self.step_index = 0
+        self.grad_acc_steps = 1
+        self.dp_group: Any = None
+        self.tp_group: Any = None
+        self._chunks: list[nn.Module] = []
+        self._optimizer: Any = None
+        self._patch: PatchHandle | None = None
+        self._hooks: ActivationHooks | None = None
+        self._params: dict[str, nn.Parameter] = {}
+        self.alerts = AlertCenter(self.rank, self.rank_dir, self.output_dir)
+        self._lrs: list[float] = []
+        self._forwards = 0  # training forwards of the first chunk since the last optimizer step
+        self._skip_checked = False
+        self._skip_hook: Any = None
+        self._zero_patch: PatchHandle | None = None
+        self._writers: list[MetricWriter] | None = None
+        self._latest: dict[str, Any] = {}
+        self._token = 0
+        self._collecting = False
+        self._contributing = False  # not collecting, but another rank of the shard group is (see shard_agreement)
+        self._agreed = False
+        self._pre_done = False
+        self._grads_done = False
+        self._closed = False
+        self._configure(self.config, not_before=0)
+        atexit.register(self.close)
+
+    # ------------------------------------------------------------------------------------ set up
+    def set_monitor(self, model: nn.Module | Sequence[nn.Module], grad_acc_steps: int = 1, optimizer: Any = None,
+                    dp_group: Any = None, tp_group: Any = None, start_iteration: int = 0, *,
+                    patch_optimizer: bool = True, step_label: Callable[[], int] | None = None) -> "TrainerMon":
+        """Attach to a model (a module or a list of chunks) and an optimizer, and start monitoring.
+
+        With ``patch_optimizer`` (the default) the optimizer instance's ``step`` is wrapped so every
+        ``optimizer.step()`` is a monitor step (labelled ``step_label()``, read just before the update,
+        when given), and its ``zero_grad`` to notice an update a loss scaler skipped; otherwise call
+        ``step()`` (or the pre/post pair) yourself. msprobe's older argument order
+        ``(model, optimizer, grad_acc_steps, ...)`` is accepted.
+        """
+        if _looks_like_optimizer(grad_acc_steps) and (optimizer is None or isinstance(optimizer, int)):
+            grad_acc_steps, optimizer = (optimizer if optimizer is not None else 1), grad_acc_steps
+        if isinstance(grad_acc_steps, bool) or not isinstance(grad_acc_steps, int) or grad_acc_steps < 1:
+            raise ConfigError("grad_acc_steps", grad_acc_steps, "an int >= 1 (micro-batches per optimizer step)")
+        if isinstance(start_iteration, bool) or not isinstance(start_iteration, int) or start_iteration < 0:
+            raise ConfigError("start_iteration", start_iteration, "an int >= 0 (the optimizer step training resumes at)")
+        chunks = list(model) if isinstance(model, (list, tuple)) else [model]
+        if not chunks or not all(isinstance(m, nn.Module) for m in chunks):
+            raise ConfigError("model", model, "a torch.nn.Module or a non-empty list of them (model chunks)")
+        check_output_dir(self.output_dir, OUTPUT_DIR_ENV)  # a file or an unwritable place fails here, not mid-training
+        self._uninstall()
+        self._chunks = chunks
+        self._skip_hook = chunks[0].register_forward_pre_hook(self._on_forward_start, prepend=True)
+        self.grad_acc_steps = grad_acc_steps
+        self.dp_group, self.tp_group = dp_group, tp_group
+        self.step_index = start_iteration
+        self._optimizer = optimizer
+        if optimizer is not None and patch_optimizer:
+            def before(*args: Any, **kwargs: Any) -> int | None:
+                label = step_label() if step_label is not None else None
+                self.pre_optimizer_step()
+                return label
+
+            self._patch = wrap(optimizer, "step", before=before, after=self.post_optimizer_step,
+                               where="monitor: optimizer.step", logger=logger)
+            if callable(getattr(optimizer, "zero_grad", None)):
+                self._zero_patch = wrap(optimizer, "zero_grad", before=self._on_zero_grad,
+                                        where="monitor: optimizer.zero_grad", logger=logger)
+        if optimizer is None and self.config.mv_distribution:
+            logger.warning("monitor: mv_distribution is on but set_monitor got no optimizer; moments are not read")
+        self._apply_selection()
+        if self.schedule.enabled:
+            self._ensure_writers()  # fail now (e.g. tensorboardX missing), not inside the training loop
+        if self.config.print_struct:
+            self._write_structure()
+        return self
+
+    def set_state_reader(self, reader: StateReader, dp_group: Any = None) -> None:
+        """Read gradients, weights and optimizer states through ``reader`` from now on (an integration that
+        finds the engine only once training runs); ``dp_group`` replaces the data-parallel group."""
+        self.reader = reader
+        if dp_group is not None:
+            self.dp_group = dp_group
+
+    def _configure(self, config: MonitorConfig, not_before: int) -> None:
+        self.config = config
+        self.engine = StatsEngine(config.ops, config.eps)
+        self.collector = StepCollector(self.engine)
+        enabled = config.selects_rank(self.rank) and (config.dynamic_on if self.dynamic else True)
+        self.schedule = CollectionSchedule.from_config(config, enabled=enabled, not_before=not_before)
+        self.detector = AnomalyDetector(self._alert_config(), config.ops, self.pp_stage, events=self.alerts.events)
+        self.alerts.configure(config.alert)
+        self._close_writers()
+
+    def _alert_config(self) -> AlertConfig:
+        alert = self.config.alert
+        if not alert.enabled and self.alerts.callbacks:
+            return AlertConfig(enabled=True, nan=alert.nan)
+        return alert
+
+    def _apply_selection(self) -> None:
+        """(Re)build the monitored parameter set and activation hooks for the current config."""
+        if self._hooks is not None:
+            self._hooks.remove()
+            self._hooks = None
+        selection = Selection(self.config, len(self._chunks))
+        self._params = {n: p for n, p in named_parameters(self._chunks).items() if selection.selects_param(n)}
+        if self._chunks:
+            selection.warn_unmatched(module_names(self._chunks))
+        self._selection = selection
+        self._begin_step()
+
+    def _sync_hooks(self) -> None:
+        want = (self.config.xy_distribution and bool(self._chunks) and not self.schedule.exhausted
+                and not self._closed)
+        if want and self._hooks is None:
+            self._hooks = ActivationHooks(self.collector, forward=self.config.xy_forward,
+                                          backward=self.config.xy_backward,
+                                          is_active=lambda: self._collecting, step_token=lambda: self._token)
+            self._hooks.install(self._chunks, self._selection.module_spec)
+        elif not want and self._hooks is not None:
+            self._hooks.remove()
+            self._hooks = None
+
+    def _begin_step(self) -> None:
+        self._token += 1
+        self._collecting = self.schedule.selects(self.step_index) and not self._closed
+        self._contributing = False
+        self._agreed = False
+        self._pre_done = False
+        self._grads_done = False
+        self._forwards = 0
+        self._skip_checked = False
+        self._lrs = []
+        self.collector.reset()
+        if hasattr(self, "_selection"):
+            self._sync_hooks()
+        if self._hooks is not None:
+            self._hooks.new_step()
+
+    # ------------------------------------------------------------------------- explicit entry points
+    @property
+    def collecting(self) -> bool:
+        """Whether the current optimizer step is monitored."""
+        return self._collecting
+
+    def collect_grads(self, grads: Mapping[str, torch.Tensor] | None = None) -> None:
+        """Record this step's weight gradients now, e.g. before gradient clipping.
+
+        Without ``grads`` the state reader supplies them (``main_grad``/``grad``); an integration may pass
+        ``{parameter name: gradient}`` itself. Later calls in the same step (including the one the
+        optimizer-step hook makes) do nothing.
+        """
+        self._agree()
+        if not self._reading or self._grads_done or not self.config.wg_distribution:
+            return
+        with tool_work():
+            if grads is None:
+                grads = self.reader.grads(self._params)
+            order = [n for n in reversed(list(self._params)) if n in grads] + [n for n in grads if n not in self._params]
+            self._record_mapping(GRAD, {n: grads[n] for n in order})
+        self._grads_done = True
+
+    def record(self, kind: str, tensors: Mapping[str, torch.Tensor], micro_step: int | None = None,
+               module: str | None = None) -> None:
+        """Record statistics of arbitrary named tensors under ``kind`` at the current step.
+
+        For integrations that see tensors the monitor cannot (unreduced gradients, a framework's own
+        buffers). Does nothing when the current step is not monitored.
+        """
+        if not self._collecting:
+            return
+        with tool_work():
+            self._record_mapping(kind, tensors, micro_step, module)
+
+    def pre_optimizer_step(self) -> None:
+        """Before the optimizer update: record weights (as used by this step) and gradients."""
+        if self._pre_done:
+            return
+        self._pre_done = True
+        self._agree()
+        if not self._reading:
+            return
+        try:
+            with tool_work():
+                self._lrs = learning_rates(self._optimizer)
+                if self.config.param_distribution:
+                    self._record_mapping(PARAM, self.reader.weights(self._params))
+                self.collect_grads()
+        except Exception:
+            logger.exception("monitor: reading weights/gradients failed at step %d", self.step_index)
+
+    def post_optimizer_step(self, optimizer_step: int | None = None) -> dict[str, Any] | None:
+        """After the optimizer update: record optimizer state, then write and check the whole step.
+
+        ``optimizer_step`` relabels the step just finished (a framework's own counter). Returns the
+        step's metrics dict (``api`` format, see ``get_metrics``) or None.
+        """
+        if optimizer_step is not None:
+            self.step_index = int(optimizer_step)
+        result = None
+        self._agree()
+        if self._reading:
+            try:
+                with tool_work():
+                    if not self._pre_done:
+                        self.pre_optimizer_step()
+                    if self.config.mv_distribution and self._optimizer is not None:
+                        states = self.reader.optimizer_states(self._optimizer, self._params)
+                        for kind in (EXP_AVG, EXP_AVG_SQ):
+                            if kind in states:
+                                self._record_mapping(kind, states[kind])
+                    if self._collecting:
+                        result = self._finish_step()
+            except Exception:
+                logger.exception("monitor: finishing step %d failed", self.step_index)
+        self.step_index += 1
+        self._poll_config()
+        self._begin_step()
+        return result
+
+    def step(self, optimizer_step: int | None = None) -> dict[str, Any] | None:
+        """One whole monitor step, for frameworks that own the optimizer: call it after the update."""
+        self.pre_optimizer_step()
+        return self.post_optimizer_step(optimizer_step)
+
+    # ------------------------------------------------------------------------------------ results
+    def get_metrics(self) -> dict[str, Any]:
+        """The latest monitored step: ``{"step": s, "metrics": {kind: {name: {op: value}}}}`` (``api`` format)."""
+        return self._latest
+
+    @property
+    def anomalies(self) -> list[Anomaly]:
+        """Every anomaly event found so far on this rank, in order (its origin; ``reached``: how far it spread)."""
+        return self.alerts.anomalies
+
+    @property
+    def skipped_steps(self) -> list[SkippedStep]:
+        """Updates a loss scaler skipped for Inf/NaN gradients (not anomalies): step and the gradient seen
+        overflowing first."""
+        return list(self.alerts.skipped_steps)
+
+    def register_anomaly_callback(self, callback: AnomalyCallback) -> Callable[[], None]:
+        """Call ``callback(anomaly)`` for each new anomaly (turns NaN/Inf checks on); returns an unregister function."""
+        self.alerts.callbacks.append(callback)
+        if not self.detector.alert.enabled:
+            self.detector = AnomalyDetector(self._alert_config(), self.config.ops, self.pp_stage,
+                                            events=self.alerts.events)
+
+        def unregister() -> None:
+            if callback in self.alerts.callbacks:
+                self.alerts.callbacks.remove(callback)
+
+        return unregister
+
+    def close(self) -> None:
+        """Remove every hook, restore ``optimizer.step``, flush and close all files. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._collecting = False
+        self._uninstall()
+        self._close_writers()
+        self.alerts.close()
+        try:
+            atexit.unregister(self.close)
+        except Exception:  # pragma: no cover
+            pass
+
+    def __enter__(self) -> "TrainerMon":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # ---------------------------------------------------------------------------------- internals
+    @property
+    def _reading(self) -> bool:
+        """Whether this step's states are read: to record them, or only to contribute shards."""
+        return self._collecting or self._contributing
+
+    def _shard_group(self) -> Any:
+        return self.reader.group if self.reader.group is not None else self.dp_group
+
+    def _agree(self) -> None:
+        """Once per step, before its first sharded all-reduce: whether this rank contributes its shards to a
+        step other ranks collect (``shard_agreement``). The entry points call it in the same order on every
+        rank, so the ranks meet in the agreement's all-reduce."""
+        if self._agreed:
+            return
+        self._agreed = True
+        if self.reader.sharded and not self._closed:
+            self._contributing = contributes(self._collecting, self.config, self.dynamic, self._shard_group())
+
+    def _uninstall(self) -> None:
+        if self._skip_hook is not None:
+            self._skip_hook.remove()
+            self._skip_hook = None
+        if self._hooks is not None:
+            self._hooks.remove()
+            self._hooks = None
+        if self._patch is not None:
+            self._patch.remove()
+            self._patch = None
+        if self._zero_patch is not None:
+            self._zero_patch.remove()
+            self._zero_patch = None
+
+    def _record_mapping(self, kind: str, tensors: Mapping[str, torch.Tensor], micro_step: int | None = None,
+                        module: str | None = None) -> None:
+        if not tensors:
+            return
+        if self.reader.sharded and kind in (GRAD, EXP_AVG, EXP_AVG_SQ, PARAM):
+            self._record_sharded(kind, tensors)
+            return
+        if not self._collecting:
+            return
+        items = [(name, module if module is not None else owner_module(name), t) for name, t in tensors.items()
+                 if isinstance(t, torch.Tensor)]
+        self.collector.record(kind, items, micro_step)
+
+    def _record_sharded(self, kind: str, tensors: Mapping[str, torch.Tensor]) -> None:
+        names = sorted(tensors)
+        partials = shard_partials(self.engine, [tensors[n] for n in names])
+        combined = combine_partials(partials, self._shard_group())
+        if not self._collecting:  # contributing only: the all-reduces are made, nothing is recorded
+            return
+        block = partials_to_ops(combined, self.config.ops)
+        base = self.collector.add_block(block)
+        for i, name in enumerate(names):
+            p = self._params.get(name)
+            numel = int(getattr(p, "ds_numel", 0) or (p.numel() if p is not None else 0))
+            self.collector.add_entry(kind, name, owner_module(name), None, numel, (block.device, base + i))
+
+    def _ensure_writers(self) -> list[MetricWriter]:
+        if self._writers is None:
+            cfg = self.config
+            ctx = WriterContext(rank_dir=self.rank_dir, ops=cfg.ops, ndigits=cfg.ndigits,
+                                with_micro=self.grad_acc_steps > 1, step_count_per_record=cfg.step_count_per_record,
+                                step_interval=cfg.step_interval)
+            self._writers = make_writers(cfg.formats, ctx)
+        return self._writers
+
+    def _close_writers(self) -> None:
+        if self._writers:
+            for w in self._writers:
+                try:
+                    w.close()
+                except Exception:  # pragma: no cover
+                    logger.exception("monitor: closing a writer failed")
+        self._writers = None
+
+    def _finish_step(self) -> dict[str, Any] | None:
+        rows = self.collector.finalize()  # the step's one host copy
+        self.schedule.collected += 1
+        step = self.step_index
+        result = None
+        for w in self._ensure_writers():
+            w.write(step, rows)
+            if isinstance(w, ApiWriter):
+                self._latest = result = w.latest
+        self.alerts.publish(self.detector.judge(self.rank, step, rows, lrs=self._lrs))
+        return result
+
+    # A skipped update: a loss scaler (torch.amp.GradScaler, a framework's own) found Inf/NaN gradients and
+    # did not call optimizer.step(). The iteration is noticed when its gradients are cleared
+    # (optimizer.zero_grad after a backward) or, failing that, when the first chunk's forward runs more
+    # than grad_acc_steps times; it is judged on its own, its overflowed gradients are not an anomaly, and
+    # the step starts over. Without Inf/NaN gradients nothing changes (statistics keep accumulating).
+    def _on_zero_grad(self, *args: Any, **kwargs: Any) -> None:
+        if (self._collecting and not self._skip_checked and self._forwards >= self.grad_acc_steps
+                and self.collector.recorded(BACKWARD_STAGES)):
+            self._close_skipped_iteration()
+
+    def _on_forward_start(self, module: nn.Module, args: Any) -> None:
+        if not module.training or not self._collecting or in_backward():
+            return
+        self._forwards += 1
+        if self._forwards > self.grad_acc_steps and not self._skip_checked and self._close_skipped_iteration():
+            self._forwards = 1
+
+    def _close_skipped_iteration(self) -> bool:
+        """If this iteration's gradients hold Inf/NaN, judge it as a skipped update and start the step over."""
+        try:
+            with tool_work():
+                overflow: list[str] = []
+                if not self.reader.sharded:  # the weight gradients, when not cleared yet (in backward order)
+                    grads = self.reader.grads(self._params)
+                    overflow = _nonfinite_names([(n, grads[n]) for n in reversed(list(self._params)) if n in grads])
+                skipped = bool(overflow) or self.collector.has_nonfinite(BACKWARD_STAGES)
+                if skipped:
+                    rows = self.collector.finalize()
+                    self.alerts.publish(self.detector.judge(self.rank, self.step_index, rows, skipped=True,
+                                                            overflow=overflow))
+        except Exception:
+            logger.exception("monitor: judging a skipped update at step %d failed", self.step_index)
+            skipped = False
+        if skipped:
+            self._begin_step()
+        else:
+            self._skip_checked = True
+        return skipped
+
+    def _poll_config(self) -> None:
+        if self._watcher is None:
+            return
+        new = self._watcher.poll()
+        if new is None:
+            return
+        self._configure(new, not_before=self.step_index)
+        if self._chunks:
+            self._apply_selection()
+        logger.info("monitor: collection %s from step %d", "on" if self.schedule.enabled else "off", self.step_index)
+
+    def _write_structure(self) -> None:
+        self.rank_dir.mkdir(parents=True, exist_ok=True)
+        path = self.rank_dir / "module_struct.json"
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(model_structure(self._chunks), f, indent=1)
+        logger.info("monitor: module structure of rank %d written to %s", self.rank, path)
+
+
+def _nonfinite_names(named: Sequence[tuple[str, torch.Tensor]]) -> list[str]:
+    """The names whose tensors hold a NaN or Inf, in order (one host read per device)."""
+    by_device: dict[torch.device, list[int]] = {}
+    for i, (_, t) in enumerate(named):
+        by_device.setdefault(t.device, []).append(i)
+    bad: list[int] = []
+    for idx in by_device.values():
+        finite = torch.isfinite(torch.stack(torch._foreach_norm([named[i][1] for i in idx]))).tolist()
+        bad.extend(i for i, ok in zip(idx, finite) if not ok)
+    return [named[i][0] for i in sorted(bad)]
+
+
+def _looks_like_optimizer(obj: Any) -> bool:
+    return not isinstance(obj, int) and hasattr(obj, "step") and (hasattr(obj, "param_groups") or hasattr(obj, "state"))
+
+
+__all__ = ["TrainerMon", "ACTV", "ACTV_GRAD", "GRAD", "EXP_AVG", "EXP_AVG_SQ", "PARAM"]

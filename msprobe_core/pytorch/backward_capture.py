@@ -1,0 +1,227 @@
+"""Each call's own input gradients, read from autograd's own graph nodes (backward records' ``output``).
+
+A tensor hook on an input sees that tensor's total gradient, summed over every call that used it. What one
+call sends to its input is the gradient on the graph edges that leave the call's part of the graph toward
+that input, and autograd hands exactly those values to the post hooks of the nodes the edges start from:
+``Node.register_hook(hook)`` calls ``hook(grad_inputs, grad_outputs)`` with ``grad_inputs[i]`` the gradient
+sent along ``next_functions[i]``.
+
+- At the call's start, ``InputEdges.of(tensors)`` notes where each input's gradient goes (its ``grad_fn``
+  and output slot, or, for a leaf, the leaf itself: its edge ends in its ``AccumulateGrad``) and autograd's
+  sequence number (each new node takes the next one, per thread).
+- At its end, ``capture`` walks from the outputs' ``grad_fn`` through the nodes made during the call
+  (sequence numbers between the two readings; nodes made before, the inputs' included, end the walk) and
+  puts one post hook on each node with an edge to an input. A call that autograd decomposes into several
+  nodes (``cross_entropy`` is ``log_softmax`` + ``nll_loss``, a module is many) thus reports the gradient
+  on the edge that leaves it, not an inner node's.
+- An input reached by several edges (used twice in the call) gets their sum, added in the order autograd
+  runs the nodes; the sum is the tool's own tensor and changes nothing in the model. Edges whose node does
+  not run in a backward pass (an output the loss does not use) count as nothing: what arrived is reported
+  when autograd's graph task ends (``queue_callback``).
+- An output that *is* an input (``nn.Dropout`` in eval mode returns its input) passes that input's whole
+  gradient on: such an input is reported through a tensor hook on it, as the gradient of that output.
+
+No node is inserted and every hook returns None, so losses and gradients are bit-identical with the tool on
+(``register_full_backward_hook`` would insert identity nodes, which can reorder gradient sums). The hooks
+hold no tensor of the graph (no reference cycle through autograd); their handles go to the caller, who
+removes them when the step ends.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import torch
+
+_ACCUMULATE_GRAD = torch._C._functions.AccumulateGrad
+_sequence_nr = torch._C._autograd._get_sequence_nr
+_queue_callback = torch.autograd.Variable._execution_engine.queue_callback
+_no_torch_function = torch._C.DisableTorchFunction
+_add = torch._C._VariableFunctions.add  # the binding itself: never a wrapper the L1 dump patched in
+_is_grad_enabled = torch._C.is_grad_enabled
+_set_grad_enabled = torch._C._set_grad_enabled
+
+Key = tuple[int, int]
+"""Where an input's gradient goes: (id of its ``grad_fn``, its output slot), or (id of the leaf, -1)."""
+
+Report = Callable[[int, torch.Tensor], None]
+"""``report(input index, gradient)``: one input's own gradient, for the backward record's ``output``."""
+
+
+def _key(t: torch.Tensor) -> tuple[Key, Any]:
+    """``t``'s gradient edge as a key, and the object whose id it holds (kept alive while the key is used)."""
+    fn = t.grad_fn
+    if fn is None:
+        return (id(t), -1), t
+    return (id(fn), t.output_nr), fn
+
+
+class InputEdges:
+    """A call's inputs that require grad, noted at its start: their edge keys and the sequence number."""
+
+    __slots__ = ("begin", "slots", "alive")
+
+    def __init__(self, begin: int, slots: dict[Key, list[int]], alive: list):
+        self.begin = begin
+        self.slots = slots   # edge key -> the input indices that are that tensor
+        self.alive = alive   # the grad_fns and leaves the keys' ids stand for
+
+    @classmethod
+    def of(cls, tensors: list) -> Optional["InputEdges"]:
+        """The edges of ``tensors`` (the call's tensor inputs, in record order); None if none requires grad."""
+        slots: dict[Key, list[int]] = {}
+        alive = []
+        for i, t in enumerate(tensors):
+            if t.requires_grad:
+                key, obj = _key(t)
+                indices = slots.get(key)
+                if indices is None:
+                    slots[key] = [i]
+                    alive.append(obj)
+                else:
+                    indices.append(i)
+        return cls(_sequence_nr(), slots, alive) if slots else None
+
+
+def capture(edges: InputEdges, outputs: list, report: Report, fail: Callable[[BaseException], None],
+            handles: list) -> None:
+    """Hook the call's own nodes so that ``report`` gets each input's own gradient when backward runs;
+    ``outputs`` are the call's output tensors, ``fail`` gets an exception raised in a hook (the user's
+    backward goes on), ``handles`` receives the hook handles."""
+    end = _sequence_nr()
+    begin, slots = edges.begin, edges.slots
+    roots = []
+    passed: dict[Key, torch.Tensor] = {}  # input edge -> the output that is that tensor
+    for t in outputs:
+        if not t.requires_grad:
+            continue
+        key, fn = _key(t)
+        if key in slots:
+            passed.setdefault(key, t)
+        elif fn is not t and begin <= fn._sequence_nr() < end:
+            roots.append(fn)
+    hits, counts = _walk(roots, slots, passed, begin, end)
+    if not hits and not passed:
+        return
+    state = _OwnGrads(slots, counts, report, fail)
+    for node, node_hits in hits:
+        handles.append(node.register_hook(state.post_hook(node_hits)))
+    for key, t in passed.items():
+        state.expected[key] = 1
+        handles.append(t.register_hook(state.tensor_hook(key)))
+
+
+def _walk(roots: list, slots: dict[Key, list[int]], skip: dict, begin: int, end: int):
+    """The call's nodes with edges to its inputs (``[(node, ((key, edge indices), ...)), ...]``) and the
+    number of such edges per input key; edges to a key in ``skip`` are left out."""
+    stack = list(dict.fromkeys(roots))  # outputs of one node (split, chunk) share it: walk it once
+    seen = set(stack)
+    hits = []
+    counts: dict[Key, int] = {}
+    while stack:
+        node = stack.pop()
+        found: Optional[dict[Key, list[int]]] = None
+        for edge, (nxt, nr) in enumerate(node.next_functions):
+            if nxt is None:
+                continue
+            leaf = type(nxt) is _ACCUMULATE_GRAD
+            key = (id(nxt.variable), -1) if leaf else (id(nxt), nr)
+            if key in slots:
+                if key in skip:
+                    continue
+                if found is None:
+                    found = {}
+                found.setdefault(key, []).append(edge)
+                counts[key] = counts.get(key, 0) + 1
+            elif not leaf and nxt not in seen and begin <= nxt._sequence_nr() < end:
+                seen.add(nxt)
+                stack.append(nxt)
+        if found is not None:
+            hits.append((node, tuple((k, tuple(e)) for k, e in found.items())))
+    return hits, counts
+
+
+class _OwnGrads:
+    """One call's input gradients as its nodes send them during a backward pass."""
+
+    __slots__ = ("slots", "expected", "report", "fail", "partial", "queued")
+
+    def __init__(self, slots: dict[Key, list[int]], expected: dict[Key, int], report: Report,
+                 fail: Callable[[BaseException], None]):
+        self.slots = slots
+        self.expected = expected        # edge key -> how many of the call's edges lead there
+        self.report = report
+        self.fail = fail
+        self.partial: dict[Key, list] = {}  # key -> [edges arrived, their sum] in the running backward pass
+        self.queued = False
+
+    def post_hook(self, node_hits: tuple) -> Callable:
+        def hook(grad_inputs, grad_outputs):
+            try:
+                for key, edge_list in node_hits:
+                    self._arrive(key, [grad_inputs[e] for e in edge_list])
+            except Exception as e:  # the tool never breaks the user's backward
+                self.fail(e)
+            return None
+        return hook
+
+    def tensor_hook(self, key: Key) -> Callable:
+        def hook(grad):
+            try:
+                self._arrive(key, [grad])
+            except Exception as e:
+                self.fail(e)
+            return None
+        return hook
+
+    def _arrive(self, key: Key, grads: list) -> None:
+        expected = self.expected[key]
+        if len(grads) == expected:  # every edge of this input starts at this node (the usual case)
+            self._emit(key, _sum(grads, None))
+            return
+        got = self.partial.get(key)
+        if got is None:
+            got = self.partial[key] = [0, None]
+            if not self.queued:
+                self.queued = True
+                _queue_callback(self._flush)
+        got[0] += len(grads)
+        got[1] = _sum(grads, got[1])
+        if got[0] >= expected:
+            del self.partial[key]
+            self._emit(key, got[1])
+
+    def _flush(self) -> None:
+        """End of the backward pass: report what arrived for inputs whose other edges did not run."""
+        self.queued = False
+        partial, self.partial = self.partial, {}
+        try:
+            for key, (_, total) in partial.items():
+                self._emit(key, total)
+        except Exception as e:
+            self.fail(e)
+
+    def _emit(self, key: Key, grad: Optional[torch.Tensor]) -> None:
+        if grad is not None:
+            for index in self.slots[key]:
+                self.report(index, grad)
+
+
+def _sum(grads: list, total: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """``total`` plus the defined gradients of ``grads``, left to right (the tool's own tensor)."""
+    for g in grads:
+        if g is None:
+            continue
+        if total is None:
+            total = g
+            continue
+        prev = _is_grad_enabled()
+        with _no_torch_function():
+            if prev:
+                _set_grad_enabled(False)
+            try:
+                total = _add(total, g)
+            finally:
+                if prev:
+                    _set_grad_enabled(True)
+    return total

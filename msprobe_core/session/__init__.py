@@ -1,0 +1,64 @@
+"""The integration API: ``ProbeSession`` is the one door every framework integration goes through.
+
+An integration (the Hugging Face ``TrainerCallback``, the DeepSpeed engine patch, the Megatron flags, the
+vLLM workers, or your own training loop) knows *when* things happen in its framework and *where* the
+model, the optimizer and its states are; the session knows what to do then: run the dump
+(``PrecisionDebugger``) over whole optimizer steps, drive the monitor (``TrainerMon``), keep the ranks of a
+sharded group in the same collectives, and write the captured hyperparameters next to both outputs. It is
+the extension point for a new framework, as ``transformers.TrainerCallback`` is for the Trainer: the
+integration maps the framework's events onto the session's, and touches nothing else of the core.
+
+Lifecycle (one process; the events of each optimizer step in this order)::
+
+    session = ProbeSession(config_path="dump.json", monitor_config_path="monitor.json")
+    session.attach(model, optimizer, grad_acc_steps=4, state_reader=reader)    # attach
+    session.write_hyperparameters(doc)                                           # optional
+    for step in steps:
+        session.begin_step(step)              # step begin: dump every micro-batch into step{step}
+        ...                                   # forward and backward of every micro-batch
+        session.gradients_ready()             # gradients ready: reduced, not yet clipped (optional)
+        session.before_optimizer_step()       # just before the update: weights, gradients
+        optimizer.step()
+        session.after_optimizer_step(step)    # after the optimizer step: states; the step is written, checked
+        folder = session.end_step()           # step end: the step's dump files; the rank folder written
+    session.close()                           # close: undo every patch, flush every file
+
+Events (methods of ``ProbeSession``):
+
+- ``attach(model, optimizer=None, grad_acc_steps=1, state_reader=None, dp_group=None, start_iteration=0,
+  *, patch_optimizer=False, step_label=None, rank_id=None)``: once the model (or its chunks) and the
+  optimizer exist. Nothing before it records anything.
+- ``begin_step(step=None, *, token_range=None)``: a dump step begins (all micro-batches of an optimizer
+  step, or the generation steps of ``token_range``).
+- ``gradients_ready(grads=None)``: the step's gradients are final; call it before gradient clipping to see
+  them unclipped. Optional: ``before_optimizer_step`` reads them otherwise.
+- ``before_optimizer_step()``: right before the optimizer update.
+- ``after_optimizer_step(step=None)``: right after the update; returns the step's metrics (``api`` format).
+- ``end_step() -> Path | None``: the dump step ends; its files are written.
+- ``close()``: the end of training (or of the integration): idempotent.
+
+Every rank calls the optimizer-step events at the same points, even a rank that monitors nothing: with a
+sharded state reader they hold the collectives (``msprobe_core.monitor.shard_agreement``).
+
+Options, for what the frameworks need:
+
+- process groups: ``ProbeSession(process_group=...)`` (pipeline stage of anomalies),
+  ``attach(dp_group=...)`` / ``state_reader.group`` (where shard statistics are combined);
+- ``ProbeSession(params_have_main_grad=...)``: read ``param.main_grad`` (Megatron) before ``param.grad``;
+- optimizer patching: ``attach(patch_optimizer=True, step_label=...)`` wraps ``optimizer.step`` to run the
+  three optimizer-step events itself (Megatron, plain loops);
+- a state reader: ``attach(state_reader=...)`` or later ``set_state_reader(reader, dp_group)``
+  (``msprobe_core.monitor.state_readers.StateReader``: DeepSpeed ZeRO, Megatron's optimizers);
+- the folders it wrote: ``end_step()``, ``output_folders()``, ``dump_path``, ``dump_step``;
+- another integration's engine: ``follow_engine(kind, current_step)`` (``engine_followers``);
+- ``ProbeSession(dump_path=...)`` overrides the dump config's ``dump_path``; ``attach(rank_id=...)`` names
+  the dump's rank folder; ``on_anomaly(callback)``; ``write_hyperparameters(doc)``.
+
+To patch a framework's function or method, use ``msprobe_core.common.patch`` (``wrap`` / ``patch``): the
+undo handle and the "never break training" guard come with it.
+"""
+
+from msprobe_core.session.engine_followers import register_engine_follower
+from msprobe_core.session.probe_session import ProbeSession
+
+__all__ = ["ProbeSession", "register_engine_follower"]

@@ -1,0 +1,128 @@
+"""Real megatron-core on a machine without CUDA: the CPU stand-ins for its CUDA-only pieces, and gloo.
+
+megatron-core 0.16.1 (the newest for Python 3.11) runs on the CPU with a tiny ``GPTModel`` once the few
+pieces that hard-code CUDA are redirected. Everything that does so lives here, documented, and is undone
+by ``CpuPatches.remove()`` (each is a ``msprobe_core.common.patch`` handle):
+
+1. ``GlobalMemoryBuffer.get_tensor`` allocates its scratch buffer on ``torch.cuda.current_device()``;
+   the replacement allocates the same buffer on the CPU.
+2. ``CudaRNGStatesTracker.fork`` raises "cuda rng state model-parallel-rng is not added" because
+   ``model_parallel_cuda_manual_seed`` needs CUDA; the replacement is a no-op context (dropout is 0 in
+   these models, so no RNG stream is consumed there).
+3. ``torch.cuda.current_device`` returns 0 instead of initialising CUDA: the DDP grad buffers
+   (``param_and_grad_buffer.py``), the distributed optimizer and the pipeline's p2p buffers allocate with
+   ``device=current_device()``; ``torch.cuda.synchronize`` (pipeline p2p communication) does nothing.
+4. ``CudaOnCpuMode``, a ``TorchFunctionMode`` active while patched, maps a CUDA ``device=`` argument of
+   factory functions (``torch.zeros(..., device="cuda")`` in the optimizers, ``clip_grads.py`` and
+   ``schedules.py``; ``device=0`` from item 3) to the CPU, makes ``Tensor.cuda()`` a no-op and answers
+   ``Tensor.type()`` (no arguments) with the CUDA type name, so the type checks of
+   ``Float16OptimizerWithFloat16Params`` / ``DistributedOptimizer`` ("torch.cuda.FloatTensor", ...)
+   accept CPU parameters. It changes no numbers: every call runs unchanged, only on the CPU.
+
+``use_cpu_initialization=True`` in the ``TransformerConfig`` keeps weight creation off CUDA, and gloo
+(``init_distributed``) is the process-group backend. Used by ``megatron_core_gpt.py`` and by the tests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import operator
+import os
+import sys
+from typing import Any, Optional
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _ROOT not in sys.path:  # runnable from a checkout without installing the package
+    sys.path.insert(0, _ROOT)
+
+from msprobe_core.common.patch import PatchHandle, patch  # noqa: E402
+
+
+def _is_cuda_device(device: Any) -> bool:
+    if isinstance(device, torch.device):
+        return device.type == "cuda"
+    if isinstance(device, str):
+        return device.startswith("cuda")
+    return isinstance(device, int) and not isinstance(device, bool)
+
+
+class CudaOnCpuMode(TorchFunctionMode):
+    """Runs megatron-core's CUDA-only allocations on the CPU (item 4 of the module docstring)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if "device" in kwargs and _is_cuda_device(kwargs["device"]):
+            kwargs = dict(kwargs, device="cpu")
+        if func is torch.Tensor.cuda:
+            return args[0]
+        if func is torch.Tensor.type and len(args) == 1 and not kwargs:
+            name = func(*args)
+            return name if name.startswith("torch.cuda.") else name.replace("torch.", "torch.cuda.", 1)
+        return func(*args, **kwargs)
+
+
+class CpuPatches:
+    """Install / remove the CPU stand-ins for megatron-core's CUDA-only pieces (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._handles: list[PatchHandle] = []
+        self._mode: Optional[CudaOnCpuMode] = None
+
+    def install(self) -> "CpuPatches":
+        import megatron.core.utils as mcu
+        from megatron.core.tensor_parallel.random import CudaRNGStatesTracker
+
+        def get_tensor(self, tensor_shape, dtype, name, mem_alloc_context=None):
+            numel = functools.reduce(operator.mul, tensor_shape, 1)
+            buf = self.buffer.get((name, dtype))
+            if buf is None or buf.numel() < numel:
+                self.buffer[(name, dtype)] = torch.empty(numel, dtype=dtype, device="cpu", requires_grad=False)
+            return self.buffer[(name, dtype)][0:numel].view(*tensor_shape)
+
+        def fork(self, name=None):
+            return contextlib.nullcontext()
+
+        for owner, attr, value in ((mcu.GlobalMemoryBuffer, "get_tensor", get_tensor),
+                                   (CudaRNGStatesTracker, "fork", fork),
+                                   (torch.cuda, "current_device", lambda: 0),
+                                   (torch.cuda, "synchronize", lambda device=None: None)):
+            self._handles.append(patch(owner, attr, lambda _original, value=value: value))
+        self._mode = CudaOnCpuMode()
+        self._mode.__enter__()
+        return self
+
+    def remove(self) -> None:
+        if self._mode is not None:
+            self._mode.__exit__(None, None, None)
+            self._mode = None
+        while self._handles:
+            self._handles.pop().remove()
+
+    def __enter__(self) -> "CpuPatches":
+        return self.install()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.remove()
+
+
+def init_distributed(rank: int = 0, world_size: int = 1, port: Optional[int] = None) -> None:
+    """gloo process group (MASTER_ADDR/PORT from the environment unless ``port`` is given)."""
+    if torch.distributed.is_initialized():
+        return
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    if port is not None:
+        os.environ["MASTER_PORT"] = str(port)
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world_size)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
