@@ -95,12 +95,15 @@ class MsprobeCallback(TrainerCallback):
     ``stop_on_nan``: stop training after the step in which the monitor saw a NaN/Inf.
     ``capture_hyperparameters``: write ``hyperparameters.json`` (default True).
     ``monitor_output_dir``: overrides ``MONITOR_OUTPUT_DIR`` for the monitor's output.
+    ``config_check_path``: also write msprobe's config_check pack (a zip) there, for
+    ``python -m msprobe_core config_check -c A.zip B.zip``.
     """
 
     def __init__(self, config_path: ConfigLike = None, monitor_config_path: ConfigLike = None, *,
                  stop_on_nan: bool = False, capture_hyperparameters: bool = True,
-                 monitor_output_dir: Optional[str] = None):
+                 monitor_output_dir: Optional[str] = None, config_check_path: Optional[str] = None):
         self.config_path = config_path
+        self.config_check_path = config_check_path
         self.monitor_config_path = monitor_config_path
         self.stop_on_nan = stop_on_nan
         self.capture = capture_hyperparameters
@@ -114,7 +117,8 @@ class MsprobeCallback(TrainerCallback):
 
     # ------------------------------------------------------------------------------ training
     def on_train_begin(self, args, state, control, model=None, optimizer=None, lr_scheduler=None, **kwargs):
-        session = ProbeSession(self.config_path, self.monitor_config_path, monitor_output_dir=self.monitor_output_dir)
+        session = ProbeSession(self.config_path, self.monitor_config_path, monitor_output_dir=self.monitor_output_dir,
+                               config_check_path=self.config_check_path)
         self.session = session
         module = unwrap_model(model)
         self._deepspeed = using_deepspeed(args)

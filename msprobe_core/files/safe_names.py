@@ -74,8 +74,8 @@ def safe_file_name(name: str, suffix: str = "", limit: int = NAME_MAX) -> str:
         return full
     escaped = "".join(("".join(f"%{b:02X}" for b in c.encode("utf-8", "surrogatepass")) if _needs_escape(c) else c)
                       for c in name)
-    if not escaped.strip("."):
-        escaped = escaped.replace(".", "%2E")
+    if not escaped.strip("."):  # "", ".", "..": never a name of the folder itself or its parent
+        escaped = escaped.replace(".", "%2E") or "%"  # a lone "%" is no other name's escape
     out = escaped + suffix
     if len(out.encode("utf-8", "surrogatepass")) <= budget:
         return out

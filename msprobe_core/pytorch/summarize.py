@@ -120,7 +120,11 @@ class Summarizer:
         data_name = None
         if save and file_base and self.tensor_dir is not None and self.files is not None:
             # a tensor copied for its file gets its statistics from that copy (one read of its memory)
-            data_name, stats_of_copy = self._save(t, entry, file_base, wants_stats and stats is None and kind != "complex")
+            try:
+                data_name, stats_of_copy = self._save(t, entry, file_base, wants_stats and stats is None and kind != "complex")
+            except Exception as e:  # a tensor that cannot be copied (no kernels for it): no file, the record stays
+                data_name = stats_of_copy = None
+                summary["summary"] = f"unsupported: not saved ({type(e).__name__})"
             if stats_of_copy is not None:
                 stats = stats_of_copy
                 if entry is not None:
@@ -143,17 +147,25 @@ class Summarizer:
         if self.md5:
             if entry is not None and entry.crc is not None:
                 summary["md5"] = entry.crc
-            elif t.is_cpu:
-                crc = tensor_crc32(data)
-                summary["md5"] = crc
-                if entry is not None:
-                    entry.crc = crc
-            else:  # copy now (no sync), checksum at resolve()
-                summary["md5"] = None
-                self._pending_crc.append((summary, _to(_contiguous(t.detach()), "cpu", non_blocking=True)))
+            else:
+                try:
+                    self._checksum(t, data, entry, summary)
+                except Exception as e:  # bytes torch cannot copy (a subclass without kernels)
+                    summary["md5"] = None
+                    summary["summary"] = f"unsupported: no checksum ({type(e).__name__})"
         if data_name is not None:
             summary["data_name"] = data_name
         return summary
+
+    def _checksum(self, t: torch.Tensor, data: torch.Tensor, entry: Optional[_Entry], summary: dict) -> None:
+        if t.is_cpu:
+            crc = tensor_crc32(data)
+            summary["md5"] = crc
+            if entry is not None:
+                entry.crc = crc
+        else:  # copy now (no sync), checksum at resolve()
+            summary["md5"] = None
+            self._pending_crc.append((summary, _to(_contiguous(t.detach()), "cpu", non_blocking=True)))
 
     def _unsupported(self, t: torch.Tensor, dtype_name: str, reason: str) -> dict:
         """The record of a tensor the dump does not read (``odd_tensors``): what is known without reading it."""
@@ -177,10 +189,10 @@ class Summarizer:
     def _entry(self, t: torch.Tensor) -> Optional[_Entry]:
         try:
             version = t._version
-        except RuntimeError:  # inference tensors have no version counter
+            ptr = t.data_ptr()  # ``param.data = ...`` swaps the memory without a version bump
+        except RuntimeError:  # inference tensors have no version counter, wrapper subclasses no storage
             return None
         key = id(t)
-        ptr = t.data_ptr()  # ``param.data = ...`` swaps the memory without a version bump
         entry = self._cache.get(key)
         if entry is not None and entry.ref() is t and entry.version == version and entry.ptr == ptr:
             return entry
@@ -239,7 +251,8 @@ def _stats_of(t: torch.Tensor, data: torch.Tensor, kind: str, summary: dict) -> 
         stats = host_stats(data) if kind != "complex" else None
         return stats if stats is not None else summary_stats(t, kind)
     except Exception as e:
-        summary["summary"] = f"unsupported: no statistics for {summary['dtype']} ({type(e).__name__})"
+        of = summary["dtype"] if type(t) in PLAIN_TYPES else f"a {type(t).__name__} of {summary['dtype']}"
+        summary["summary"] = f"unsupported: no statistics for {of} ({type(e).__name__})"
         return None
 
 

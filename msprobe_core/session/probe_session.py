@@ -32,13 +32,19 @@ class ProbeSession:
     ``dump_path``. ``monitor_config_path``: the monitor's config (path or dict; None: no monitor);
     ``monitor_output_dir`` overrides ``MONITOR_OUTPUT_DIR``. ``process_group``: the pipeline-parallel group
     (its rank orders anomalies across pipeline stages). ``params_have_main_grad``: gradients are read from
-    ``param.main_grad`` where present (Megatron) before ``param.grad``.
+    ``param.main_grad`` where present (Megatron) before ``param.grad``. ``config_check_path``: also write
+    msprobe's config_check pack there (``msprobe_core.config_check``: environment, packages, hyperparameters,
+    the weights and batches of the first micro-steps, random-number call sites); its random-number patches go
+    on at once, its model hook at ``attach``, and everything comes off at ``close``.
     """
 
     def __init__(self, config_path: ConfigLike = None, monitor_config_path: ConfigLike = None, *,
                  monitor_output_dir: Optional[str] = None, dump_path: Optional[str] = None,
-                 process_group: Any = None, params_have_main_grad: bool = True):
+                 process_group: Any = None, params_have_main_grad: bool = True,
+                 config_check_path: Optional[str] = None):
         self.debugger = None
+        self.config_checker = None
+        self._config_check_path = None if config_check_path is None else os.fspath(config_check_path)
         self.monitor = None
         self._model: Optional[Model] = None
         self._optimizer: Any = None
@@ -51,6 +57,10 @@ class ProbeSession:
 
             self._owns_debugger = PrecisionDebugger.current() is None
             self.debugger = PrecisionDebugger(config_path, dump_path=dump_path)
+        if self._config_check_path is not None:
+            from msprobe_core.config_check import ConfigChecker
+
+            ConfigChecker.apply_patches(fmk="pytorch")
         if monitor_config_path is not None:
             from msprobe_core.monitor.trainer_mon import TrainerMon
 
@@ -94,6 +104,10 @@ class ProbeSession:
         self._model = model
         self._optimizer = optimizer
         self._rank_id = rank_id
+        if self._config_check_path is not None and self.config_checker is None:
+            from msprobe_core.config_check import ConfigChecker
+
+            self.config_checker = ConfigChecker(model=model, output_zip_path=self._config_check_path, fmk="pytorch")
         if self.monitor is not None:
             if state_reader is not None:
                 self.monitor.set_state_reader(state_reader)
@@ -184,6 +198,8 @@ class ProbeSession:
     def write_hyperparameters(self, doc: Mapping[str, Any]) -> list[Path]:
         """``hyperparameters.json`` at the top of each output folder (global rank 0 only) and, when the
         monitor writes TensorBoard, as text and hparams there. Returns the files written."""
+        if self.config_checker is not None:  # every rank: the checker writes from rank 0 itself
+            self.config_checker.record_hyperparameters({"msprobe": dict(doc.get("normalized", {}))})
         if global_rank() != 0:
             return []
         written = [hparams.write(folder, doc) for folder in self.output_folders()]
@@ -210,6 +226,8 @@ class ProbeSession:
         Leaves the model as it was. Idempotent."""
         while self._followers:
             self._followers.pop().remove()
+        if self.config_checker is not None:
+            self.config_checker.close()
         if self._dumping:
             self.end_step()
         if self.debugger is not None:

@@ -76,9 +76,11 @@ class EnginePatch:
 
 
 def patch_engine(engine: Any, config_path: ConfigLike = None, monitor_config_path: ConfigLike = None, *,
-                 monitor_output_dir: Optional[str] = None, capture_hyperparameters: bool = True) -> Any:
+                 monitor_output_dir: Optional[str] = None, capture_hyperparameters: bool = True,
+                 config_check_path: Optional[str] = None) -> Any:
     """Dump (``config_path``: the dump's config.json, path or dict) and monitor (``monitor_config_path``)
     a ``DeepSpeedEngine`` returned by ``deepspeed.initialize``; returns the same engine.
+    ``config_check_path``: also write msprobe's config_check pack (a zip) there.
 
     Idempotent: patching an already patched engine returns it unchanged (a warning says the new configs
     were ignored). ``unpatch(engine)`` removes everything and flushes the outputs.
@@ -98,7 +100,8 @@ def patch_engine(engine: Any, config_path: ConfigLike = None, monitor_config_pat
     if engine.optimizer is None and monitor_config_path is not None:
         raise ConfigError("monitor_config_path", monitor_config_path,
                           "only for an engine with an optimizer (deepspeed.initialize(..., optimizer=...) or a ds_config optimizer)")
-    session = ProbeSession(config_path, monitor_config_path, monitor_output_dir=monitor_output_dir)
+    session = ProbeSession(config_path, monitor_config_path, monitor_output_dir=monitor_output_dir,
+                           config_check_path=config_check_path)
     reader = make_state_reader(engine) if session.monitor is not None else None
     session.attach(engine.module, engine.optimizer, grad_acc_steps=max(1, int(engine.gradient_accumulation_steps())),
                    state_reader=reader, dp_group=reader.group if reader is not None else None,
@@ -133,13 +136,14 @@ def unpatch(engine: Any, close: bool = True) -> Any:
 
 
 def initialize(*args: Any, config_path: ConfigLike = None, monitor_config_path: ConfigLike = None,
-               monitor_output_dir: Optional[str] = None, capture_hyperparameters: bool = True, **kwargs: Any) -> Any:
+               monitor_output_dir: Optional[str] = None, capture_hyperparameters: bool = True,
+               config_check_path: Optional[str] = None, **kwargs: Any) -> Any:
     """Drop-in for ``deepspeed.initialize``: the same arguments and return value, with the engine patched
     (``patch_engine``) when a dump or monitor config is given."""
     import deepspeed
 
     result = deepspeed.initialize(*args, **kwargs)
-    if config_path is not None or monitor_config_path is not None:
+    if config_path is not None or monitor_config_path is not None or config_check_path is not None:
         patch_engine(result[0], config_path, monitor_config_path, monitor_output_dir=monitor_output_dir,
-                     capture_hyperparameters=capture_hyperparameters)
+                     capture_hyperparameters=capture_hyperparameters, config_check_path=config_check_path)
     return result

@@ -61,11 +61,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for path in (flags.msprobe_config, flags.msprobe_monitor_config):
             if path is not None and not os.path.isfile(path):
                 raise ConfigFileError(path, "no such file")
-        if flags.msprobe_config is None and flags.msprobe_monitor_config is None:
-            log.warning("neither --msprobe-config nor --msprobe-monitor-config given: nothing is dumped or monitored")
+        if flags.msprobe_config is None and flags.msprobe_monitor_config is None and flags.msprobe_config_check is None:
+            log.warning("none of --msprobe-config, --msprobe-monitor-config, --msprobe-config-check given: "
+                        "nothing is dumped, monitored or checked")
         settings = dict(config_path=flags.msprobe_config, monitor_config_path=flags.msprobe_monitor_config,
                         monitor_output_dir=flags.msprobe_monitor_output_dir,
-                        capture_hyperparameters=not flags.msprobe_no_hparams)
+                        capture_hyperparameters=not flags.msprobe_no_hparams,
+                        config_check_path=flags.msprobe_config_check)
         if mindspeed.available():
             hooks = MegatronHooks(**settings, args_getter=_global_args)
             mindspeed.register(hooks)

@@ -7,7 +7,8 @@ from typing import Any, Callable, Optional
 
 ArgsProvider = Callable[[argparse.ArgumentParser], Any]
 
-FLAGS = ("--msprobe-config", "--msprobe-monitor-config", "--msprobe-monitor-output-dir", "--msprobe-no-hparams")
+FLAGS = ("--msprobe-config", "--msprobe-monitor-config", "--msprobe-monitor-output-dir", "--msprobe-no-hparams",
+         "--msprobe-config-check")
 
 
 def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -15,7 +16,8 @@ def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
     ``--msprobe-config PATH`` (the dump's config.json), ``--msprobe-monitor-config PATH`` (the monitor's
     config), ``--msprobe-monitor-output-dir DIR`` (default: ``MONITOR_OUTPUT_DIR`` or
-    ``./monitor_output``) and ``--msprobe-no-hparams`` (do not write ``hyperparameters.json``). Adding
+    ``./monitor_output``), ``--msprobe-no-hparams`` (do not write ``hyperparameters.json``) and
+    ``--msprobe-config-check PACK.zip`` (write msprobe's config_check pack, Megatron's arguments included). Adding
     them twice (the launcher and the script's own provider) is harmless.
     """
     if "--msprobe-config" in getattr(parser, "_option_string_actions", {}):
@@ -30,6 +32,9 @@ def add_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                        help="where the monitor writes (default: $MONITOR_OUTPUT_DIR or ./monitor_output)")
     group.add_argument("--msprobe-no-hparams", action="store_true", default=False,
                        help="do not write hyperparameters.json next to the dump and monitor output")
+    group.add_argument("--msprobe-config-check", type=str, default=None, metavar="PACK.zip",
+                       help="write msprobe's config_check pack (environment, packages, Megatron arguments, first "
+                            "micro-steps' weights and batches, random-number call sites) for config_check -c")
     return parser
 
 

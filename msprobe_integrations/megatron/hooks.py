@@ -72,8 +72,9 @@ class MegatronHooks:
 
     def __init__(self, config_path: ConfigLike = None, monitor_config_path: ConfigLike = None, *,
                  monitor_output_dir: Optional[str] = None, capture_hyperparameters: Optional[bool] = None,
-                 args_getter: Optional[Callable[[], Any]] = None):
+                 args_getter: Optional[Callable[[], Any]] = None, config_check_path: Optional[str] = None):
         self.config_path = config_path
+        self.config_check_path = config_check_path
         self.monitor_config_path = monitor_config_path
         self.monitor_output_dir = monitor_output_dir
         self.capture_hyperparameters = capture_hyperparameters
@@ -98,7 +99,8 @@ class MegatronHooks:
                 self.config_path if self.config_path is not None else from_args.config_path,
                 self.monitor_config_path if self.monitor_config_path is not None else from_args.monitor_config_path,
                 monitor_output_dir=self.monitor_output_dir or from_args.monitor_output_dir,
-                capture_hyperparameters=capture)
+                capture_hyperparameters=capture,
+                config_check_path=self.config_check_path or from_args.config_check_path)
         return self.probe
 
     # ------------------------------------------------------------------------------ decorators
@@ -223,7 +225,8 @@ def _bind(signature: Optional[inspect.Signature], args: tuple, kwargs: dict) -> 
 
 def install(module: Any = None, *, args: Any = None, config_path: ConfigLike = None,
             monitor_config_path: ConfigLike = None, monitor_output_dir: Optional[str] = None,
-            capture_hyperparameters: Optional[bool] = None, patch_parse_args: bool = True) -> MegatronHooks:
+            capture_hyperparameters: Optional[bool] = None, patch_parse_args: bool = True,
+            config_check_path: Optional[str] = None) -> MegatronHooks:
     """Wrap Megatron-LM's ``train_step`` and ``setup_model_and_optimizer`` (and ``parse_args``).
 
     ``module``: the training module (default ``megatron.training.training``; a module object or a
@@ -241,7 +244,8 @@ def install(module: Any = None, *, args: Any = None, config_path: ConfigLike = N
                 "alone, drive MegatronProbe from your own loop (see recipes/megatron_core_gpt.py)") from exc
     getter = (lambda: args) if args is not None else _args_getter(module)
     hooks = MegatronHooks(config_path, monitor_config_path, monitor_output_dir=monitor_output_dir,
-                          capture_hyperparameters=capture_hyperparameters, args_getter=getter)
+                          capture_hyperparameters=capture_hyperparameters, args_getter=getter,
+                          config_check_path=config_check_path)
     hooks.patch(module, "train_step", hooks.train_step_wrapper)
     hooks.patch(module, "setup_model_and_optimizer", hooks.setup_model_and_optimizer_wrapper, required=False)
     if patch_parse_args:

@@ -157,8 +157,10 @@ class MegatronProbe:
     ``setup_model_and_optimizer`` and ``train_step``."""
 
     def __init__(self, config_path: ConfigLike = None, monitor_config_path: ConfigLike = None, *,
-                 monitor_output_dir: Optional[str] = None, capture_hyperparameters: bool = True):
+                 monitor_output_dir: Optional[str] = None, capture_hyperparameters: bool = True,
+                 config_check_path: Optional[str] = None):
         self.config_path = config_path
+        self.config_check_path = config_check_path
         self.monitor_config_path = monitor_config_path
         self.monitor_output_dir = monitor_output_dir
         self.capture = capture_hyperparameters
@@ -175,11 +177,12 @@ class MegatronProbe:
         """From Megatron's args namespace (the flags of ``add_args``)."""
         return cls(getattr(args, "msprobe_config", None), getattr(args, "msprobe_monitor_config", None),
                    monitor_output_dir=getattr(args, "msprobe_monitor_output_dir", None),
-                   capture_hyperparameters=not getattr(args, "msprobe_no_hparams", False))
+                   capture_hyperparameters=not getattr(args, "msprobe_no_hparams", False),
+                   config_check_path=getattr(args, "msprobe_config_check", None))
 
     @property
     def enabled(self) -> bool:
-        return self.config_path is not None or self.monitor_config_path is not None
+        return any(p is not None for p in (self.config_path, self.monitor_config_path, self.config_check_path))
 
     @property
     def is_setup(self) -> bool:
@@ -200,6 +203,7 @@ class MegatronProbe:
         self.next_step = start_iteration
         # the pipeline group orders anomalies across pipeline stages; gradients are in main_grad
         session = ProbeSession(self.config_path, self.monitor_config_path, monitor_output_dir=self.monitor_output_dir,
+                               config_check_path=self.config_check_path,
                                process_group=pipeline_group(), params_have_main_grad=True)
         self.session = session
         reader = MegatronStateReader(optimizer) if optimizer is not None else None

@@ -210,7 +210,9 @@ def _nested(layout=torch.strided):
 
 
 def _quantized():
-    return torch.quantize_per_tensor(torch.ones(4), 0.1, 0, torch.qint8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # deprecated in recent torch, still made by older code
+        return torch.quantize_per_tensor(torch.ones(4), 0.1, 0, torch.qint8)
 
 
 ODD = {
@@ -301,6 +303,34 @@ def test_lazy_modules_and_float8_and_complex(tmp_path):
     cplx = data["Torch.mul.0.forward"]
     assert cplx["output"][0]["Max"] == 2.0
     assert not (folder / "dump_error_info.log").exists()
+
+
+class _NoKernels(torch.Tensor):
+    """A tensor subclass whose every operation fails (a device or library the tool knows nothing of)."""
+
+    @staticmethod
+    def __new__(cls, device):
+        return torch.Tensor._make_wrapper_subclass(cls, (2, 3), dtype=torch.float32, device=device)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        raise RuntimeError("no kernels here")
+
+
+@pytest.mark.parametrize("task,mode", [("tensor", "statistics"), ("statistics", "md5")])
+@pytest.mark.parametrize("device,note", [("xla", "unsupported: tensor on device 'xla'"),
+                                         ("cpu", "unsupported: no")])
+def test_tensors_of_unknown_devices_and_failing_subclasses(tmp_path, device, note, task, mode):
+    dbg = debugger(tmp_path, task=task, **{task: {"summary_mode": mode}})
+    dbg.start()
+    save(_NoKernels(device), "odd")
+    save(torch.ones(2), "fine")
+    dbg.stop()
+    dbg.step()
+    folder = rank_dir(tmp_path / "dump")
+    debug = assert_files_consistent(folder, "debug.json")["data"]
+    assert debug["odd.0.debug"]["summary"].startswith(note) and debug["odd.0.debug"]["shape"] == [2, 3]
+    assert debug["fine.0.debug"]["Max"] == 1.0
 
 
 def test_statistics_that_cannot_reach_the_host_cost_only_their_own_summary():
@@ -864,6 +894,25 @@ def test_anomalies_refuses_a_file_it_cannot_read(tmp_path, capsys, kind):
         assert cli_main(["anomalies", str(tmp_path / "mon")]) == 2
     err = capsys.readouterr().err
     assert "error:" in err and "anomal" in err and str(folder / "anomalies.json") in err
+
+
+def test_the_commands_exit_with_a_clear_error_not_a_traceback(tmp_path):
+    """``python -m msprobe_core recover|compare|anomalies`` on damaged input: exit status 2, one line."""
+    journal = tmp_path / "dump" / "step0" / "rank0" / ".dump.journal"
+    journal.parent.mkdir(parents=True)
+    journal.write_bytes(BAD_JOURNALS["header_names_a_path"][0])
+    (tmp_path / "t" / "step0" / "rank0").mkdir(parents=True)
+    (tmp_path / "t" / "step0" / "rank0" / "dump.json").write_bytes(b"\xff\xfe not json")
+    (tmp_path / "mon" / "rank0").mkdir(parents=True)
+    (tmp_path / "mon" / "rank0" / "anomalies.json").write_bytes(BAD_ANOMALIES["step_is_text"])
+    for args, needle in ((["recover", str(tmp_path / "dump")], "not a dump journal"),
+                         (["compare", "-t", str(tmp_path / "t"), "-g", str(tmp_path / "t"), "--output",
+                           str(tmp_path / "out")], "not UTF-8"),
+                         (["anomalies", str(tmp_path / "mon")], "field 'step'")):
+        proc = subprocess.run([sys.executable, "-m", "msprobe_core", *args], capture_output=True, text=True,
+                              env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=300)
+        assert proc.returncode == 2 and needle in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert not (tmp_path / "escaped.json").exists() and not (tmp_path / "out").exists()
 
 
 def test_anomalies_of_odd_paths(tmp_path, capsys):

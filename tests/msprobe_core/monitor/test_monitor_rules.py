@@ -360,3 +360,6 @@ def test_fault_reaches_log_file_database_and_command_line_as_one_event(tmp_path,
     assert [(d["name"], d["reached"]) for d in saved] == [("fc2.weight", event.reached)]
     assert cli_main(["anomalies", str(tmp_path / "mon")]) == 0
     assert f"reached {event.reached} tensors through step 29" in capsys.readouterr().out
+    assert cli_main(["anomalies", str(db), "--json"]) == 0  # the database reads back the same event
+    listed = json.loads(capsys.readouterr().out)
+    assert listed["count"] == 1 and listed["first"]["name"] == "fc2.weight" and listed["first"]["reached"] == event.reached

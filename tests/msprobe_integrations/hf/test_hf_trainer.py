@@ -179,3 +179,28 @@ def test_trl_sft_trainer_subclass(tmp_path):
     assert sorted(p.name for p in dump.iterdir() if p.is_dir()) == ["step1", "step2"]
     assert json.loads((dump / "hyperparameters.json").read_text())["training_args"]["max_steps"] == 2
     assert cb.session.monitor.get_metrics() == {} or cb.session.monitor.get_metrics()["step"] == 2
+
+
+@pytest.mark.slow
+def test_config_check_pack_from_the_callback(tmp_path):
+    """``config_check_path`` makes the callback write msprobe's config_check pack; two runs that differ only in
+    learning rate differ only in the hyperparameters check, and the losses are those of a run without the tool."""
+    from msprobe_core.cli import main
+
+    _, ref_losses, _ = train(tmp_path / "ref", [])
+    packs = {}
+    for name, lr in (("a", 1e-3), ("b", 2e-3)):
+        packs[name] = tmp_path / f"{name}.zip"
+        _, losses, _ = train(tmp_path / name, [MsprobeCallback(config_check_path=str(packs[name]))], learning_rate=lr)
+        if name == "a":
+            assert losses == ref_losses
+        assert packs[name].is_file()
+    out = tmp_path / "result"
+    assert main(["config_check", "-c", str(packs["a"]), str(packs["b"]), "-o", str(out)]) == 1
+    import openpyxl
+
+    sheets = openpyxl.load_workbook(out / "result.xlsx")
+    checks = ("env", "pip", "hyperparameters", "weights", "dataset", "random")
+    summary = {row[0]: row[1] for row in sheets["summary"].iter_rows(min_row=2, values_only=True) if row[0] in checks}
+    assert {check for check, result in summary.items() if result == "fail"} == {"hyperparameters"}, summary
+    assert set(summary) == set(checks)

@@ -1,8 +1,8 @@
 """Writes real megatron-core GPT checkpoints for the checkpoint-compare tests (run under torchrun, gloo, CPU).
 
-    torchrun --nproc-per-node 1 tests/config_check_ckpt_writer.py reference OUT
-    torchrun --nproc-per-node 2 tests/config_check_ckpt_writer.py parallel OUT
-    torchrun --nproc-per-node 1 tests/config_check_ckpt_writer.py deepspeed OUT
+    torchrun --nproc-per-node 1 tests/support/config_check_ckpt_writer.py reference OUT
+    torchrun --nproc-per-node 2 tests/support/config_check_ckpt_writer.py parallel OUT
+    torchrun --nproc-per-node 1 tests/support/config_check_ckpt_writer.py deepspeed OUT
 
 ``reference`` (one process) builds a Llama-shaped GPTModel (4 layers, GQA, SwiGLU, RMSNorm, RoPE, no bias)
 and writes it as Megatron-LM does with TP=1 (``OUT/tp1``: ``latest_checkpointed_iteration.txt`` +
@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "support"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import megatron_support as ms  # noqa: E402
 
 LAYERS, HIDDEN, HEADS, GROUPS, FFN, VOCAB, SEQ = 4, 32, 4, 2, 48, 128, 16

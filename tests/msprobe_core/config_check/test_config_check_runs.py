@@ -19,9 +19,9 @@ from pathlib import Path
 import openpyxl
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-TRAIN = ROOT / "tests" / "config_check_train.py"
-sys.path.insert(0, str(ROOT / "tests"))
+ROOT = Path(__file__).resolve().parents[3]
+TRAIN = ROOT / "tests" / "support" / "config_check_train.py"
+sys.path.insert(0, str(ROOT / "tests" / "support"))
 from test_config_check import _edit_pip  # noqa: E402
 
 RUN_SH = """#!/bin/bash

@@ -21,7 +21,7 @@ from msprobe_core.errors import DumpInputError
 from msprobe_core.nan_analyze import analyze
 from msprobe_core.nan_analyze import cli as nan_cli
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 NAN = float("nan")
 
 

@@ -1,7 +1,7 @@
 """Checkpoint compare: layouts (Hugging Face, Megatron TP/PP/EP/virtual pipeline, megatron-core torch_dist,
 DeepSpeed ZeRO-2/3), the Megatron -> Hugging Face mapping, metrics, output rules.
 
-The slow tests use real checkpoints written by ``tests/config_check_ckpt_writer.py`` under torchrun:
+The slow tests use real checkpoints written by ``tests/support/config_check_ckpt_writer.py`` under torchrun:
 megatron-core GPT models re-sharded by megatron-core itself from one set of weights (TP=1, TP=2 with two
 gloo processes, PP=2 x virtual pipeline 2) and DeepSpeed engines' ``save_checkpoint``.
 """
@@ -27,8 +27,8 @@ from msprobe_core.config_check.ckpt.metrics import similarity
 from msprobe_core.config_check.exceptions import CheckpointError, PackPathError
 from msprobe_core.errors import ConfigError
 
-ROOT = Path(__file__).resolve().parent.parent
-WRITER = ROOT / "tests" / "config_check_ckpt_writer.py"
+ROOT = Path(__file__).resolve().parents[3]
+WRITER = ROOT / "tests" / "support" / "config_check_ckpt_writer.py"
 
 
 def _differing(result: dict) -> dict:

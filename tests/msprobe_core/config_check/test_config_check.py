@@ -25,7 +25,7 @@ from msprobe_core.config_check.shell_script import parse_script
 from msprobe_core.config_check.values import canonical_name, same_value
 from msprobe_core.errors import ConfigError
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 
 MEGATRON_SCRIPT = r"""#!/bin/bash
 # a Megatron-style launch script

@@ -1,6 +1,6 @@
-"""A small data-parallel training with config_check's dynamic collection, for tests/test_config_check_runs.py.
+"""A small data-parallel training with config_check's dynamic collection, for tests/msprobe_core/config_check/test_config_check_runs.py.
 
-    torchrun --nproc_per_node 2 tests/config_check_train.py --lr 1e-4 --seed 1 --pack PACK.zip --shell-path run.sh
+    torchrun --nproc_per_node 2 tests/support/config_check_train.py --lr 1e-4 --seed 1 --pack PACK.zip --shell-path run.sh
 
 Every run starts from the same weights (``torch.manual_seed(0)`` before the model is built, as a
 fine-tuning loads one checkpoint); ``--seed`` seeds what happens after (dropout). Each rank trains on
