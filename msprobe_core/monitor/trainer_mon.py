@@ -474,6 +474,8 @@ class TrainerMon:
                     overflow = _nonfinite_names([(n, grads[n]) for n in reversed(list(self._params)) if n in grads])
                 skipped = bool(overflow) or self.collector.has_nonfinite(BACKWARD_STAGES)
                 if skipped:
+                    if self.config.param_distribution and not self.reader.sharded:  # the weights it ran with
+                        self._record_mapping(PARAM, self.reader.weights(self._params))
                     rows = self.collector.finalize()
                     self.alerts.publish(self.detector.judge(self.rank, self.step_index, rows, skipped=True,
                                                             overflow=overflow))

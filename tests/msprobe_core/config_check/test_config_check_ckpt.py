@@ -195,6 +195,8 @@ def _torchrun(nproc: int, phase: str, out: Path) -> None:
 
 @pytest.fixture(scope="module")
 def megatron_ckpts(tmp_path_factory):
+    pytest.importorskip("megatron.core")
+    pytest.importorskip("transformers")
     out = tmp_path_factory.mktemp("megatron_ckpts")
     _torchrun(1, "reference", out)
     _torchrun(2, "parallel", out)
@@ -249,6 +251,7 @@ def test_megatron_against_its_hugging_face_conversion(megatron_ckpts, tmp_path):
 
 @pytest.mark.slow
 def test_deepspeed_zero2_and_zero3_checkpoints(tmp_path):
+    pytest.importorskip("deepspeed")
     _torchrun(1, "deepspeed", tmp_path)
     for stage in (2, 3):
         result = compare_checkpoints(tmp_path / f"ds_zero{stage}", tmp_path / f"ds_zero{stage}.pt",
