@@ -74,7 +74,8 @@ class Anomaly:
             how = f"{self.metric}={self.value:.6g}"
         spread = ""
         if self.reached > 1:
-            until = f" through step {self.last_step}" if self.last_step is not None and self.last_step != self.step else ""
+            later = self.last_step is not None and self.last_step != self.step
+            until = f" through step {self.last_step}" if later else ""
             spread = f"; reached {self.reached} tensors{until}"
         return (f"anomaly rank {self.rank} step {self.step}{micro} [{self.stage} #{self.call_id}] "
                 f"{self.kind} {self.name}: {how} ({self.rule}{spread})")

@@ -53,7 +53,8 @@ class EventTracker:
         self._events: list[_Event] = []
         self._judged: deque[int] = deque(maxlen=CASCADE_STEPS + 1)  # the steps judged last, this one included
 
-    def add(self, step: int, anomalies: Sequence[Anomaly], bad: Iterable[SeriesKey]) -> tuple[list[Anomaly], list[Anomaly]]:
+    def add(self, step: int, anomalies: Sequence[Anomaly],
+            bad: Iterable[SeriesKey]) -> tuple[list[Anomaly], list[Anomaly]]:
         """Group a step's new ``anomalies``; ``bad`` are every series that holds NaN/Inf at this step (also the
         ones reported earlier). Returns (events opened, events that grew or went on)."""
         bad = set(bad)

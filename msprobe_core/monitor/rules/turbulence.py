@@ -2,8 +2,8 @@
 
 **Norms** (magnitudes) are judged in log space, y = ln(norm), per series (kind and tensor name; with
 gradient accumulation a step's level is the mean of its micro-batches' ln(norm): one micro-batch of two
-sequences is noise, a fault is in all of them). A series keeps its last ``window`` levels. Its level is judged once it has ``warmup`` of them: the jump z = y - median(levels)
-must exceed every one of
+sequences is noise, a fault is in all of them). A series keeps its last ``window`` levels. Its level is
+judged once it has ``warmup`` of them: the jump z = y - median(levels) must exceed every one of
 
 * ``ln(1 + threshold)``: msprobe's meaning of ``threshold`` kept as a floor (0.5: at least 1.5x);
 * ``OWN_SIGMAS`` x the series' own robust noise (1.4826 x the median absolute deviation of its levels);
@@ -12,15 +12,15 @@ and, for activations and gradients (``COMMON_KINDS``), which move together from 
 batch, a rare token, the loss scale of mixed precision training doubling or halving), three more things:
 
 * the levels are taken relative to the kind's **common mode**: the median step-to-step change of all
-  series of the kind, summed over the steps (a loss-scale change moves every activation
-  gradient by exactly x2: it is not a jump of any of them);
+  series of the kind, summed over the steps (a loss-scale change moves every activation gradient by
+  exactly x2: it is not a jump of any of them);
 * the jump must exceed ``STEP_SPREAD_SIGMAS`` x the ``STEP_SPREAD_QUANTILE`` quantile of |z| over the
   series of the same step (when many series jump at once, the step is unusual, not one layer);
 * and ``KIND_TAIL_FACTOR`` x the ``KIND_TAIL_QUANTILE`` quantile of |z| over the kind's recent steps (the
   heavy tail of healthy gradients: small noisy batches and rare tokens make a layer's gradient norm jump
-  tenfold in healthy training; a gradient that explodes goes far beyond what the kind has done). A step
-  whose common mode itself moved by more than the floor is left out of the tail: its unevenness is judged
-  by the step's spread, and it would hide a later explosion for a whole window).
+  30-80x relative to the others in healthy training; a gradient that explodes goes far beyond what the
+  kind has done). A step whose common mode itself moved by more than the floor is left out of the tail:
+  the step's spread judges its unevenness, and in the tail it would hide a later explosion for a window.
 
 The noise can excuse a jump of up to ``EXPLOSION`` (x1000) at most; ``threshold`` stays a floor above it.
 The jump must also be sudden: the step from the previous level, less the series' median step, exceeds the

@@ -362,4 +362,4 @@ def test_fault_reaches_log_file_database_and_command_line_as_one_event(tmp_path,
     assert f"reached {event.reached} tensors through step 29" in capsys.readouterr().out
     assert cli_main(["anomalies", str(db), "--json"]) == 0  # the database reads back the same event
     listed = json.loads(capsys.readouterr().out)
-    assert listed["count"] == 1 and listed["first"]["name"] == "fc2.weight" and listed["first"]["reached"] == event.reached
+    assert listed["count"] == 1 and (listed["first"]["name"], listed["first"]["reached"]) == ("fc2.weight", event.reached)
