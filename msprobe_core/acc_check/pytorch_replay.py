@@ -338,18 +338,13 @@ class TorchBackend:
         if t_error is not None:
             failure = f"the tested call on {self.device} raised {_failure(t_error)}"
             return Replay([], forward_failure=failure, notes=notes)
-        reference = None
+        replay = Replay(self._pairs(call, tested, bench, autocast, notes), notes=notes)
+        grads = self._backward(call, tested, bench, autocast, rng, replay)
         ref_dtype = _reference_dtype(call, autocast)
         if ref_dtype:
             reference = self._side(args, host_kwargs, call, bench=True, autocast=autocast, in_place=in_place,
                                    precision=ref_dtype)
-            try:
-                reference.run(fn)
-            except Exception as e:  # noqa: BLE001 - the standard falls back to the correctly rounded benchmark
-                notes.append(f"no {ref_dtype} reference ({_failure(e)}): judged against the rounded benchmark")
-                reference = None
-        replay = Replay(self._pairs(call, tested, bench, reference, autocast, notes), notes=notes)
-        grads = self._backward(call, tested, bench, reference, autocast, rng, replay)
+            replay.reference = lambda: _run_reference(fn, reference, replay, grads)
         if keep_data:
             replay.save = _saver(call.name, host_args, host_kwargs, tested.out, bench.out, grads)
         return replay
@@ -447,11 +442,10 @@ class TorchBackend:
             return _Side(converted_args, converted_kwargs, leaves, "cpu", precision=precision)
         return _Side(converted_args, converted_kwargs, leaves, self.device, autocast=autocast)
 
-    def _pairs(self, call: ApiCall, tested: _Side, bench: _Side, reference: Optional[_Side], autocast: Optional[str],
+    def _pairs(self, call: ApiCall, tested: _Side, bench: _Side, autocast: Optional[str],
                notes: list[str]) -> list[OutputPair]:
         t_leaves = _output_leaves(tested.out)
         b_leaves = dict(_output_leaves(bench.out))
-        r_leaves = dict(_output_leaves(reference.out)) if reference is not None else {}
         recorded = call.output_tensors()
         t_tensors = [v for _, v in t_leaves if isinstance(v, torch.Tensor)]
         if len(recorded) == len(t_tensors):
@@ -465,14 +459,14 @@ class TorchBackend:
             if path not in b_leaves:
                 notes.append(f"output {path} has no benchmark counterpart")
                 continue
-            pairs.append(_pair(f"{call.name}.forward.output.{path}", t, b_leaves[path], r_leaves.get(path), autocast,
-                               reference.precision if reference is not None else None))
+            pairs.append(_pair(f"{call.name}.forward.output.{path}", t, b_leaves[path], autocast, path))
         return pairs
 
-    def _backward(self, call: ApiCall, tested: _Side, bench: _Side, reference: Optional[_Side],
-                  autocast: Optional[str], rng: np.random.Generator, replay: Replay) -> Optional[dict]:
-        """Gradients of the recorded inputs on every side; ``replay.backward`` gets their pairs. Returns the
-        output gradients and both sides' input gradients (for the error data), or None without a backward."""
+    def _backward(self, call: ApiCall, tested: _Side, bench: _Side, autocast: Optional[str],
+                  rng: np.random.Generator, replay: Replay) -> Optional[dict]:
+        """Gradients of the recorded inputs on both sides; ``replay.backward`` gets their pairs. Returns what the
+        backward was given and gave (the output gradients, the indices of the outputs and leaves they concern,
+        both sides' input gradients), or None without a backward."""
         chosen = self._grad_outputs(call, tested, bench, rng, replay)
         if not chosen:
             return None
@@ -493,24 +487,18 @@ class TorchBackend:
             replay.backward_failure = f"the tested backward on {self.device} raised {_failure(t_error)}"
             replay.backward = []
             return None
-        r_grads: list = [None] * len(order)
-        if reference is not None:
-            try:
-                r_grads = list(reference.grads(indices, host_grads, order))
-            except Exception as e:  # noqa: BLE001
-                replay.notes.append(f"no {reference.precision} reference backward ({_failure(e)})")
         pairs = []
-        for i, tg, bg, rg in zip(order, t_grads, b_grads, r_grads):
+        for i, tg, bg in zip(order, t_grads, b_grads):
             if tg is None and bg is None:
                 continue
             if tg is None or bg is None:
                 side = "benchmark" if tg is None else "tested"
                 replay.backward_failure = f"input {i} gets a gradient on the {side} side only"
                 continue
-            pairs.append(_pair(f"{call.name}.backward.output.{i}", tg, bg, rg, autocast,
-                               reference.precision if reference is not None else None))
+            pairs.append(_pair(f"{call.name}.backward.output.{i}", tg, bg, autocast, i))
         replay.backward = pairs
-        return {"grad_outputs": host_grads, "tested": list(t_grads), "bench": list(b_grads)}
+        return {"grad_outputs": host_grads, "indices": indices, "order": order, "tested": list(t_grads),
+                "bench": list(b_grads)}
 
     def _grad_outputs(self, call: ApiCall, tested: _Side, bench: _Side, rng: np.random.Generator,
                       replay: Replay) -> list[tuple[int, torch.Tensor]]:
@@ -545,13 +533,26 @@ def _reference_dtype(call: ApiCall, autocast: Optional[str]) -> Optional[str]:
     return None
 
 
-def _pair(name: str, tested: Any, bench: Any, reference: Any, autocast: Optional[str],
-          ref_dtype: Optional[str]) -> OutputPair:
+def _pair(name: str, tested: Any, bench: Any, autocast: Optional[str], key: Any) -> OutputPair:
     tested_arr, tested_dtype = _array(tested)
     bench_arr, bench_dtype = _array(bench)
-    precision = _lower(tested_arr.dtype, autocast)
-    ref_arr = _array(reference)[0] if reference is not None and precision == ref_dtype else None
-    return OutputPair(name, tested_arr, bench_arr, tested_dtype, bench_dtype, precision, reference=ref_arr)
+    return OutputPair(name, tested_arr, bench_arr, tested_dtype, bench_dtype, _lower(tested_arr.dtype, autocast),
+                      key=key)
+
+
+def _run_reference(fn: Callable, reference: _Side, replay: Replay, grads: Optional[dict]) -> None:
+    """The in-dtype reference of ``replay``'s pairs of that precision, forward and backward (see ``standards``)."""
+    reference.run(fn)
+    outputs = dict(_output_leaves(reference.out))
+    for pair in replay.forward:
+        if pair.precision == reference.precision and pair.key in outputs:
+            pair.reference = _array(outputs[pair.key])[0]
+    if grads is None or not replay.backward:
+        return
+    r_grads = dict(zip(grads["order"], reference.grads(grads["indices"], grads["grad_outputs"], grads["order"])))
+    for pair in replay.backward:
+        if pair.precision == reference.precision and r_grads.get(pair.key) is not None:
+            pair.reference = _array(r_grads[pair.key])[0]
 
 
 def _index_variants(call: ApiCall, args: list) -> list[list]:

@@ -13,7 +13,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional, Protocol
+from typing import Any, Callable, Optional, Protocol
 
 from msprobe_core.acc_check.records import ApiCall
 from msprobe_core.compare.ptfile import ArrayTensor
@@ -37,6 +37,7 @@ class OutputPair:
     precision: str          # normalized dtype whose standard applies (see standards)
     note: str = ""
     reference: Optional[ArrayTensor] = None  # the call computed in ``precision`` by a trusted reference
+    key: Any = None         # the backend's own handle on this output (to attach the reference later)
 
 
 @dataclass
@@ -50,6 +51,10 @@ class Replay:
     backward_skip: str = ""      # the backward could not be replayed (reason)
     notes: list[str] = field(default_factory=list)
     save: Optional[Callable[[Path, bool], None]] = None  # save(folder, with_backward): inputs and both outputs
+    reference: Optional[Callable[[], None]] = None
+    """Fills ``OutputPair.reference`` of the float16/bfloat16 pairs: the in-dtype reference run, only needed
+    (and run) when such an output fails against the correctly rounded benchmark, which no in-dtype
+    computation can beat."""
 
 
 class ReplayBackend(Protocol):
@@ -66,9 +71,17 @@ class ReplayBackend(Protocol):
         and outputs for ``Replay.save``. Raises ``Unreplayable``."""
 
 
-BACKENDS = {"pytorch": ("msprobe_core.acc_check.pytorch_replay", "torch")}
-"""framework (dump.json's "framework" field) -> (module with ``make_backend(device_index, workers)``, the
-framework's package)."""
+@dataclass(frozen=True)
+class BackendInfo:
+    """Where a framework's backend lives: ``module`` exposes ``make_backend(device_index, workers)``;
+    ``package`` is the framework's."""
+
+    module: str
+    package: str
+
+
+BACKENDS = {"pytorch": BackendInfo("msprobe_core.acc_check.pytorch_replay", "torch")}
+"""framework (dump.json's "framework" field) -> its replay backend."""
 
 _NO_MINDSPORE = ("replaying MindSpore / MSAdapter dumps (Mint., MintFunctional., Functional., Tensor. records) "
                  "needs the MindSpore replay backend, which is not available in this version; only PyTorch dumps "
@@ -76,9 +89,8 @@ _NO_MINDSPORE = ("replaying MindSpore / MSAdapter dumps (Mint., MintFunctional.,
 MISSING_BACKENDS = {"mindspore": _NO_MINDSPORE, "mindtorch": _NO_MINDSPORE}
 
 
-def check_framework(framework: str) -> tuple[str, str]:
-    """The backend module and framework package for ``framework``; ``DumpInputError`` naming the framework
-    when there is no backend for it."""
+def check_framework(framework: str) -> BackendInfo:
+    """The backend of ``framework``; ``DumpInputError`` naming the framework when there is none."""
     entry = BACKENDS.get(framework)
     if entry is None:
         reason = MISSING_BACKENDS.get(framework, f"allowed: {', '.join(sorted(BACKENDS))}")
@@ -95,14 +107,14 @@ def load_backend(framework: str, device_index: Optional[int] = None, workers: in
     7.7 CPU-s and 18 s). So when the framework is not imported yet, its OpenMP runtime is asked to wait
     passively (``OMP_WAIT_POLICY=PASSIVE``) unless the environment says otherwise.
     """
-    module = prefer_passive_openmp(framework)
-    return importlib.import_module(module).make_backend(device_index, workers)
+    backend = prefer_passive_openmp(framework)
+    return importlib.import_module(backend.module).make_backend(device_index, workers)
 
 
-def prefer_passive_openmp(framework: str) -> str:
-    """Ask for passive OpenMP waiting (see ``load_backend``) if ``framework`` is not imported yet; returns the
-    backend module's name."""
-    module, package = check_framework(framework)
-    if package not in sys.modules:
+def prefer_passive_openmp(framework: str) -> BackendInfo:
+    """Ask for passive OpenMP waiting (see ``load_backend``) if ``framework`` is not imported yet; returns its
+    backend."""
+    backend = check_framework(framework)
+    if backend.package not in sys.modules:
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    return module
+    return backend

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
 
-from msprobe_core.acc_check.records import ApiCall, DumpFile, load_dump
-from msprobe_core.acc_check.replay import OutputPair, ReplayBackend, Unreplayable, load_backend
+from msprobe_core.acc_check.records import LOW_PRECISION, ApiCall, DumpFile, load_dump
+from msprobe_core.acc_check.replay import OutputPair, Replay, ReplayBackend, Unreplayable, load_backend
 from msprobe_core.acc_check.results import ResultFiles
 from msprobe_core.acc_check.standards import ERROR, PASS, SKIP, judge
 from msprobe_core.errors import DumpInputError
@@ -62,8 +62,9 @@ def _num(x: Optional[float]) -> str:
     return "nan" if math.isnan(x) else f"{x:.10g}"
 
 
-def _judge_pairs(pairs: Sequence[OutputPair]) -> tuple[list[list[object]], list[str]]:
-    rows, failing = [], []
+def _judge_pairs(pairs: Sequence[OutputPair]) -> tuple[list[list[object]], list[str], bool]:
+    """Details rows, failure messages, and whether a float16/bfloat16 pair failed without its reference."""
+    rows, failing, unreferenced = [], [], False
     for pair in pairs:
         verdict = judge(pair.tested, pair.bench, pair.precision, pair.reference)
         message = "; ".join(m for m in (verdict.message, pair.note) if m)
@@ -71,7 +72,23 @@ def _judge_pairs(pairs: Sequence[OutputPair]) -> tuple[list[list[object]], list[
                      _num(verdict.max_abs), _num(verdict.max_rel), verdict.status, message])
         if verdict.status == ERROR:
             failing.append(f"{pair.name}: {verdict.failure}")
-    return rows, failing
+            unreferenced = unreferenced or (pair.precision in LOW_PRECISION and pair.reference is None)
+    return rows, failing, unreferenced
+
+
+def _judge(replay: Replay) -> tuple[tuple[list, list], tuple[list, list]]:
+    """(details rows, failures) of the forward and of the backward pairs. A float16/bfloat16 output is first
+    judged against the correctly rounded benchmark, which no computation in that dtype beats: only when one
+    fails there does the replay's in-dtype reference run, and the pairs are judged again against it."""
+    forward, backward = _judge_pairs(replay.forward), _judge_pairs(replay.backward or [])
+    if (forward[2] or backward[2]) and replay.reference is not None:
+        try:
+            replay.reference()
+        except Exception as e:  # noqa: BLE001 - the verdict against the correctly rounded result stands
+            replay.notes.append(f"no in-dtype reference ({type(e).__name__}: {e})")
+        else:
+            forward, backward = _judge_pairs(replay.forward), _judge_pairs(replay.backward or [])
+    return forward[:2], backward[:2]
 
 
 def check_call(call: ApiCall, backend: ReplayBackend, files: ResultFiles, save_error_data: bool = False) -> str:
@@ -90,7 +107,7 @@ def check_call(call: ApiCall, backend: ReplayBackend, files: ResultFiles, save_e
 
 def _check_replayable(call: ApiCall, backend: ReplayBackend, files: ResultFiles, save_error_data: bool) -> str:
     replay = backend.replay(call, keep_data=save_error_data)
-    rows, failing = _judge_pairs(replay.forward)
+    (rows, failing), (backward_rows, backward_failing) = _judge(replay)
     if replay.forward_failure:
         forward = ERROR
     elif replay.forward:
@@ -98,7 +115,6 @@ def _check_replayable(call: ApiCall, backend: ReplayBackend, files: ResultFiles,
     else:
         forward = SKIP
         replay.notes.append("no tensor or number output to compare")
-    backward_rows, backward_failing = _judge_pairs(replay.backward or [])
     if replay.backward_skip:
         backward = SKIP
     elif replay.backward_failure or backward_failing:

@@ -21,6 +21,11 @@ bfloat16-rounded values and is judged as bfloat16).
   - MaxAbsErr(tested - bench) <= 4 x MaxAbsErr(reference - bench), and
   - cosine > 0.99 (unless the reference itself is not above 0.99, e.g. all its values underflow).
 
+  Every element of the reference is a float16/bfloat16 value, so its error is never below that of the
+  correctly rounded benchmark (the nearest such value): an output that passes against the correctly
+  rounded benchmark passes against the reference. The runner therefore judges against the correctly
+  rounded benchmark first and runs the reference only for calls with an output failing there.
+
   The reference errors count as at least half a unit roundoff u of the benchmark's values (RMSE:
   u/2 x RMS(bench), MaxAbsErr: u/2 x max|bench|; u = 2^-8 for bfloat16, 2^-11 for float16), so an
   output the dtype holds exactly, or a single number, is not held to a bound tighter than one rounding.

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Optional, Sequence, Union
 
 from msprobe_core.acc_check.records import load_dump
-from msprobe_core.acc_check.replay import load_backend, prefer_passive_openmp
+from msprobe_core.acc_check.replay import BackendInfo, load_backend, prefer_passive_openmp
 from msprobe_core.acc_check.results import RESULT_PREFIX, ResultFiles, check_result_csv, timestamp
 from msprobe_core.acc_check.runner import RunSummary, check_call, check_resumable, cpu_seconds, failing_line
 from msprobe_core.acc_check.standards import ERROR
@@ -87,14 +87,14 @@ def _worker(job: _Job, counter, messages) -> None:
         messages.put((job.device, None, cpu_seconds()))
 
 
-def _context(backend_module: str):
+def _context(backend: BackendInfo):
     """Worker processes start from a fork server that imported the backend (and its framework) once, so
-    each worker skips the framework's import (~2 CPU-s for torch); ``spawn`` where there is no fork server.
+    each worker skips the framework's import (~1.5 CPU-s for torch); ``spawn`` where there is no fork server.
     Neither inherits anything the parent did with the framework (CUDA contexts, OpenMP thread pools)."""
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("spawn")
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload([backend_module, __name__])
+    context.set_forkserver_preload([backend.module, __name__])
     return context
 
 
@@ -160,7 +160,7 @@ def multi_acc_check(api_info: Union[str, Path], devices: Sequence[int] = (0,), o
     log = setup_logging()
     devices = _check_devices(devices)
     dump = load_dump(api_info)
-    backend_module = prefer_passive_openmp(dump.framework)  # checks the framework before any folder is made
+    backend = prefer_passive_openmp(dump.framework)  # checks the framework before any folder is made
     if result_csv_path:
         stamp, files, done = _resumed_run(Path(result_csv_path), devices)
         check_resumable(dump, done, Path(result_csv_path))
@@ -175,7 +175,7 @@ def multi_acc_check(api_info: Union[str, Path], devices: Sequence[int] = (0,), o
     if len(done) >= len(dump.calls):
         log.info("multi_acc_check: every API call is done already")
         return result
-    context = _context(backend_module)
+    context = _context(backend)
     counter = context.Value("q", 0)
     messages = context.Queue()
     processes = {d: context.Process(target=_worker, name=f"acc_check-device{d}", daemon=True,
