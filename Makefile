@@ -56,6 +56,7 @@ bench: venv
 	$(BIN)/python benchmarks/monitor_overhead.py
 	$(BIN)/python benchmarks/compare_speed.py
 	$(BIN)/python benchmarks/mindspore_overhead.py
+	$(BIN)/python benchmarks/acc_check_speed.py --repeats 3
 
 # The lowest torch pyproject.toml declares, with the core's test dependencies only (no frameworks: their tests
 # skip): the dump, monitor and compare suites against it. Not part of `make test`: PyPI's torch of that age is a

@@ -10,10 +10,11 @@ Python::
 
 Framework-neutral core: ``records`` (dump.json -> calls), ``inputs`` (seeded random inputs),
 ``standards`` (pass rules, documented there), ``results`` (the CSV files and resuming), ``runner``
-(one process), ``workers`` (multi_acc_check), ``progress``. Per framework, a replay backend chosen by
-dump.json's "framework" field (``replay.BACKENDS``): ``pytorch_replay``. A MindSpore backend is one
-more module exposing ``make_backend(device_index, workers)`` with ``unreplayable(call)`` and
-``replay(call, keep_data)``; until it exists a MindSpore dump gets a clear error.
+(one process), ``workers`` (multi_acc_check), ``progress``, ``replay_common`` (what every backend decides
+alike). Per framework, a replay backend chosen by dump.json's "framework" field (``replay.BACKENDS``):
+``pytorch_replay`` (pytorch) and ``mindspore_replay`` (mindspore, and mindtorch through MindSpore's
+PyTorch-style ``mint`` API), each a module exposing ``make_backend(device_index, workers)`` whose backend has
+``unreplayable(call)`` and ``replay(call, keep_data)``.
 """
 
 from __future__ import annotations

@@ -44,30 +44,18 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
 from msprobe_core.acc_check.inputs import call_rng, random_array
-from msprobe_core.acc_check.records import (LOW_PRECISION, ApiCall, TensorSpec, Typed, leaves_of, normalize_dtype,
-                                            precision_rank)
+from msprobe_core.acc_check.records import LOW_PRECISION, ApiCall, TensorSpec, Typed, normalize_dtype, precision_rank
 from msprobe_core.acc_check.replay import OutputPair, Replay, Unreplayable
+from msprobe_core.acc_check.replay_common import (benchmark_failed, failure_text, grad_output_specs, is_in_place,
+                                                  output_leaves, run_tested, shape_note, shared_reason, typed_in,
+                                                  unknown_typed_reason)
 from msprobe_core.acc_check.standards import round_to
 from msprobe_core.compare.ptfile import ArrayTensor
 from msprobe_core.files.safe_names import name_max, safe_file_name
 
 _OWNERS: dict[str, Any] = {"Functional": torch.nn.functional, "Torch": torch, "Tensor": torch.Tensor,
                            "VF": torch._VF}
-_DISTRIBUTED_PREFIXES = frozenset({"Distributed", "DistributedC10d"})
-_RANDOM = frozenset({
-    "rand", "rand_like", "randn", "randn_like", "randint", "randint_like", "randperm", "normal", "bernoulli",
-    "bernoulli_", "multinomial", "poisson", "binomial", "native_dropout", "gumbel_softmax", "rrelu", "rrelu_",
-    "fractional_max_pool2d", "fractional_max_pool3d", "fractional_max_pool2d_with_indices",
-    "fractional_max_pool3d_with_indices", "uniform_", "normal_", "random_", "exponential_", "geometric_",
-    "cauchy_", "log_normal_", "_standard_gamma", "_sample_dirichlet"})
-_DROPOUT = frozenset({"dropout", "dropout_", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "alpha_dropout_",
-                      "feature_alpha_dropout", "feature_alpha_dropout_", "feature_dropout", "feature_dropout_"})
-_UNINITIALIZED = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"})
-_VIEW_WRITES = frozenset({"__setitem__", "set_", "resize_", "resize_as_", "as_strided_"})
 _CASTS = frozenset({"to", "type", "type_as", "float", "half", "bfloat16", "double", "view", "view_as"})
-_IN_PLACE_DUNDERS = frozenset({"__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__", "__imod__",
-                               "__ipow__", "__iand__", "__ior__", "__ixor__", "__ilshift__", "__irshift__",
-                               "__imatmul__"})
 _KNOWN_TYPED = frozenset({"torch.dtype", "torch.device", "torch.Size"})
 
 
@@ -90,25 +78,9 @@ def make_backend(device_index: Optional[int] = None, workers: int = 1) -> "Torch
     return TorchBackend(device)
 
 
-def _is_in_place(call: ApiCall) -> bool:
-    api = call.api
-    return ((api.endswith("_") and not api.startswith("__")) or api in _IN_PLACE_DUNDERS
-            or call.kwargs.get("inplace") is True)
-
-
-def _dropout_active(call: ApiCall) -> bool:
-    p = call.kwargs.get("p", call.args[1] if len(call.args) > 1 else 0.5)
-    training = call.kwargs.get("training", call.kwargs.get("train", call.args[2] if len(call.args) > 2 else True))
-    return not (isinstance(p, (int, float)) and p == 0) and training is not False
-
-
-def _typed_in(tree: Any) -> list[Typed]:
-    return leaves_of(tree, Typed)
-
-
 def _autocast_dtype(call: ApiCall) -> Optional[str]:
     """The autocast dtype a call ran under, inferred from its dtypes (None when it did not)."""
-    if call.api in _CASTS or any(t.type == "torch.dtype" for t in _typed_in((call.args, call.kwargs))):
+    if call.api in _CASTS or any(t.type == "torch.dtype" for t in typed_in((call.args, call.kwargs))):
         return None
     ins = [s for s in call.input_tensors() if s.is_float]
     outs = {s.dtype for s in call.output_tensors() if s.is_float}
@@ -208,22 +180,7 @@ class _InPrecision(TorchDispatchMode):
 
 
 def _output_leaves(out: Any) -> list[tuple[str, Any]]:
-    """(path, value) of every tensor and number of an output, numbered as the dumper numbers them."""
-    top = list(out) if isinstance(out, (list, tuple)) else [out]
-    leaves: list[tuple[str, Any]] = []
-
-    def walk(path: str, node: Any) -> None:
-        if node is None or isinstance(node, str):
-            return
-        if isinstance(node, (list, tuple)) and not isinstance(node, torch.Size):
-            for i, item in enumerate(node):
-                walk(f"{path}.{i}", item)
-        else:
-            leaves.append((path, list(node) if isinstance(node, torch.Size) else node))
-
-    for i, item in enumerate(top):
-        walk(str(i), item)
-    return leaves
+    return output_leaves(out, torch.Size)
 
 
 def _tensors(out: Any) -> list[torch.Tensor]:
@@ -234,10 +191,6 @@ def _lower(dtype: str, autocast: Optional[str]) -> str:
     if autocast and precision_rank(autocast) < precision_rank(dtype) and dtype in ("float32", "float64"):
         return autocast
     return dtype
-
-
-def _failure(e: BaseException) -> str:
-    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".rstrip(": ")
 
 
 @dataclass
@@ -297,22 +250,15 @@ class TorchBackend:
     # ------------------------------------------------------------------ classification
     def unreplayable(self, call: ApiCall) -> Optional[str]:
         """The reason ``call`` cannot be replayed, or None."""
-        if call.prefix in _DISTRIBUTED_PREFIXES:
-            return "distributed communication: it needs the process group of the training run"
+        shared = shared_reason(call)
+        if shared:
+            return shared
         owner = _OWNERS.get(call.prefix)
         if owner is None:
             return f"custom API: '{call.prefix}' is not a torch namespace (an API registered with register_custom_api?)"
         if getattr(owner, call.api, None) is None:
             return f"custom API: this torch ({torch.__version__}) has no {call.prefix}.{call.api}"
-        if call.api in _UNINITIALIZED:
-            return "uninitialized memory: the output of this op has no defined values"
-        if call.api in _RANDOM or (call.api in _DROPOUT and _dropout_active(call)):
-            return "random op: its output depends on the random number generator state of the training run"
-        if call.api in _VIEW_WRITES:
-            return "in-place op on a view: it writes into part of another tensor, which the dump does not hold"
-        unknown = [t.type for t in _typed_in((call.args, call.kwargs)) if t.type not in _KNOWN_TYPED]
-        if unknown:
-            return f"an argument of type {unknown[0]} is not recorded in the dump (value unknown)"
+        return unknown_typed_reason(call, _KNOWN_TYPED)
         return None
 
     # ------------------------------------------------------------------ replay
@@ -327,16 +273,15 @@ class TorchBackend:
         autocast = _autocast_dtype(call)
         if autocast:
             notes.append(f"ran under autocast({autocast}) (inferred from the dtypes)")
-        in_place = _is_in_place(call)
+        in_place = is_in_place(call)
         args, tested, t_error = self._run_tested(fn, call, host_args, host_kwargs, autocast, in_place)
         bench = self._side(args, host_kwargs, call, bench=True, autocast=autocast, in_place=in_place)
         try:
             bench.run(fn)
         except Exception as e:  # noqa: BLE001
-            both = f"; the tested call failed too ({_failure(t_error)})" if t_error else ""
-            raise Unreplayable(f"replay failed: the CPU float64 benchmark raised {_failure(e)}{both}") from None
+            raise Unreplayable(benchmark_failed(e, t_error)) from None
         if t_error is not None:
-            failure = f"the tested call on {self.device} raised {_failure(t_error)}"
+            failure = f"the tested call on {self.device} raised {failure_text(t_error)}"
             return Replay([], forward_failure=failure, notes=notes)
         replay = Replay(self._pairs(call, tested, bench, autocast, notes), notes=notes)
         grads = self._backward(call, tested, bench, autocast, rng, replay)
@@ -353,21 +298,12 @@ class TorchBackend:
                     in_place: bool) -> tuple[list, _Side, Optional[BaseException]]:
         """The tested forward: (the positional arguments used, the tested side holding its output, the
         exception it raised)."""
-        recorded = [s.shape for s in call.output_tensors()]
-        result: Optional[tuple] = None
-        for args in _index_variants(call, host_args):  # the first whose output has the recorded shapes wins
+        def attempt(args: list) -> _Side:
             tested = self._side(args, host_kwargs, call, bench=False, autocast=autocast, in_place=in_place)
-            try:
-                tested.run(fn)
-            except Exception as e:  # noqa: BLE001 - the tested kernel failing is a finding, not a crash
-                result = result or (args, tested, e)
-                continue
-            if [tuple(t.shape) for t in _tensors(tested.out)] == recorded:
-                return args, tested, None
-            if result is None or result[2] is not None:
-                result = (args, tested, None)
-        assert result is not None
-        return result
+            tested.run(fn)
+            return tested
+
+        return run_tested(call, host_args, attempt, lambda tested: [tuple(t.shape) for t in _tensors(tested.out)])
 
     def _host(self, node: Any, rng: np.random.Generator, notes: list[str]) -> Any:
         """A record tree with tensors built on the CPU in their recorded dtype (files or random values)."""
@@ -447,13 +383,10 @@ class TorchBackend:
         t_leaves = _output_leaves(tested.out)
         b_leaves = dict(_output_leaves(bench.out))
         recorded = call.output_tensors()
-        t_tensors = [v for _, v in t_leaves if isinstance(v, torch.Tensor)]
-        if len(recorded) == len(t_tensors):
-            for spec, t in zip(recorded, t_tensors):
-                if (normalize_dtype(str(t.dtype)), tuple(t.shape)) != (spec.dtype, spec.shape):
-                    notes.append(f"replayed output is {str(t.dtype)}{list(t.shape)}, the dump recorded "
-                                 f"{spec.framework_dtype}{list(spec.shape)}")
-                    break
+        note = shape_note(recorded, [(normalize_dtype(str(t.dtype)), str(t.dtype), tuple(t.shape))
+                                     for _, t in t_leaves if isinstance(t, torch.Tensor)])
+        if note:
+            notes.append(note)
         pairs = []
         for path, t in t_leaves:
             if path not in b_leaves:
@@ -480,11 +413,10 @@ class TorchBackend:
         try:
             b_grads = bench.grads(indices, host_grads, order)
         except Exception as e:  # noqa: BLE001
-            both = f"; the tested backward failed too ({_failure(t_error)})" if t_grads is None else ""
-            replay.backward_skip = f"backward replay failed: the CPU float64 benchmark raised {_failure(e)}{both}"
+            replay.backward_skip = benchmark_failed(e, t_error if t_grads is None else None, "backward ")
             return None
         if t_grads is None:
-            replay.backward_failure = f"the tested backward on {self.device} raised {_failure(t_error)}"
+            replay.backward_failure = f"the tested backward on {self.device} raised {failure_text(t_error)}"
             replay.backward = []
             return None
         pairs = []
@@ -506,20 +438,10 @@ class TorchBackend:
         record (files or statistics), random in [-1, 1] when the dump has none; [] without a backward."""
         if not tested.leaves:
             return []
-        t_tensors, b_count = _tensors(tested.out), len(_tensors(bench.out))
-        specs = call.grad_outputs
-        chosen = []
-        for i, t in enumerate(t_tensors):
-            if not (t.requires_grad and (t.is_floating_point() or t.is_complex())) or i >= b_count:
-                continue
-            spec = specs[i] if specs is not None and i < len(specs) else None
-            if specs is not None and not isinstance(spec, TensorSpec):
-                continue  # no gradient reached this output in the training run
-            spec = spec or TensorSpec(normalize_dtype(str(t.dtype)), str(t.dtype), tuple(t.shape), 1.0, -1.0)
-            chosen.append((i, self._tensor(spec, rng, replay.notes)))
-        if chosen and specs is None:
-            replay.notes.append("no backward record: random output gradients in [-1, 1]")
-        return chosen
+        b_count = len(_tensors(bench.out))
+        outputs = [(t.requires_grad and (t.is_floating_point() or t.is_complex()) and i < b_count,
+                    normalize_dtype(str(t.dtype)), str(t.dtype), tuple(t.shape)) for i, t in enumerate(_tensors(tested.out))]
+        return [(i, self._tensor(spec, rng, replay.notes)) for i, spec in grad_output_specs(call, outputs, replay.notes)]
 
 
 def _reference_dtype(call: ApiCall, autocast: Optional[str]) -> Optional[str]:
@@ -553,17 +475,6 @@ def _run_reference(fn: Callable, reference: _Side, replay: Replay, grads: Option
     for pair in replay.backward:
         if pair.precision == reference.precision and r_grads.get(pair.key) is not None:
             pair.reference = _array(r_grads[pair.key])[0]
-
-
-def _index_variants(call: ApiCall, args: list) -> list[list]:
-    """``x[i, j]`` and ``x[[i, j]]`` are recorded alike (a list): for ``__getitem__`` try the tuple first, then
-    the list when every element is an int (the recorded output shape picks)."""
-    if call.api != "__getitem__" or len(args) < 2 or not isinstance(args[1], list):
-        return [args]
-    as_tuple = [args[0], tuple(args[1]), *args[2:]]
-    if all(isinstance(v, int) and not isinstance(v, bool) for v in args[1]):
-        return [as_tuple, args]
-    return [as_tuple]
 
 
 def _detached(obj: Any) -> Any:

@@ -1,6 +1,6 @@
 """What a framework's replay backend gives the framework-neutral core.
 
-A backend (``pytorch_replay``; a MindSpore one would be ``mindspore_replay``) rebuilds a recorded call,
+A backend (``pytorch_replay``, ``mindspore_replay``) rebuilds a recorded call,
 runs it on the tested device in the recorded dtype and on the CPU in float64, forward and backward, and
 returns the outputs as numpy arrays (``ArrayTensor``) in a ``Replay``. Judging, CSV writing, resuming,
 progress and workers are the core's.
@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional, Protocol
 
 from msprobe_core.acc_check.records import ApiCall
 from msprobe_core.compare.ptfile import ArrayTensor
-from msprobe_core.errors import DumpInputError
+from msprobe_core.errors import DumpInputError, require
 
 
 class Unreplayable(Exception):
@@ -73,20 +73,22 @@ class ReplayBackend(Protocol):
 
 @dataclass(frozen=True)
 class BackendInfo:
-    """Where a framework's backend lives: ``module`` exposes ``make_backend(device_index, workers)``;
-    ``package`` is the framework's."""
+    """Where a framework's backend lives: ``module`` exposes ``factory(device_index, workers)``
+    (``make_backend``); ``package`` is the framework's."""
 
     module: str
     package: str
+    factory: str = "make_backend"
 
 
-BACKENDS = {"pytorch": BackendInfo("msprobe_core.acc_check.pytorch_replay", "torch")}
-"""framework (dump.json's "framework" field) -> its replay backend."""
+BACKENDS = {"pytorch": BackendInfo("msprobe_core.acc_check.pytorch_replay", "torch"),
+            "mindspore": BackendInfo("msprobe_core.acc_check.mindspore_replay", "mindspore"),
+            "mindtorch": BackendInfo("msprobe_core.acc_check.mindspore_replay", "mindspore", "make_mindtorch_backend")}
+"""framework (dump.json's "framework" field) -> its replay backend. MSAdapter (mindtorch) records are replayed
+with MindSpore's PyTorch-style API (see ``mindspore_replay``)."""
 
-_NO_MINDSPORE = ("replaying MindSpore / MSAdapter dumps (Mint., MintFunctional., Functional., Tensor. records) "
-                 "needs the MindSpore replay backend, which is not available in this version; only PyTorch dumps "
-                 "can be replayed")
-MISSING_BACKENDS = {"mindspore": _NO_MINDSPORE, "mindtorch": _NO_MINDSPORE}
+MISSING_BACKENDS: dict[str, str] = {}
+"""framework -> why this version cannot replay its dumps (none at present)."""
 
 
 def check_framework(framework: str) -> BackendInfo:
@@ -108,7 +110,8 @@ def load_backend(framework: str, device_index: Optional[int] = None, workers: in
     passively (``OMP_WAIT_POLICY=PASSIVE``) unless the environment says otherwise.
     """
     backend = prefer_passive_openmp(framework)
-    return importlib.import_module(backend.module).make_backend(device_index, workers)
+    require(backend.package, backend.package, f"acc_check of a {framework} dump")
+    return getattr(importlib.import_module(backend.module), backend.factory)(device_index, workers)
 
 
 def prefer_passive_openmp(framework: str) -> BackendInfo:

@@ -11,6 +11,7 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
+from msprobe_core.acc_check.records import LOW_PRECISION, normalize_dtype
 from msprobe_core.pytorch import PrecisionDebugger
 from small_gpt import GPTConfig, SmallGPT
 
@@ -52,13 +53,14 @@ def gpt_step(cfg: GPTConfig = TINY, seed: int = 0) -> Callable[[], None]:
 
 @contextlib.contextmanager
 def perturbed(module, name: str, factor: float = 1 + 2 ** -6):
-    """``module.name`` returns its float16/bfloat16 results multiplied by ``factor`` (a kernel wrong by more
-    than its dtype's rounding); float32/float64 results are untouched, so the benchmark stays right."""
+    """``module.name`` returns its float16/bfloat16 results (torch or MindSpore tensors) multiplied by ``factor`` (a
+    kernel wrong by more than its dtype's rounding); float32/float64 results are untouched, so the benchmark stays
+    right."""
     original = getattr(module, name)
 
     def wrong(*args, **kwargs):
         out = original(*args, **kwargs)
-        if isinstance(out, torch.Tensor) and out.dtype in (torch.float16, torch.bfloat16):
+        if normalize_dtype(str(getattr(out, "dtype", ""))) in LOW_PRECISION:  # a torch or MindSpore tensor
             out = out * factor
         return out
 

@@ -152,21 +152,16 @@ def test_unreplayable_calls_are_listed_and_do_not_stop_the_run(tmp_path):
     assert rows["Functional.relu.0"]["Backward Test Success"] == PASS
 
 
-def test_mindspore_dump_gets_a_clear_error(tmp_path, capsys):
-    dump = {"task": "statistics", "level": "L1", "dump_data_dir": None, "framework": "mindspore", "data": {
-        "Mint.where.0.forward": {"input_args": [{"type": "mindspore.Tensor", "dtype": "Bool", "shape": [1, 4096],
-                                                 "Max": False, "Min": False, "Mean": None, "Norm": None},
-                                                {"type": "int", "value": 0}, {"type": "int", "value": 1}],
-                                 "input_kwargs": {}, "output": [{"type": "mindspore.Tensor", "dtype": "Int64",
-                                                                 "shape": [1, 4096], "Max": 1.0, "Min": 1.0}]}}}
+def test_unknown_framework_gets_a_clear_error(tmp_path, capsys):
+    dump = {"task": "statistics", "level": "L1", "framework": "tensorflow", "data": {
+        "Functional.relu.0.forward": {"input_args": [{"type": "tf.Tensor", "dtype": "float32", "shape": [4],
+                                                      "Max": 1.0, "Min": -1.0}], "input_kwargs": {}, "output": []}}}
     path = tmp_path / "dump.json"
     path.write_text(json.dumps(dump))
-    calls = load_dump(path).calls
-    assert calls[0].input_tensors()[0].dtype == "bool" and calls[0].args[1:] == [0, 1]
-    with pytest.raises(DumpInputError, match="MindSpore replay backend"):
+    with pytest.raises(DumpInputError, match="allowed: mindspore, mindtorch, pytorch"):
         acc_check(path, tmp_path / "out")
     assert main(["acc_check", "-api_info", str(path), "-o", str(tmp_path / "out")]) == 2
-    assert "'framework' = 'mindspore'" in capsys.readouterr().err
+    assert "'framework' = 'tensorflow'" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()  # refused before anything is written
 
 

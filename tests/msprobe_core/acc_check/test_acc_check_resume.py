@@ -18,7 +18,7 @@ from small_gpt import GPTConfig
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 CFG = GPTConfig(vocab=128, layers=4, hidden=64, heads=4, seq=16, batch=4)
 
 
