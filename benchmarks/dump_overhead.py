@@ -10,8 +10,6 @@ per-step time is the median over ``--repeats`` processes' means. Also measures w
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import shutil
 import statistics
@@ -20,23 +18,10 @@ import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+import overhead_runner
+from overhead_runner import HERE, ROOT
 
-# name -> (level, task, summary_mode); None = the tool is not imported; "idle" = imported, never started
-CONFIGS = {
-    "none": None,
-    "idle": "idle",
-    "L0": ("L0", "statistics", "statistics"),
-    "L1": ("L1", "statistics", "statistics"),
-    "L1 structure": ("L1", "structure", "statistics"),  # hooks and records without statistics: the Python share
-    "mix": ("mix", "statistics", "statistics"),
-    "L1 md5": ("L1", "statistics", "md5"),
-    "L1 tensor": ("L1", "tensor", "statistics"),
-    # the same with dump_path in /dev/shm: no device, but the writer's page-cache copy and page allocation cost
-    # CPU that competes with training on a small machine (a local disk takes O_DIRECT writes: less CPU)
-    "L1 tensor tmpfs": ("L1", "tensor", "statistics"),
-}
+CONFIGS = overhead_runner.CONFIGS
 TARGETS = {"idle": 1.01, "L0": 1.2, "L1": 1.8, "mix": 2.0, "L1 md5": 2.2, "L1 tensor": 5.0}
 
 CHILD = r"""
@@ -73,12 +58,8 @@ def run_config(name: str, cfg, steps: int) -> dict:
     tmpfs = name.endswith("tmpfs") and os.path.isdir("/dev/shm")
     out = tempfile.mkdtemp(prefix="msprobe_bench_", dir="/dev/shm" if tmpfs else None)
     shutil.rmtree(out)
-    code = CHILD.format(here=HERE, cfg=cfg, out=out, steps=steps)
-    env = dict(os.environ, OMP_NUM_THREADS="2", MKL_NUM_THREADS="2", MSPROBE_LOG_LEVEL="WARNING",
-               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     try:
-        res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
-        result = json.loads(res.stdout.strip().splitlines()[-1])
+        result = overhead_runner.run_child(CHILD.format(here=HERE, cfg=cfg, out=out, steps=steps), MKL_NUM_THREADS="2")
         result["bytes"] = _unique_bytes(out)
         return result
     finally:
@@ -123,25 +104,16 @@ def _equal_runs(runs: list[list[float]], reference: list[float]) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=5)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--only", default="", help="comma-separated configurations (default: all)")
-    args = ap.parse_args()
-    names = [n for n in CONFIGS if not args.only or n in args.only.split(",") or n == "none"]
-    times: dict[str, list[float]] = {n: [] for n in names}
-    losses: dict[str, list[list[float]]] = {n: [] for n in names}
-    sizes: dict[str, int] = {}
+    args = overhead_runner.parse_args(__doc__, steps=5)
+    names = overhead_runner.selected(CONFIGS, args.only)
     try:
-        for _ in range(args.repeats):  # interleave configurations so background load hits all of them alike
-            for n in names:
-                r = run_config(n, CONFIGS[n], args.steps)
-                times[n].append(r["step_s"])
-                losses[n].append(r["losses"])
-                sizes[n] = r["bytes"]
+        runs = overhead_runner.interleaved(names, args.repeats, lambda n: run_config(n, CONFIGS[n], args.steps))
     finally:
         for out in _DISK_OUTPUTS:
             shutil.rmtree(out, ignore_errors=True)
+    times = {n: [r["step_s"] for r in runs[n]] for n in names}
+    losses = {n: [r["losses"] for r in runs[n]] for n in names}
+    sizes = {n: runs[n][-1]["bytes"] for n in names}
     base = statistics.median(times["none"])
     reference = losses["none"][0]
     print(f"{'config':<16} {'step ms':>8} {'ratio':>6} {'target':>8} {'MB/step':>8}  losses equal (runs)")

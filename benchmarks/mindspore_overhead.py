@@ -14,27 +14,14 @@ would hide the tool's cost rather than show it.
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import shutil
-import subprocess
-import sys
 import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+import overhead_runner
+from overhead_runner import HERE
 
-# name -> (level, task, summary_mode); None = the tool is not imported; "idle" = created, never started
-CONFIGS = {
-    "none": None,
-    "idle": "idle",
-    "L0": ("L0", "statistics", "statistics"),
-    "L1": ("L1", "statistics", "statistics"),
-    "mix": ("mix", "statistics", "statistics"),
-    "L1 md5": ("L1", "statistics", "md5"),
-    "L1 tensor": ("L1", "tensor", "statistics"),
-}
+# the dump's configurations but the PyTorch-only ones ("idle": a debugger created, never started)
+CONFIGS = {n: c for n, c in overhead_runner.CONFIGS.items() if n not in ("L1 structure", "L1 tensor tmpfs")}
 TARGETS = {"L0": 1.3, "L1": 2.0}
 
 CHILD = r"""
@@ -64,32 +51,19 @@ print(json.dumps({{"step_s": statistics.median(wall), "cpu_s": statistics.median
 def run_config(cfg, steps: int) -> dict:
     out = tempfile.mkdtemp(prefix="msprobe_ms_bench_")
     shutil.rmtree(out)
-    env = dict(os.environ, OMP_NUM_THREADS="2", MSPROBE_LOG_LEVEL="WARNING", GLOG_v="3",
-               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     try:
-        res = subprocess.run([sys.executable, "-c", CHILD.format(here=HERE, cfg=cfg, out=out, steps=steps)],
-                             capture_output=True, text=True, env=env, check=True)
-        return json.loads(res.stdout.strip().splitlines()[-1])
+        return overhead_runner.run_child(CHILD.format(here=HERE, cfg=cfg, out=out, steps=steps), GLOG_v="3")
     finally:
         shutil.rmtree(out, ignore_errors=True)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--only", default="", help="comma-separated configurations (default: all)")
-    args = ap.parse_args()
-    names = [n for n in CONFIGS if not args.only or n in args.only.split(",") or n == "none"]
-    times: dict[str, list[float]] = {n: [] for n in names}
-    cpu: dict[str, list[float]] = {n: [] for n in names}
-    losses: dict[str, list[list[float]]] = {n: [] for n in names}
-    for _ in range(args.repeats):
-        for n in names:
-            r = run_config(CONFIGS[n], args.steps)
-            times[n].append(r["step_s"])
-            cpu[n].append(r["cpu_s"])
-            losses[n].append(r["losses"])
+    args = overhead_runner.parse_args(__doc__, steps=10)
+    names = overhead_runner.selected(CONFIGS, args.only)
+    runs = overhead_runner.interleaved(names, args.repeats, lambda n: run_config(CONFIGS[n], args.steps))
+    times = {n: [r["step_s"] for r in runs[n]] for n in names}
+    cpu = {n: [r["cpu_s"] for r in runs[n]] for n in names}
+    losses = {n: [r["losses"] for r in runs[n]] for n in names}
     base, cpu_base = min(times["none"]), min(cpu["none"])
     reference = losses["none"][0]
     print(f"{'config':<10} {'step ms':>8} {'ratio':>6} {'CPU ms':>8} {'ratio':>6} {'target':>8}  losses equal to no tool")

@@ -2,6 +2,10 @@
 
 Each command lives in its own module exposing ``add_arguments(parser)`` and ``run(args) -> int``; they are
 imported only when their command runs, so ``--help`` and unrelated commands stay fast.
+
+``-f/--framework {pytorch,mindspore}`` may come before the command, as msprobe writes it
+(``msprobe -f pytorch config_check -c A.zip B.zip``), or after it where the command has the option. Commands
+that take the framework from their input accept it before the command and have no use for it.
 """
 
 from __future__ import annotations
@@ -13,6 +17,9 @@ import sys
 from typing import Sequence
 
 from msprobe_core.errors import MsprobeError
+
+FRAMEWORKS = ("pytorch", "mindspore")
+FRAMEWORK_FLAGS = ("-f", "--framework")
 
 # command name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -31,6 +38,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m msprobe_core",
                                      description="msprobe-compatible precision debugging and training monitoring tools")
+    parser.add_argument(*FRAMEWORK_FLAGS, dest="framework_first", choices=FRAMEWORKS, default=None,
+                        help="the training framework, msprobe's way: before the command (the same as the command's "
+                             "own -f where it has one)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name, (module, help_text) in COMMANDS.items():
@@ -49,6 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
+    _framework_first(parser, args, argv)
     try:
         status = int(_load(args._module).run(args) or 0)
         if getattr(args, "report", False):  # compare / nan_analyze --report: the report package renders their result
@@ -59,6 +70,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except MsprobeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+
+
+def _framework_first(parser: argparse.ArgumentParser, args: argparse.Namespace, argv: Sequence[str]) -> None:
+    """``-f`` before the command sets the command's ``framework``; given on both sides, they must agree."""
+    first = vars(args).pop("framework_first", None)
+    if first is None or not hasattr(args, "framework"):
+        return
+    after = argv[argv.index(args.command) + 1:]
+    if args.framework != first and any(a in FRAMEWORK_FLAGS or a.startswith("--framework=") for a in after):
+        parser.error(f"-f {first} before {args.command} and -f {args.framework} after it disagree")
+    args.framework = first
 
 
 def compare_main() -> int:

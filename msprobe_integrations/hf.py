@@ -10,7 +10,9 @@
   Lightning reports them in ``on_before_optimizer_step``); without clipping, at ``on_pre_optimizer_step``.
   Under DeepSpeed the engine steps inside ``backward()``, so gradients and optimizer states are read
   where the engine keeps them: the session follows the engine (``ProbeSession.follow_engine``), which the
-  DeepSpeed integration serves through the core.
+  DeepSpeed integration serves through the core. An update the loss scaler skipped (fp16 overflow: the
+  GradScaler under Accelerate's optimizer lowered its scale, or the DeepSpeed engine's ``skipped_steps``
+  grew) is reported as a skipped step, not as NaN/Inf anomalies of its gradients.
 - Alerts: anomalies go to the Trainer's logs (``msprobe/anomalies`` in ``on_log`` and ``log_history``);
   ``stop_on_nan=True`` stops training after a step with a NaN/Inf and says why.
 - Hyperparameters: captured at ``on_train_begin`` into ``hyperparameters.json`` at the top of the dump
@@ -114,6 +116,7 @@ class MsprobeCallback(TrainerCallback):
         self._new_anomalies: list = []
         self._step_anomalies: list = []
         self._deepspeed = False
+        self._scale_before: Optional[float] = None
 
     # ------------------------------------------------------------------------------ training
     def on_train_begin(self, args, state, control, model=None, optimizer=None, lr_scheduler=None, **kwargs):
@@ -145,14 +148,17 @@ class MsprobeCallback(TrainerCallback):
             self.session.begin_step(self._current_step)
         return control
 
-    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+    def on_pre_optimizer_step(self, args, state, control, optimizer=None, **kwargs):
         if self.session is not None and not self._deepspeed:
+            self._scale_before = grad_scaler_scale(optimizer)
             self.session.before_optimizer_step()
         return control
 
-    def on_optimizer_step(self, args, state, control, **kwargs):
+    def on_optimizer_step(self, args, state, control, optimizer=None, **kwargs):
         if self.session is not None and not self._deepspeed:
-            self.session.after_optimizer_step(self._current_step)
+            before, after = self._scale_before, grad_scaler_scale(optimizer)
+            skipped = None if before is None or after is None else after < before
+            self.session.after_optimizer_step(self._current_step, skipped=skipped)
         return control
 
     def on_step_end(self, args, state, control, **kwargs):
@@ -195,6 +201,17 @@ class MsprobeCallback(TrainerCallback):
         self._undo.clear()
         if self.session is not None:
             self.session.close()
+
+
+def grad_scaler_scale(optimizer: Any) -> Optional[float]:
+    """The loss scale of the GradScaler under Accelerate's optimizer (fp16 native AMP), or None without one.
+
+    The scaler lowers it exactly when it skips an update for Inf/NaN gradients. (Accelerate's own
+    ``step_was_skipped`` misses the skips of fused optimizers, which the scaler steps every time.)"""
+    scaler = getattr(optimizer, "scaler", None)
+    if scaler is None or not callable(getattr(scaler, "get_scale", None)) or not scaler.is_enabled():
+        return None
+    return float(scaler.get_scale())
 
 
 def _clip_hook(before_clip: Callable[[], None]) -> Optional[PatchHandle]:

@@ -33,15 +33,38 @@ if str(ROOT) not in sys.path:  # runnable from a checkout without installing the
     sys.path.insert(0, str(ROOT))
 
 
-def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="Output: DUMP_PATH/step0/proc{pid}/dump.json (rank{R} under torch.distributed).")
+def add_dump_options(p: argparse.ArgumentParser, passes: str) -> None:
+    """``--token-range``, ``--level``, ``--task``: what a token_range recipe dumps (``passes``: what START..END
+    count). The vLLM recipe uses it too."""
     p.add_argument("--token-range", nargs=2, type=int, default=[1, 3], metavar=("START", "END"),
-                   help="forward passes to dump, 0 = the prefill (default: 1 3)")
-    p.add_argument("--max-new-tokens", type=int, default=5, help="tokens to generate (default: 5)")
+                   help=f"{passes} to dump, 0 = the prefill (default: 1 3)")
     p.add_argument("--level", choices=["L0", "L1", "mix"], default="mix", help="dump level (default: mix)")
     p.add_argument("--task", choices=["statistics", "tensor", "structure"], default="statistics",
                    help="dump task (default: statistics)")
+
+
+def checked_dump_path(args: argparse.Namespace, default_root: str) -> Optional[str]:
+    """Check ``--token-range`` (a bad one exits with status 2 and msprobe's message) and return the dump path:
+    ``--dump-path``; None with ``--config`` (its own dump_path wins); else a new folder under ``default_root``.
+    The vLLM recipe uses it too."""
+    from msprobe_core.dump.config import validate_token_range
+    from msprobe_core.errors import MsprobeError
+
+    try:
+        validate_token_range(args.token_range)
+    except MsprobeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    if args.dump_path is None and not args.config:
+        return str(Path(default_root) / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+    return args.dump_path
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="Output: DUMP_PATH/step0/proc{pid}/dump.json (rank{R} under torch.distributed).")
+    add_dump_options(p, "forward passes")
+    p.add_argument("--max-new-tokens", type=int, default=5, help="tokens to generate (default: 5)")
     p.add_argument("--config", help="an msprobe config.json instead of --level/--task (--dump-path still overrides it)")
     p.add_argument("--dump-path", help="where to dump (default: a new folder under ./hf_token_range_dump)")
     p.add_argument("--model", help="a local Hugging Face causal LM folder (default: a tiny Llama built from a config)")
@@ -80,17 +103,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     from msprobe_core.errors import MsprobeError
     from msprobe_core.pytorch import PrecisionDebugger
-    from msprobe_core.dump.config import validate_token_range
 
-    try:  # fail fast, before the model is built
-        validate_token_range(args.token_range)
-    except MsprobeError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-
-    dump_path = args.dump_path
-    if dump_path is None and not args.config:  # a config file's own dump_path wins over the default
-        dump_path = str(Path("hf_token_range_dump") / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+    dump_path = checked_dump_path(args, "hf_token_range_dump")  # fails fast, before the model is built
     start, end = args.token_range
     model = build_model(args)
     generator = torch.Generator().manual_seed(args.seed)

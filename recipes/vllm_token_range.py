@@ -30,7 +30,6 @@ import json
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -39,19 +38,15 @@ for _p in (ROOT, ROOT / "recipes"):  # runnable from a checkout without installi
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
-from hf_generate_token_range import forward_passes  # noqa: E402  (the same dump reading as the HF recipe)
+from hf_generate_token_range import add_dump_options, checked_dump_path, forward_passes  # noqa: E402  (shared)
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="Output: DUMP_PATH/step0/rank{R}/dump.json, one folder per vLLM worker. "
                                        "The engine always runs with enforce_eager=True.")
-    p.add_argument("--token-range", nargs=2, type=int, default=[1, 3], metavar=("START", "END"),
-                   help="engine steps to dump, 0 = the prefill (default: 1 3)")
+    add_dump_options(p, "engine steps")
     p.add_argument("--max-tokens", type=int, default=5, help="tokens to generate (default: 5)")
-    p.add_argument("--level", choices=["L0", "L1", "mix"], default="mix", help="dump level (default: mix)")
-    p.add_argument("--task", choices=["statistics", "tensor", "structure"], default="statistics",
-                   help="dump task (default: statistics)")
     p.add_argument("--config", help="an msprobe config.json (default: task and level from the options above)")
     p.add_argument("--dump-path", help="where to dump (default: a new folder under ./vllm_token_range_dump)")
     p.add_argument("--model", help="a model folder or name vLLM can load (default: a tiny Llama built from a config; "
@@ -96,18 +91,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if vllm is None:
         return 2
     from msprobe_core.errors import MsprobeError
-    from msprobe_core.dump.config import validate_token_range
     from msprobe_integrations.vllm import EXTENSION_CLASS, dump_tokens
 
-    try:  # fail fast, before the engine starts
-        validate_token_range(args.token_range)
-    except MsprobeError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-
-    dump_path = args.dump_path
-    if dump_path is None and not args.config:  # a config file's own dump_path wins over the default
-        dump_path = str(Path("vllm_token_range_dump") / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+    dump_path = checked_dump_path(args, "vllm_token_range_dump")  # fails fast, before the engine starts
     config: Any = args.config or {"task": args.task, "level": args.level}
     start, end = args.token_range
     with tempfile.TemporaryDirectory(prefix="msprobe_tiny_llama_") as tmp:

@@ -2,7 +2,10 @@
 
 The test tree mirrors the code (``tests/msprobe_core/<feature>/``, ``tests/msprobe_integrations/<framework>/``);
 shared helpers live in ``tests/support/`` and the stand-ins for what cannot run here (vLLM's engine,
-Megatron-LM's ``megatron.training``) in ``tests/standins/``: both are importable by name from every test."""
+Megatron-LM's ``megatron.training``) in ``tests/standins/``: both are importable by name from every test. Test
+files are imported in pytest's importlib mode (pyproject.toml): no test folder goes on ``sys.path``, so a folder
+named like a package (``tests/msprobe_core/mindspore``) never shadows it, and test files do not import each other
+(what they share lives in ``tests/support/``)."""
 
 from __future__ import annotations
 

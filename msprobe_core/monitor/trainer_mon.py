@@ -12,7 +12,9 @@ them for anomalies (NaN/Inf, ``AnomalyTurbulence``)::
 
 Frameworks that own the optimizer pass ``patch_optimizer=False`` (or no optimizer) and call the explicit
 entry points themselves: ``collect_grads()`` before clipping (optional), ``pre_optimizer_step()`` before
-the update, ``post_optimizer_step(optimizer_step=...)`` after it (or ``step(...)`` for both at once).
+the update, ``post_optimizer_step(optimizer_step=..., skipped=...)`` after it (or ``step(...)`` for both at
+once). ``skipped=True`` says the framework's loss scaler skipped that update (fp16 overflow): the step is
+written as usual and judged as a skipped step, its overflowed gradients are not an anomaly.
 
 Nothing here changes the numbers: hooks return None and never touch tensors, statistics run under
 ``no_grad`` on detached tensors, and everything of a step is copied to the host once.
@@ -114,13 +116,15 @@ class TrainerMon:
     # ------------------------------------------------------------------------------------ set up
     def set_monitor(self, model: nn.Module | Sequence[nn.Module], grad_acc_steps: int = 1, optimizer: Any = None,
                     dp_group: Any = None, tp_group: Any = None, start_iteration: int = 0, *,
-                    patch_optimizer: bool = True, step_label: Callable[[], int] | None = None) -> "TrainerMon":
+                    patch_optimizer: bool = True, step_label: Callable[[], int] | None = None,
+                    step_skipped: Callable[[], bool | None] | None = None) -> "TrainerMon":
         """Attach to a model (a module or a list of chunks) and an optimizer, and start monitoring.
 
         With ``patch_optimizer`` (the default) the optimizer instance's ``step`` is wrapped so every
         ``optimizer.step()`` is a monitor step (labelled ``step_label()``, read just before the update,
-        when given), and its ``zero_grad`` to notice an update a loss scaler skipped; otherwise call
-        ``step()`` (or the pre/post pair) yourself. msprobe's older argument order
+        when given; ``step_skipped()``, read just after it, says whether the framework skipped the update),
+        and its ``zero_grad`` to notice an update a loss scaler skipped without calling ``optimizer.step()``;
+        otherwise call ``step()`` (or the pre/post pair) yourself. msprobe's older argument order
         ``(model, optimizer, grad_acc_steps, ...)`` is accepted.
         """
         if _looks_like_optimizer(grad_acc_steps) and (optimizer is None or isinstance(optimizer, int)):
@@ -146,8 +150,11 @@ class TrainerMon:
                 self.pre_optimizer_step()
                 return label
 
-            self._patch = wrap(optimizer, "step", before=before, after=self.post_optimizer_step,
-                               where="monitor: optimizer.step", logger=logger)
+            def after(label: int | None) -> None:
+                self.post_optimizer_step(label, skipped=step_skipped() if step_skipped is not None else None)
+
+            self._patch = wrap(optimizer, "step", before=before, after=after, where="monitor: optimizer.step",
+                               logger=logger)
             if callable(getattr(optimizer, "zero_grad", None)):
                 self._zero_patch = wrap(optimizer, "zero_grad", before=self._on_zero_grad,
                                         where="monitor: optimizer.zero_grad", logger=logger)
@@ -275,11 +282,14 @@ class TrainerMon:
         except Exception:
             logger.exception("monitor: reading weights/gradients failed at step %d", self.step_index)
 
-    def post_optimizer_step(self, optimizer_step: int | None = None) -> dict[str, Any] | None:
+    def post_optimizer_step(self, optimizer_step: int | None = None,
+                            skipped: bool | None = None) -> dict[str, Any] | None:
         """After the optimizer update: record optimizer state, then write and check the whole step.
 
-        ``optimizer_step`` relabels the step just finished (a framework's own counter). Returns the
-        step's metrics dict (``api`` format, see ``get_metrics``) or None.
+        ``optimizer_step`` relabels the step just finished (a framework's own counter). ``skipped``: the
+        framework's loss scaler skipped this update (Inf/NaN gradients): the step is judged as a skipped
+        step (``skipped_steps``) instead of its overflowed gradients being anomalies; None or False: an
+        update. Returns the step's metrics dict (``api`` format, see ``get_metrics``) or None.
         """
         if optimizer_step is not None:
             self.step_index = int(optimizer_step)
@@ -296,7 +306,7 @@ class TrainerMon:
                             if kind in states:
                                 self._record_mapping(kind, states[kind])
                     if self._collecting:
-                        result = self._finish_step()
+                        result = self._finish_step(skipped=bool(skipped))
             except Exception:
                 logger.exception("monitor: finishing step %d failed", self.step_index)
         self.step_index += 1
@@ -304,10 +314,11 @@ class TrainerMon:
         self._begin_step()
         return result
 
-    def step(self, optimizer_step: int | None = None) -> dict[str, Any] | None:
-        """One whole monitor step, for frameworks that own the optimizer: call it after the update."""
+    def step(self, optimizer_step: int | None = None, skipped: bool | None = None) -> dict[str, Any] | None:
+        """One whole monitor step, for frameworks that own the optimizer: call it after the update
+        (``skipped``: see ``post_optimizer_step``)."""
         self.pre_optimizer_step()
-        return self.post_optimizer_step(optimizer_step)
+        return self.post_optimizer_step(optimizer_step, skipped)
 
     # ------------------------------------------------------------------------------------ results
     def get_metrics(self) -> dict[str, Any]:
@@ -435,7 +446,7 @@ class TrainerMon:
                     logger.exception("monitor: closing a writer failed")
         self._writers = None
 
-    def _finish_step(self) -> dict[str, Any] | None:
+    def _finish_step(self, skipped: bool = False) -> dict[str, Any] | None:
         rows = self.collector.finalize()  # the step's one host copy
         self.schedule.collected += 1
         step = self.step_index
@@ -444,7 +455,7 @@ class TrainerMon:
             w.write(step, rows)
             if isinstance(w, ApiWriter):
                 self._latest = result = w.latest
-        self.alerts.publish(self.detector.judge(self.rank, step, rows, lrs=self._lrs))
+        self.alerts.publish(self.detector.judge(self.rank, step, rows, lrs=self._lrs, skipped=skipped))
         return result
 
     # A skipped update: a loss scaler (torch.amp.GradScaler, a framework's own) found Inf/NaN gradients and

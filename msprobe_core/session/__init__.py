@@ -19,21 +19,24 @@ Lifecycle (one process; the events of each optimizer step in this order)::
         session.gradients_ready()             # gradients ready: reduced, not yet clipped (optional)
         session.before_optimizer_step()       # just before the update: weights, gradients
         optimizer.step()
-        session.after_optimizer_step(step)    # after the optimizer step: states; the step is written, checked
+        session.after_optimizer_step(step, skipped=overflowed)  # after it: states; the step is written, checked
         folder = session.end_step()           # step end: the step's dump files; the rank folder written
     session.close()                           # close: undo every patch, flush every file
 
 Events (methods of ``ProbeSession``):
 
 - ``attach(model, optimizer=None, grad_acc_steps=1, state_reader=None, dp_group=None, start_iteration=0,
-  *, patch_optimizer=False, step_label=None, rank_id=None)``: once the model (or its chunks) and the
+  *, patch_optimizer=False, step_label=None, step_skipped=None, rank_id=None)``: once the model (or its chunks) and the
   optimizer exist. Nothing before it records anything.
 - ``begin_step(step=None, *, token_range=None)``: a dump step begins (all micro-batches of an optimizer
   step, or the generation steps of ``token_range``).
 - ``gradients_ready(grads=None)``: the step's gradients are final; call it before gradient clipping to see
   them unclipped. Optional: ``before_optimizer_step`` reads them otherwise.
 - ``before_optimizer_step()``: right before the optimizer update.
-- ``after_optimizer_step(step=None)``: right after the update; returns the step's metrics (``api`` format).
+- ``after_optimizer_step(step=None, skipped=None)``: right after the update; returns the step's metrics
+  (``api`` format). ``skipped=True``: the framework's loss scaler skipped the update (fp16 overflow); the
+  monitor reports a skipped step (``TrainerMon.skipped_steps``, the database's ``skipped_steps`` table)
+  instead of NaN/Inf anomalies of its gradients. Pass what the framework knows; None: not known.
 - ``end_step() -> Path | None``: the dump step ends; its files are written.
 - ``close()``: the end of training (or of the integration): idempotent.
 
@@ -45,8 +48,8 @@ Options, for what the frameworks need:
 - process groups: ``ProbeSession(process_group=...)`` (pipeline stage of anomalies),
   ``attach(dp_group=...)`` / ``state_reader.group`` (where shard statistics are combined);
 - ``ProbeSession(params_have_main_grad=...)``: read ``param.main_grad`` (Megatron) before ``param.grad``;
-- optimizer patching: ``attach(patch_optimizer=True, step_label=...)`` wraps ``optimizer.step`` to run the
-  three optimizer-step events itself (Megatron, plain loops);
+- optimizer patching: ``attach(patch_optimizer=True, step_label=..., step_skipped=...)`` wraps
+  ``optimizer.step`` to run the three optimizer-step events itself (Megatron, plain loops);
 - a state reader: ``attach(state_reader=...)`` or later ``set_state_reader(reader, dp_group)``
   (``msprobe_core.monitor.state_readers.StateReader``: DeepSpeed ZeRO, Megatron's optimizers);
 - the folders it wrote: ``end_step()``, ``output_folders()``, ``dump_path``, ``dump_step``;

@@ -91,15 +91,16 @@ class ProbeSession:
     # ------------------------------------------------------------------------------ event: attach
     def attach(self, model: Model, optimizer: Any = None, grad_acc_steps: int = 1, state_reader: Any = None,
                dp_group: Any = None, start_iteration: int = 0, *, patch_optimizer: bool = False,
-               step_label: Optional[Callable[[], int]] = None, rank_id: Optional[int] = None) -> None:
+               step_label: Optional[Callable[[], int]] = None, step_skipped: Optional[Callable[[], Optional[bool]]] = None,
+               rank_id: Optional[int] = None) -> None:
         """The real module(s) being trained, and, for the monitor, the optimizer whose state it reads.
 
         ``grad_acc_steps``: micro-batches per optimizer step. ``state_reader``: where gradients, weights and
         optimizer states live (``msprobe_core.monitor.state_readers``; a sharded reader combines shard
         statistics over its group, or ``dp_group``). ``start_iteration``: the label of the first monitored
         step. ``patch_optimizer``: wrap ``optimizer.step`` so that every call runs ``gradients_ready``,
-        ``before_optimizer_step`` and ``after_optimizer_step(step_label())`` (the integration then makes none
-        of these calls itself). ``rank_id``: name the dump's rank folder explicitly.
+        ``before_optimizer_step`` and ``after_optimizer_step(step_label(), skipped=step_skipped())`` (the
+        integration then makes none of these calls itself). ``rank_id``: name the dump's rank folder explicitly.
         """
         self._model = model
         self._optimizer = optimizer
@@ -113,7 +114,7 @@ class ProbeSession:
                 self.monitor.set_state_reader(state_reader)
             self.monitor.set_monitor(model, grad_acc_steps=grad_acc_steps, optimizer=optimizer, dp_group=dp_group,
                                      start_iteration=start_iteration, patch_optimizer=patch_optimizer,
-                                     step_label=step_label)
+                                     step_label=step_label, step_skipped=step_skipped)
 
     def set_state_reader(self, reader: Any, dp_group: Any = None) -> None:
         """Read the monitor's states through ``reader`` from now on (for an engine found only once training
@@ -171,12 +172,14 @@ class ProbeSession:
             with tool_work():
                 self.monitor.pre_optimizer_step()
 
-    def after_optimizer_step(self, step: Optional[int] = None) -> Optional[dict]:
+    def after_optimizer_step(self, step: Optional[int] = None, skipped: Optional[bool] = None) -> Optional[dict]:
         """After the optimizer step: optimizer states are recorded, then the monitor step (labelled ``step``;
-        None: the monitor's own count) is written and checked. Returns its metrics (``api`` format) or None."""
+        None: the monitor's own count) is written and checked. ``skipped=True``: the framework's loss scaler
+        skipped this update (fp16 overflow), so the step is reported as a skipped step, not as NaN/Inf
+        anomalies (None: not known). Returns its metrics (``api`` format) or None."""
         if self.monitor is not None:
             with tool_work():
-                return self.monitor.post_optimizer_step(optimizer_step=step)
+                return self.monitor.post_optimizer_step(optimizer_step=step, skipped=skipped)
         return None
 
     def on_anomaly(self, callback: Callable[[Any], None]) -> Optional[Callable[[], None]]:

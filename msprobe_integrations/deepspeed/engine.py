@@ -48,6 +48,12 @@ def loss_scale(engine: Any) -> float:
         return 1.0
 
 
+def skipped_steps(engine: Any) -> int:
+    """How many updates the engine skipped: ``_take_model_step`` counts one in ``engine.skipped_steps`` when
+    its fp16 optimizer reports ``overflow`` (the loss scaler found Inf/NaN gradients)."""
+    return int(getattr(engine, "skipped_steps", 0) or 0)
+
+
 def unscale(t: torch.Tensor, scale: float) -> torch.Tensor:
     """``t`` divided by the loss scale (as float32); ``t`` itself when the scale is 1 or ``t`` is empty."""
     return t if scale == 1.0 or t.numel() == 0 else t.float() / scale

@@ -2,7 +2,8 @@
 
 The dump window opens at the first ``engine(...)`` of an accumulation window and closes after
 ``engine.step()`` at the boundary; the monitor runs at ``_take_model_step`` (only called at the boundary),
-labelled with ``engine.global_steps``. Each patch is an instance-level ``msprobe_core.common.patch.wrap``.
+labelled with ``engine.global_steps``; an update the fp16 loss scaler skipped (``engine.skipped_steps`` grew)
+is reported as a skipped step. Each patch is an instance-level ``msprobe_core.common.patch.wrap``.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from msprobe_core.common.patch import PatchHandle, wrap
 from msprobe_core.errors import ConfigError
 from msprobe_core.monitor.state_readers import StateReader
 from msprobe_core.session import ProbeSession
-from msprobe_integrations.deepspeed.engine import DeepSpeedIntegrationError, is_engine, zero_stage
+from msprobe_integrations.deepspeed.engine import DeepSpeedIntegrationError, is_engine, skipped_steps, zero_stage
 from msprobe_integrations.deepspeed.hyperparameters import engine_hyperparameters
 from msprobe_integrations.deepspeed.zero_readers import make_state_reader
 
@@ -47,7 +48,7 @@ class EnginePatch:
                                       after=self._close_window, guard=False))
         if session.monitor is not None and self.reader is not None:
             self._handles.append(wrap(engine, "_take_model_step", before=self._before_update,
-                                      after=session.after_optimizer_step, where="monitoring the optimizer step",
+                                      after=self._after_update, where="monitoring the optimizer step",
                                       logger=logger))
 
     def _open_window(self, *args: Any, **kwargs: Any) -> None:
@@ -60,10 +61,15 @@ class EnginePatch:
             self.in_window = False
             self.session.end_step()
 
-    def _before_update(self, *args: Any, **kwargs: Any) -> int:
+    def _before_update(self, *args: Any, **kwargs: Any) -> tuple[int, int]:
         label = int(self.engine.global_steps)
         self.session.before_optimizer_step()
-        return label
+        return label, skipped_steps(self.engine)
+
+    def _after_update(self, token: Optional[tuple[int, int]]) -> None:
+        label, skipped_before = token if token is not None else (None, None)
+        skipped = None if skipped_before is None else skipped_steps(self.engine) > skipped_before
+        self.session.after_optimizer_step(label, skipped=skipped)
 
     def remove(self, close: bool = True) -> None:
         """Put the engine's own methods back; with ``close`` the open dump step is written and the monitor's

@@ -4,7 +4,8 @@ Trainer's) driven at a DeepSpeed engine's optimizer step.
 The Trainer steps the engine inside ``backward()``, so its own optimizer-step callbacks come too late to see
 gradients. ``follow_trainer_engine`` wraps ``DeepSpeedEngine._take_model_step`` at class level: at every
 optimizer step the session's monitor reads the engine's own (sharded) gradients and weights before the
-update and its optimizer states after it, labelled ``current_step()``. The engine is bound on first sight
+update and its optimizer states after it, labelled ``current_step()``; an update the fp16 loss scaler skipped
+(``engine.skipped_steps`` grew) is reported as a skipped step. The engine is bound on first sight
 (the one whose ``module`` is the session's model, else the first that steps). Registered with the core as
 the ``deepspeed`` engine follower (``msprobe_core.session.engine_followers``).
 """
@@ -12,11 +13,11 @@ the ``deepspeed`` engine follower (``msprobe_core.session.engine_followers``).
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from msprobe_core.common.patch import PatchHandle, wrap
 from msprobe_core.session import ProbeSession
-from msprobe_integrations.deepspeed.engine import zero_stage
+from msprobe_integrations.deepspeed.engine import skipped_steps, zero_stage
 from msprobe_integrations.deepspeed.zero_readers import make_state_reader
 
 logger = logging.getLogger("msprobe_core.deepspeed")
@@ -43,15 +44,16 @@ def follow_trainer_engine(session: ProbeSession, current_step: Callable[[], int]
                         zero_stage(engine), type(reader).__name__)
         return bound["engine"] is engine
 
-    def before(engine: Any, *args: Any, **kwargs: Any) -> bool:
+    def before(engine: Any, *args: Any, **kwargs: Any) -> Optional[tuple[Any, int]]:
         if not follows(engine):
-            return False
+            return None
         session.before_optimizer_step()
-        return True
+        return engine, skipped_steps(engine)
 
-    def after(followed: bool) -> None:
-        if followed:
-            session.after_optimizer_step(int(current_step()))
+    def after(followed: Optional[tuple[Any, int]]) -> None:
+        if followed is not None:
+            engine, skipped_before = followed
+            session.after_optimizer_step(int(current_step()), skipped=skipped_steps(engine) > skipped_before)
 
     return wrap(DeepSpeedEngine, "_take_model_step", before=before, after=after,
                 where="monitoring the Trainer's DeepSpeed optimizer step", logger=logger)

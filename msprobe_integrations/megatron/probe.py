@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import functools
 import logging
 import os
 from typing import Any, Mapping, Optional, Sequence, Union
@@ -33,6 +34,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 import torch
 
 from msprobe_core import hparams
+from msprobe_core.common.patch import PatchHandle, patch
 from msprobe_core.errors import ConfigError
 from msprobe_core.pytorch.ranks import dist_ready, group_size
 from msprobe_core.session import ProbeSession
@@ -170,6 +172,8 @@ class MegatronProbe:
         self.hyperparameter_files: list = []
         self.next_step = 1
         self._step: Optional[int] = None
+        self._step_result: Any = None
+        self._result_patch: Optional[PatchHandle] = None
         self._closed = False
 
     @classmethod
@@ -207,10 +211,13 @@ class MegatronProbe:
                                process_group=pipeline_group(), params_have_main_grad=True)
         self.session = session
         reader = MegatronStateReader(optimizer) if optimizer is not None else None
+        if optimizer is not None and session.monitor is not None:  # under the session's wrapper (below)
+            self._result_patch = patch(optimizer, "step", self._keep_step_result)
         # the session wraps optimizer.step: gradients after the data-parallel reduction, before clipping
         session.attach(self.chunks, optimizer, grad_acc_steps=num_microbatches(args), state_reader=reader,
                        dp_group=data_parallel_group(), start_iteration=start_iteration,
-                       patch_optimizer=optimizer is not None, step_label=self._optimizer_step_label)
+                       patch_optimizer=optimizer is not None, step_label=self._optimizer_step_label,
+                       step_skipped=self._update_skipped)
         if self.capture:
             doc = capture_hyperparameters(args, self.chunks, optimizer, opt_param_scheduler)
             self.hyperparameter_files = session.write_hyperparameters(doc)
@@ -240,6 +247,23 @@ class MegatronProbe:
         label, self.next_step = self.next_step, self.next_step + 1
         return label
 
+    def _keep_step_result(self, original: Any) -> Any:
+        @functools.wraps(original)
+        def step(*args: Any, **kwargs: Any) -> Any:
+            self._step_result = result = original(*args, **kwargs)
+            return result
+
+        return step
+
+    def _update_skipped(self) -> Optional[bool]:
+        """Whether the optimizer step just run skipped its update: Megatron's ``optimizer.step()`` returns
+        ``(update_successful, grad_norm, num_zeros_in_grad)``, ``update_successful`` False when the loss
+        scaler found Inf/NaN gradients. None for a step that returns something else."""
+        result, self._step_result = self._step_result, None
+        if isinstance(result, tuple) and result and isinstance(result[0], bool):
+            return not result[0]
+        return None
+
     # ------------------------------------------------------------------------------ end
     def close(self) -> None:
         """Finish the open dump step, flush the monitor, restore ``optimizer.step``. Idempotent."""
@@ -248,6 +272,8 @@ class MegatronProbe:
         self._closed = True
         if self.session is not None:
             self.session.close()
+        if self._result_patch is not None:
+            self._result_patch.remove()
         try:
             atexit.unregister(self.close)
         except Exception:  # pragma: no cover

@@ -22,7 +22,6 @@ import signal
 import struct
 import subprocess
 import sys
-import textwrap
 import threading
 import warnings
 from pathlib import Path
@@ -33,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dump_models import TinyNet
+from killed_run import run_killed_mid_step
 from msprobe_core.cli import main as cli_main
 from msprobe_core.errors import ConfigError, ConfigFileError, DumpInputError, MsprobeError, OutputDirError
 from msprobe_core.files import step_recorder
@@ -590,36 +590,9 @@ def test_bad_monitor_arguments(tmp_path, kwargs, field):
 
 
 # ------------------------------------------------------------------------------------------- signals
-SIGNAL_SCRIPT = textwrap.dedent("""
-    import os, signal, sys, torch
-    sys.path.insert(0, {support!r})
-    from dump_models import TinyNet
-    from msprobe_core.pytorch import PrecisionDebugger
-    torch.manual_seed(0)
-    model = TinyNet()
-    dbg = PrecisionDebugger({{"dump_path": {out!r}, "level": "mix", "task": "tensor"}})
-    for step in range(3):
-        dbg.start(model)
-        loss = model(torch.randn(2, 8)).sum()
-        loss.backward()
-        if step == 1:
-            os.kill(os.getpid(), signal.{sig})  # mid-step: after the backward, before stop() and step()
-        dbg.stop()
-        dbg.step()
-""")
-
-
-def _run_signal_script(tmp_path: Path, sig: str) -> tuple[subprocess.CompletedProcess, Path]:
-    out = tmp_path / "dump"
-    script = SIGNAL_SCRIPT.format(support=str(ROOT / "tests" / "support"), out=str(out), sig=sig)
-    proc = subprocess.run([sys.executable, "-c", script], env=dict(os.environ, PYTHONPATH=str(ROOT)),
-                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
-    return proc, out
-
-
 def test_sigterm_mid_step_keeps_what_was_recorded_and_recover_rebuilds_it(tmp_path):
     with only_written_under(tmp_path, tmp_path / "dump"):
-        proc, out = _run_signal_script(tmp_path, "SIGTERM")
+        proc, out = run_killed_mid_step(tmp_path, "SIGTERM")
     assert proc.returncode == -signal.SIGTERM, proc.stderr
     step0, step1 = rank_dir(out, 0), rank_dir(out, 1)
     assert not (step1 / "dump.json").exists() and (step1 / ".dump.journal").exists()  # nothing looks finished
@@ -630,7 +603,7 @@ def test_sigterm_mid_step_keeps_what_was_recorded_and_recover_rebuilds_it(tmp_pa
 
 
 def test_sigint_mid_step_writes_the_step_marked_interrupted(tmp_path):
-    proc, out = _run_signal_script(tmp_path, "SIGINT")
+    proc, out = run_killed_mid_step(tmp_path, "SIGINT")
     assert proc.returncode != 0 and "KeyboardInterrupt" in proc.stderr
     step1 = rank_dir(out, 1)
     doc = assert_files_consistent(step1)

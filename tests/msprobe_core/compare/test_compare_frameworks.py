@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-ms = pytest.importorskip("mindspore.nn") and __import__("mindspore")  # not the tests/msprobe_core/mindspore folder
+ms = pytest.importorskip("mindspore")
 torch = pytest.importorskip("torch")
 
 import ms_models as M  # noqa: E402

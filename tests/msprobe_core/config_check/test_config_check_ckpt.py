@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import save_file
 
+from dist_run import torchrun
 from msprobe_core.cli import main as cli_main
 from msprobe_core.config_check.ckpt.compare import compare_checkpoints
 from msprobe_core.config_check.ckpt.layout import open_checkpoint
@@ -185,21 +183,13 @@ def test_legacy_megatron_names_with_tensor_and_pipeline_parallelism(tmp_path):
 
 
 # ================================================================================ real checkpoints (slow)
-def _torchrun(nproc: int, phase: str, out: Path) -> None:
-    port = __import__("megatron_support").free_port()
-    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-                          "--master-port", str(port), str(WRITER), phase, str(out)], cwd=ROOT, capture_output=True,
-                         text=True, timeout=400, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-
-
 @pytest.fixture(scope="module")
 def megatron_ckpts(tmp_path_factory):
     pytest.importorskip("megatron.core")
     pytest.importorskip("transformers")
     out = tmp_path_factory.mktemp("megatron_ckpts")
-    _torchrun(1, "reference", out)
-    _torchrun(2, "parallel", out)
+    torchrun(WRITER, "reference", str(out), nproc=1, cwd=ROOT, timeout=400)
+    torchrun(WRITER, "parallel", str(out), nproc=2, cwd=ROOT, timeout=400)
     return out
 
 
@@ -252,7 +242,7 @@ def test_megatron_against_its_hugging_face_conversion(megatron_ckpts, tmp_path):
 @pytest.mark.slow
 def test_deepspeed_zero2_and_zero3_checkpoints(tmp_path):
     pytest.importorskip("deepspeed")
-    _torchrun(1, "deepspeed", tmp_path)
+    torchrun(WRITER, "deepspeed", str(tmp_path), nproc=1, cwd=ROOT, timeout=400)
     for stage in (2, 3):
         result = compare_checkpoints(tmp_path / f"ds_zero{stage}", tmp_path / f"ds_zero{stage}.pt",
                                      tmp_path / f"o{stage}.json", progress=False)

@@ -19,10 +19,11 @@ from pathlib import Path
 import openpyxl
 import pytest
 
+from config_check_packs import edit_pip
+from dist_run import free_port
+
 ROOT = Path(__file__).resolve().parents[3]
 TRAIN = ROOT / "tests" / "support" / "config_check_train.py"
-sys.path.insert(0, str(ROOT / "tests" / "support"))
-from test_config_check import _edit_pip  # noqa: E402
 
 RUN_SH = """#!/bin/bash
 # launch script of the {name} run
@@ -34,19 +35,11 @@ torchrun --nproc_per_node 2 --master_port ${{MASTER_PORT:-29500}} {train} \\
 """
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run(folder: Path, lr: str, seed: str, reverse_rank: str = "") -> Path:
     folder.mkdir()
     (folder / "run.sh").write_text(RUN_SH.format(name=folder.name, lr=lr, seed=seed, train=TRAIN))
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-           "MASTER_PORT": str(_free_port()), "PYTHONPATH": str(ROOT), "CC_TEST_REVERSE_RANK": reverse_rank}
+           "MASTER_PORT": str(free_port()), "PYTHONPATH": str(ROOT), "CC_TEST_REVERSE_RANK": reverse_rank}
     res = subprocess.run(["bash", "run.sh"], cwd=folder, env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     return folder / "config_check_pack.zip"
@@ -72,7 +65,7 @@ def test_two_rank_runs_differences_land_in_their_sheets(tmp_path):
     a = _run(tmp_path / "a", "1e-4", "1")
     a2 = _run(tmp_path / "a2", "0.0001", "1")
     b = _run(tmp_path / "b", "2e-4", "2", reverse_rank="1")
-    _edit_pip(b, {"numpy": "1.0.0"})
+    edit_pip(b, {"numpy": "1.0.0"})
     with zipfile.ZipFile(a) as zf:
         names = set(zf.namelist())
         assert json.loads(zf.read("pack.json"))["world_size"] == 2

@@ -4,19 +4,16 @@ statistics taken before it (c10d's collectives do not bump the version counter).
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from dist_run import run_two_ranks
 
 SCRIPT = textwrap.dedent("""
-    import json, os, sys, torch, torch.distributed as dist
+    import json, torch, torch.distributed as dist
+    from dist_run import finish_distributed
     from msprobe_core.pytorch import PrecisionDebugger
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -42,29 +39,15 @@ SCRIPT = textwrap.dedent("""
     dbg.stop()
     dbg.step()
     print(json.dumps({{"bumped": bumped}}))
-    dist.destroy_process_group()
+    finish_distributed()
 """)
-
-
-def _torchrun(tmp_path, text: str) -> str:
-    """Run ``text`` as a two-process gloo job; its stdout."""
-    script = tmp_path / "train.py"
-    script.write_text(text)
-    with socket.socket() as sock:  # a free port: tests run in parallel
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                           "--master_port", str(port), str(script)], capture_output=True, text=True,
-                          env=dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1"), timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc.stdout
 
 
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_in_place_collectives_record_their_result_and_refresh_cached_statistics(tmp_path):
     out = tmp_path / "dump"
-    stdout = _torchrun(tmp_path, SCRIPT.format(out=str(out), task="statistics"))
+    stdout = run_two_ranks(SCRIPT.format(out=str(out), task="statistics"), tmp_path)
     assert '"bumped": false' in stdout, "c10d now bumps the version counter: the cache refresh is a no-op"
     for rank in (0, 1):
         data = json.loads((out / "step0" / f"rank{rank}" / "dump.json").read_text())["data"]
@@ -89,8 +72,9 @@ def test_in_place_collectives_record_their_result_and_refresh_cached_statistics(
 def test_overflow_check_sees_a_nan_arriving_through_all_reduce(tmp_path):
     """Rank 1 makes a NaN, the all_reduce spreads it: rank 0's overflow_check records the all_reduce."""
     out = tmp_path / "dump"
-    _torchrun(tmp_path, textwrap.dedent(f"""
+    run_two_ranks(textwrap.dedent(f"""
         import torch, torch.distributed as dist
+        from dist_run import finish_distributed
         from msprobe_core.pytorch import PrecisionDebugger
         dist.init_process_group("gloo")
         rank = dist.get_rank()
@@ -101,8 +85,8 @@ def test_overflow_check_sees_a_nan_arriving_through_all_reduce(tmp_path):
         dist.all_reduce(t)
         dbg.stop()
         dbg.step()
-        dist.destroy_process_group()
-    """))
+        finish_distributed()
+    """), tmp_path)
     rank0 = json.loads((out / "step0" / "rank0" / "dump.json").read_text())
     assert rank0["task"] == "overflow_check"
     assert list(rank0["data"]) == ["Distributed.all_reduce.0.forward"]

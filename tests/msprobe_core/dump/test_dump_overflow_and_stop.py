@@ -12,6 +12,7 @@ import torch
 import torch.nn as nn
 
 from dump_models import ResidualAttention, TinyNet, make_data, train_steps
+from dump_run import dump_steps
 from msprobe_core.pytorch import PrecisionDebugger
 
 PROC = f"proc{os.getpid()}"
@@ -28,15 +29,7 @@ class Mixed(nn.Module):
 
 
 def _run(tmp_path, conf, model, x, backward=False):
-    out = tmp_path / "dump"
-    dbg = PrecisionDebugger(dict({"dump_path": str(out), "level": "L1"}, **conf))
-    dbg.start(model)
-    y = model(x)
-    if backward:
-        y.sum().backward()
-    dbg.stop()
-    dbg.step()
-    return out / "step0" / PROC
+    return dump_steps(tmp_path / "dump", model, dict({"level": "L1"}, **conf), x, backward=backward)
 
 
 @pytest.mark.parametrize("task", ["overflow_check", "nan_check"])

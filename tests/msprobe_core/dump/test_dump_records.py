@@ -11,22 +11,14 @@ import torch
 import torch.nn as nn
 
 from dump_models import TinyNet
+from dump_run import dump_steps
 from msprobe_core.pytorch import PrecisionDebugger
 
 
 def run_once(tmp_path, model, conf, inputs=None, steps=1, backward=True):
-    out = tmp_path / "dump"
-    dbg = PrecisionDebugger(dict({"dump_path": str(out)}, **conf))
     torch.manual_seed(0)
     x = inputs if inputs is not None else torch.randn(3, 8)
-    for _ in range(steps):
-        dbg.start(model)
-        y = model(x)
-        if backward:
-            y.sum().backward()
-        dbg.stop()
-        dbg.step()
-    return out / "step0" / f"proc{os.getpid()}"
+    return dump_steps(tmp_path / "dump", model, conf, x, steps, backward)
 
 
 def load(rank_dir, name="dump.json"):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -13,11 +12,12 @@ import textwrap
 import pytest
 import torch
 
+from dist_run import run_two_ranks
 from dump_models import ResidualAttention, TinyNet, make_data, train_steps
+from killed_run import run_killed_mid_step
 from msprobe_core.pytorch import PrecisionDebugger
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-SUPPORT = os.path.join(ROOT, "tests", "support")
 
 
 def reference_run(steps=3):
@@ -81,30 +81,8 @@ def test_idle_import_patches_nothing():
     assert out.stdout.strip() == "ok", out.stderr
 
 
-CRASH_SCRIPT = textwrap.dedent("""
-    import os, signal, sys, torch
-    sys.path.insert(0, {tests!r})
-    from dump_models import TinyNet
-    from msprobe_core.pytorch import PrecisionDebugger
-    torch.manual_seed(0)
-    model = TinyNet()
-    dbg = PrecisionDebugger({{"dump_path": {out!r}, "level": "mix", "task": "tensor"}})
-    for step in range(3):
-        dbg.start(model)
-        y = model(torch.randn(2, 8))
-        if step == 1:
-            y.sum().backward()
-            os.kill(os.getpid(), signal.SIGKILL)   # dies mid-step: no stop(), no step(), no atexit
-        y.sum().backward()
-        dbg.stop()
-        dbg.step()
-""")
-
-
 def test_sigkill_mid_step_loses_nothing_and_recover_rebuilds(tmp_path):
-    out = tmp_path / "dump"
-    script = CRASH_SCRIPT.format(tests=SUPPORT, out=str(out))
-    proc = subprocess.run([sys.executable, "-c", script], env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True, text=True)
+    proc, out = run_killed_mid_step(tmp_path, "SIGKILL")
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     step0 = next((out / "step0").iterdir())
     step1 = next((out / "step1").iterdir())
@@ -134,8 +112,8 @@ def test_sigkill_mid_step_loses_nothing_and_recover_rebuilds(tmp_path):
 
 
 DIST_SCRIPT = textwrap.dedent("""
-    import os, sys, torch, torch.distributed as dist
-    sys.path.insert(0, {tests!r})
+    import torch, torch.distributed as dist
+    from dist_run import finish_distributed
     from dump_models import TinyNet
     from msprobe_core.pytorch import PrecisionDebugger
     dist.init_process_group("gloo")
@@ -150,7 +128,7 @@ DIST_SCRIPT = textwrap.dedent("""
         y.sum().backward()
         dbg.stop()
         dbg.step()
-    dist.destroy_process_group()
+    finish_distributed()
 """)
 
 
@@ -159,15 +137,7 @@ DIST_SCRIPT = textwrap.dedent("""
 @pytest.mark.parametrize("ranks,expected", [([], ["rank0", "rank1"]), ([1], ["rank1"])])
 def test_two_ranks_write_their_own_folders(tmp_path, ranks, expected):
     out = tmp_path / "dump"
-    script = tmp_path / "train.py"
-    script.write_text(DIST_SCRIPT.format(tests=SUPPORT, out=str(out), ranks=ranks))
-    with socket.socket() as sock:  # a free port: tests run in parallel
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                           "--master_port", str(port), str(script)], capture_output=True, text=True,
-                          env=dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1"), timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_two_ranks(DIST_SCRIPT.format(out=str(out), ranks=ranks), tmp_path)
     for step in ("step0", "step1"):
         assert sorted(p.name for p in (out / step).iterdir()) == expected
     data = json.loads((out / "step0" / expected[-1] / "dump.json").read_text())["data"]

@@ -6,23 +6,23 @@ all-reduces (``msprobe_core.monitor.shard_agreement``) and writes nothing, and n
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
+from dist_run import run_two_ranks
+
 WORKER = textwrap.dedent("""
     import json, sys
     import torch, torch.distributed as dist
+    from dist_run import finish_distributed
     from msprobe_core.monitor.state_readers import StateReader
     from msprobe_core.monitor.trainer_mon import TrainerMon
 
-    rank, world, tmp, steps = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
-    dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank, world_size=world)
+    tmp, steps = sys.argv[1], int(sys.argv[2])
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
 
     def shard(t):  # this rank's piece of the flattened tensor (rank 1 of a 1-element tensor gets nothing)
         return t.detach().flatten().tensor_split(world)[rank]
@@ -63,30 +63,21 @@ WORKER = textwrap.dedent("""
                         "param": {n: ref(t) for n, t in weights.items()},
                         "exp_avg_sq": {n: ref(t) for n, t in moments.items()}})
     mon.close()
-    json.dump(results, open(f"{tmp}/rank{rank}.json", "w"))
-    dist.destroy_process_group()
+    with open(f"{tmp}/rank{rank}.json", "w") as f:
+        json.dump(results, f)
+    finish_distributed()
 """)
 
 
 KINDS = ("grad", "param", "exp_avg_sq")
 
 
-def run_two_ranks(tmp_path: Path, steps: int, **config) -> list[list[dict]]:
+def run_workers(tmp_path: Path, steps: int, **config) -> list[list[dict]]:
     """Both ranks' results per step; a hang (a rank waiting for the other) fails instead of blocking."""
     (tmp_path / "config.json").write_text(json.dumps({
         "wg_distribution": True, "mv_distribution": True, "param_distribution": True,
         "ops": ["min", "max", "norm", "mean"], "format": ["api", "csv"], **config}))
-    script = tmp_path / "worker.py"
-    script.write_text(WORKER)
-    root = Path(__file__).resolve().parents[3]
-    procs = [subprocess.Popen([sys.executable, str(script), str(r), "2", str(tmp_path), str(steps)], cwd=root,
-                              start_new_session=True) for r in range(2)]
-    try:
-        assert [p.wait(timeout=120) for p in procs] == [0, 0]
-    except subprocess.TimeoutExpired:
-        for p in procs:
-            os.killpg(p.pid, signal.SIGKILL)
-        pytest.fail("the ranks did not finish within 120 s: one waits for the other in an all-reduce")
+    run_two_ranks(WORKER, tmp_path, str(tmp_path), str(steps), timeout=180, name="worker.py")
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
 
 
@@ -100,7 +91,7 @@ def assert_full_tensor_statistics(step: dict) -> None:
 
 @pytest.mark.distributed
 def test_sharded_reader_statistics_are_combined_across_ranks(tmp_path):
-    results = run_two_ranks(tmp_path, steps=1)
+    results = run_workers(tmp_path, steps=1)
     for res in results:
         assert_full_tensor_statistics(res[0])
     assert results[0][0]["got"] == results[1][0]["got"]
@@ -109,7 +100,7 @@ def test_sharded_reader_statistics_are_combined_across_ranks(tmp_path):
 
 @pytest.mark.distributed
 def test_a_rank_left_out_by_module_ranks_contributes_its_shards(tmp_path):
-    rank0, rank1 = run_two_ranks(tmp_path, steps=3, module_ranks=[0])
+    rank0, rank1 = run_workers(tmp_path, steps=3, module_ranks=[0])
     for step in rank0:
         assert_full_tensor_statistics(step)
     assert [step["got"] for step in rank1] == [{}, {}, {}]

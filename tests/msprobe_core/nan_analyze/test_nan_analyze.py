@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -17,11 +15,11 @@ import numpy as np
 import pytest
 
 from compare_fixtures import DumpBuilder
+from dist_run import run_two_ranks
 from msprobe_core.errors import DumpInputError
 from msprobe_core.nan_analyze import analyze
 from msprobe_core.nan_analyze import cli as nan_cli
 
-ROOT = Path(__file__).resolve().parents[3]
 NAN = float("nan")
 
 
@@ -197,9 +195,11 @@ def test_cli_clean_dump_exits_0_and_bad_input_is_a_clear_error(tmp_path, capsys)
 
 WORKER = textwrap.dedent("""
     import sys, torch, torch.distributed as dist
-    rank, tmp = int(sys.argv[1]), sys.argv[2]
-    dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank, world_size=2)
+    from dist_run import finish_distributed
     from msprobe_core.pytorch import PrecisionDebugger
+    tmp = sys.argv[1]
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
 
     class Bad(torch.nn.Module):
         def forward(self, x):
@@ -219,17 +219,14 @@ WORKER = textwrap.dedent("""
     loss = out.sum()
     debugger.stop()
     debugger.step()
-    dist.destroy_process_group()
+    finish_distributed()
 """)
 
 
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_two_gloo_ranks_name_rank1_layer_not_rank0_all_reduce(tmp_path):
-    script = tmp_path / "worker.py"
-    script.write_text(WORKER)
-    procs = [subprocess.Popen([sys.executable, str(script), str(r), str(tmp_path)], cwd=ROOT) for r in range(2)]
-    assert [p.wait(timeout=180) for p in procs] == [0, 0]
+    run_two_ranks(WORKER, tmp_path, str(tmp_path), timeout=180)
     result = analyze(tmp_path / "dump")
     step, origin = result.first
     assert origin.rank == "rank1", origin.describe()

@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -15,10 +11,10 @@ import torch
 pytest.importorskip("transformers")
 from transformers import Trainer  # noqa: E402
 
+from dist_run import run_two_ranks  # noqa: E402
 from hf_support import TokenDataset, tiny_llama, training_args  # noqa: E402
 from msprobe_integrations.hf import MsprobeCallback  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 MONITOR = {"targets": {}, "xy_distribution": True, "wg_distribution": True, "mv_distribution": True,
            "param_distribution": True, "ops": ["min", "max", "norm", "mean", "nans"], "format": ["tensorboard", "csv", "api"],
@@ -113,9 +109,8 @@ def test_stop_on_nan_stops_after_the_bad_step(tmp_path):
 
 
 TWO_PROC = textwrap.dedent("""
-    import os, sys
-    sys.path.insert(0, {tests!r})
     from transformers import Trainer
+    from dist_run import finish_distributed
     from hf_support import TokenDataset, tiny_llama, training_args
     from msprobe_integrations.hf import MsprobeCallback
     cb = MsprobeCallback(config_path={{"level": "L0", "dump_path": {dump!r}}},
@@ -123,15 +118,7 @@ TWO_PROC = textwrap.dedent("""
                          monitor_output_dir={mon!r})
     args = training_args({out!r}, max_steps=2, use_cpu=True, ddp_backend="gloo")
     Trainer(model=tiny_llama(), args=args, train_dataset=TokenDataset(), callbacks=[cb]).train()
-    import torch.distributed as dist
-    if dist.is_initialized():  # as HF's examples do: gloo's threads can abort an exiting process otherwise
-        dist.barrier()
-        dist.destroy_process_group()
-    # Everything is on disk (the callback closed the session at on_train_end). Skip interpreter finalization:
-    # gloo's worker threads can still hold tensors and abort there ("terminate called without an active
-    # exception", pytorch/pytorch#190489), which is torch's shutdown race, not this test's subject.
-    sys.stdout.flush(); sys.stderr.flush()
-    os._exit(0)
+    finish_distributed()  # everything is on disk: the callback closed the session at on_train_end
 """)
 
 
@@ -139,15 +126,7 @@ TWO_PROC = textwrap.dedent("""
 @pytest.mark.distributed
 def test_two_processes_torchrun(tmp_path):
     dump, mon = tmp_path / "dump", tmp_path / "mon"
-    script = tmp_path / "train.py"
-    script.write_text(TWO_PROC.format(tests=os.path.join(ROOT, "tests", "support"), dump=str(dump), mon=str(mon), out=str(tmp_path / "o")))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
-                           str(script)], capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1"))
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_two_ranks(TWO_PROC.format(dump=str(dump), mon=str(mon), out=str(tmp_path / "o")), tmp_path, timeout=600)
     assert sorted(p.name for p in (dump / "step1").iterdir()) == ["rank0", "rank1"]
     assert sorted(p.name for p in mon.iterdir() if p.is_dir()) == ["rank0", "rank1"]
     assert (dump / "hyperparameters.json").exists() and (mon / "hyperparameters.json").exists()

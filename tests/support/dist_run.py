@@ -1,0 +1,78 @@
+"""Multi-process test jobs: ``run_two_ranks`` launches a script as two gloo ranks under
+``python -m torch.distributed.run``; the child scripts end with ``finish_distributed()``.
+
+The children get ``PYTHONPATH`` = the repository root and ``tests/support`` (so ``from dist_run import
+finish_distributed`` and the other support modules import by name) and ``OMP_NUM_THREADS=1``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import NoReturn, Optional, Union
+
+import pytest
+
+SUPPORT = Path(__file__).resolve().parent
+ROOT = SUPPORT.parents[1]
+
+
+def free_port() -> int:
+    """A TCP port free right now on 127.0.0.1 (tests run in parallel: never a fixed one)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def torchrun(script: Union[str, os.PathLike], *args: str, nproc: int = 2, timeout: float = 300,
+             cwd: Union[str, os.PathLike, None] = None, env: Optional[dict] = None) -> str:
+    """Run ``script args`` as ``nproc`` processes under ``torch.distributed.run`` on a free port; its stdout.
+
+    Fails the test with the output's tail when the job fails, and kills every process of the job when it
+    runs past ``timeout`` seconds (a rank waiting for the other in a collective). ``env`` adds to the
+    environment."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+           "--master_port", str(free_port()), os.fspath(script), *args]
+    path = os.pathsep.join([str(ROOT), str(SUPPORT)])
+    full_env = dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1", **(env or {}))
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env,
+                            cwd=cwd, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"the {nproc} ranks did not finish within {timeout} s (one waits for another?)\n"
+                    f"{out[-2000:]}\n{err[-3000:]}")
+    assert proc.returncode == 0, f"exit status {proc.returncode}\n{out[-2000:]}\n{err[-4000:]}"
+    return out
+
+
+def run_two_ranks(script_text: str, tmp_path: Path, *args: str, timeout: float = 300,
+                  env: Optional[dict] = None, name: str = "train.py") -> str:
+    """Write ``script_text`` to ``tmp_path/name`` and run it as two gloo ranks (see ``torchrun``); its stdout.
+    The script reads its rank from the environment (``dist.init_process_group("gloo")``)."""
+    script = tmp_path / name
+    script.write_text(script_text)
+    return torchrun(script, *args, nproc=2, timeout=timeout, env=env)
+
+
+def finish_distributed() -> NoReturn:
+    """The end of a child script that used gloo collectives (DDP included): wait for every rank, destroy the
+    process group, flush, and leave without interpreter finalization.
+
+    gloo's worker threads can still hold tensors at exit and abort finalization ("terminate called without
+    an active exception", pytorch/pytorch#190489): torch's shutdown race, not what a test checks. Call it
+    once everything is on disk."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
