@@ -84,7 +84,7 @@ class PrecisionDebugger:
                          keep_step: bool) -> None:
         old = self.service
         old.close()
-        atexit.unregister(old.close)
+        atexit.unregister(old._close_at_exit)
         self._install(cfg, config_path, overrides, wrap_list)
         self.service._rank_id = old._rank_id  # start(rank_id=...) names this process's folders whatever the config
         if keep_step:  # the same job goes on: step numbers continue and its own step folders are not "taken"
@@ -189,6 +189,17 @@ class PrecisionDebugger:
     def save(self, variable: Any, name: str, save_backward: bool = True) -> None:
         """Single-point save into debug.json (see the module-level ``save``)."""
         self.service.save(variable, name, save_backward)
+
+    @_Dual
+    def module_dump(self, module: Any, module_name: str) -> None:
+        """Between this call and ``module_dump_end()``, dump only ``module`` itself (not its children or the
+        APIs inside it), named ``{Module|Cell}.{module_name}.{Class}.forward.{n}``. Needs start() before."""
+        self.service.module_dump(module, module_name)
+
+    @_Dual
+    def module_dump_end(self) -> None:
+        """End the ``module_dump`` window: dumping returns to normal."""
+        self.service.module_dump_end()
 
     @_Dual
     def close(self) -> None:

@@ -1,8 +1,9 @@
 """The tensor-file writer process: ``python -m msprobe_core.files.writer_process ARENA_PATH ARENA_BYTES RING_BYTES``.
 
-It never imports torch and never competes for the training process's GIL. The trainer copies each
-tensor's bytes into a shared memory arena (a file in /dev/shm mapped by both processes) and appends a
-small job to a job ring in the same mapping; a job is written as a ``.pt`` archive and acknowledged with
+It never imports a framework (nor NumPy) and never competes for the training process's GIL. The trainer
+(``msprobe_core.dump.tensor_files``) copies each tensor's bytes into a shared memory arena (a file in
+/dev/shm mapped by both processes) and appends a small job to a job ring in the same mapping; a job is
+written as a ``.pt`` archive (PyTorch) or a ``.npy`` file (MindSpore's host arrays) and acknowledged with
 one byte on stdout ('.' done, '!' failed: the reason goes to stderr and to ``dump_error_info.log`` beside
 the file). Jobs run in order, so a hard link always follows the file it names.
 
@@ -18,7 +19,8 @@ positions (taken modulo the ring size). Frame: 4-byte little-endian length + ``m
 slot, slot_bytes, data_offset, nbytes)`` write in place: the storage sits at ``slot + data_offset`` and the
 archive is assembled around it in the slot and written from there in one piece (``pt_archive.
 write_pt_in_place``: O_DIRECT for large tensors, so the file's bytes never pass through this process or
-the page cache); ``("l", src, dst)`` link.
+the page cache); ``("n", path, npy_header, offset, nbytes)`` write a ``.npy`` file: the header, then the
+array's bytes at ``offset``; ``("l", src, dst)`` link.
 """
 
 from __future__ import annotations
@@ -33,9 +35,20 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Optional
 
-from msprobe_core.files.pt_archive import link_or_copy, write_pt_atomic, write_pt_in_place
+from msprobe_core.files.pt_archive import link_or_copy, removed_on_failure, write_pt_atomic, write_pt_in_place
 
 _LEN = struct.Struct("<I")
+
+
+def write_npy_atomic(path: str, header: bytes, payload) -> None:
+    """A ``.npy`` file (``header`` as ``numpy.lib.format`` makes it, then the C-ordered bytes) written to a
+    temporary name and renamed: a crash never leaves a torn file."""
+    tmp = f"{path}.tmp"
+    with removed_on_failure(tmp):
+        with open(tmp, "wb") as f:
+            f.write(header)
+            f.write(payload)
+        os.replace(tmp, path)
 
 
 def _log_failure(path: str, exc: BaseException) -> None:
@@ -87,6 +100,9 @@ def run_job(job: tuple, view: memoryview) -> bytes:
         elif job[0] == "i":
             _, path, pkl, slot, slot_bytes, data_offset, nbytes = job
             write_pt_in_place(path, pkl, view[slot:slot + slot_bytes], data_offset, nbytes)
+        elif job[0] == "n":
+            _, path, header, offset, nbytes = job
+            write_npy_atomic(path, header, view[offset:offset + nbytes])
         elif job[0] == "l":
             link_or_copy(job[1], job[2])
         return b"."

@@ -125,6 +125,11 @@ class ApiPatcher:
             handle.remove()
         self._handles = []
 
+    @staticmethod
+    def call(original: Callable, args: tuple, kwargs: dict) -> Any:
+        """Run a recorded API's original (the PyTorch patcher's hook for its operator mode; none here)."""
+        return original(*args, **kwargs)
+
 
 def _jit_executor() -> Optional[type]:
     """MindSpore's executor of ``jit`` calls (created and called once per call), if this version has it."""

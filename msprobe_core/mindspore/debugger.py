@@ -21,6 +21,8 @@ class PrecisionDebugger(debugger.PrecisionDebugger):
     list/tuple of them; L0 and mix need it, L1 records the primitives of its cells when given it. Records go
     to ``dump_path/step{N}/rank{R}|proc{pid}/`` (dump.json, stack.json, construct.json, and the ``.npy``
     files of task ``tensor`` under dump_tensor_data/), framework ``mindspore`` or ``mindtorch``.
+    ``save(variable, name, save_backward=True)`` writes debug.json; ``module_dump(cell, name)`` /
+    ``module_dump_end()`` dump one cell alone, as in the PyTorch dump.
     """
 
     _instance: Optional["PrecisionDebugger"] = None  # not PyTorch's: both may live in one process
@@ -30,3 +32,7 @@ class PrecisionDebugger(debugger.PrecisionDebugger):
         from msprobe_core.mindspore.dump_service import DumpService
 
         return DumpService(cfg, wrap_list)
+
+
+module_dump = PrecisionDebugger.module_dump  # module-level, as msprobe's: the process's debugger at call time
+module_dump_end = PrecisionDebugger.module_dump_end

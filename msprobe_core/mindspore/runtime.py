@@ -90,3 +90,20 @@ def current_rank() -> Optional[int]:
 def tensors_on_host() -> bool:
     """Do tensors live in host memory (the CPU backend)? Then statistics are read from their memory."""
     return ms.get_context("device_target") == "CPU"
+
+
+_READABLE: set = set()
+
+
+def odd_tensor_reason(t: Tensor) -> Optional[str]:
+    """None for a tensor the dump summarises; otherwise why it does not read it (the PyTorch dump's
+    ``odd_tensors`` for MindSpore): a tensor whose data is not made yet (``init=`` / deferred parameter
+    initialisation: reading it would run its initializer) or of a dtype with no NumPy counterpart
+    (float8, hifloat8, qint4x2: MindSpore's CPU backend cannot even cast them)."""
+    if not _READABLE:
+        _READABLE.update(getattr(ms, attr) for attr in _NAMES if hasattr(ms, attr))
+    if t.dtype not in _READABLE:
+        return f"dtype {dtype_name(t.dtype)} (no NumPy counterpart)"
+    if t.has_init:
+        return "uninitialized tensor (deferred initialisation)"
+    return None

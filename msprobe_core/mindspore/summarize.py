@@ -3,61 +3,50 @@
 A tensor becomes ``{"type": "mindspore.Tensor", "dtype": "Float32", "shape": [...], "Max", "Min", "Mean",
 "Norm", "requires_grad"}`` plus ``md5`` (CRC-32, msprobe's field name) and ``data_name`` when asked, as in
 msprobe's MindSpore and MSAdapter dumps. On the CPU backend statistics are read from the tensor's memory
-at once; on a device they stay there and reach the host in one stacked copy per ``resolve()``.
+at once; on a device they stay there and reach the host in one stacked copy per ``resolve()``. The walk over
+arguments, non-tensor values and the deferred host copy are the core's (``dump.summarize``).
 
-Tensor files are written when the call that made them returns (msprobe's documented behaviour), each
-through a temporary name and a rename: a crash never leaves a torn ``.npy``. bfloat16 tensors are saved as
-float32 (NumPy has no bfloat16); their dtype in dump.json stays ``BFloat16``.
+Tensor files are handed over when the call that made them returns (msprobe's documented behaviour): the
+training thread copies the host array once into the core's writer (``dump.tensor_files``: the writer
+process shared with PyTorch), which writes it through a temporary name and a rename, so a crash never
+leaves a torn ``.npy``. bfloat16 tensors are saved as float32 (NumPy has no bfloat16); their dtype in
+dump.json stays ``BFloat16``.
 """
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
 import mindspore as ms
 
-from msprobe_core.files.safe_names import name_max, safe_file_name
+from msprobe_core.dump import summarize as core
+from msprobe_core.dump.summarize import NO_STATS, SummarizerBase, fill
+from msprobe_core.dump.tensor_files import TensorFiles
 from msprobe_core.mindspore import tensor_stats
-from msprobe_core.mindspore.runtime import Tensor, dtype_name, numel, requires_grad
-from msprobe_core.mindspore.tensor_stats import Stats
-
-_STAT_KEYS = ("Max", "Min", "Mean", "Norm")
+from msprobe_core.mindspore.runtime import Tensor, dtype_name, numel, odd_tensor_reason, requires_grad
 
 
-class Summarizer:
+class Summarizer(SummarizerBase):
     """Summaries of one process's records. ``on_host``: statistics read from host memory at once (CPU
-    backend) rather than deferred on the device."""
+    backend) rather than deferred on the device. ``files``: where saved tensors go (the core's writer)."""
 
-    def __init__(self, statistics: bool, md5: bool, on_host: bool, read_pointers: bool = True):
-        self.statistics = statistics
-        self.md5 = md5
+    tensor_types = (Tensor,)
+
+    def __init__(self, statistics: bool, md5: bool, on_host: bool, read_pointers: bool = True,
+                 files: Optional[TensorFiles] = None):
+        super().__init__(statistics, md5, files if files is not None else TensorFiles())
         self.on_host = on_host
         self.read_pointers = read_pointers and on_host  # a device tensor's address is device memory
-        self.tensor_dir: Optional[Path] = None
-        self._made_dir: Optional[Path] = None
-        self._pending: list[tuple[dict, Tensor, str, int]] = []
-        self._pending_crc: list[tuple[dict, Tensor]] = []
 
-    # ------------------------------------------------------------------ structures
-    def summarize(self, obj: Any, file_base: Optional[str], save: bool) -> Any:
-        """The dump.json structure of ``obj``; ``file_base`` names saved tensors when ``save``."""
-        if isinstance(obj, Tensor):
-            return self.tensor(obj, file_base, save)
-        if obj is None:
-            return None
-        if isinstance(obj, (list, tuple)):
-            if type(obj).__name__ == "Size":  # mindtorch's torch.Size
-                return {"type": "torch.Size", "value": [int(v) for v in obj]}
-            return [self.summarize(v, f"{file_base}.{i}" if file_base else None, save) for i, v in enumerate(obj)]
-        if isinstance(obj, dict):
-            return {str(k): self.summarize(v, f"{file_base}.{k}" if file_base else None, save) for k, v in obj.items()}
+    def describe(self, obj: Any) -> dict:
         return describe_value(obj)
 
     def tensor(self, t: Tensor, file_base: Optional[str], save: bool) -> dict:
         """One tensor's summary (and its file when ``save``)."""
+        reason = odd_tensor_reason(t)
+        if reason is not None:  # nothing reads its memory; the record says why
+            return self._unsupported(t, reason)
         summary: dict[str, Any] = {"type": "mindspore.Tensor", "dtype": dtype_name(t.dtype), "shape": list(t.shape)}
         count = numel(t)
         kind = tensor_stats.kind_of(t.dtype)
@@ -65,12 +54,12 @@ class Summarizer:
         if count and (save or self.md5) and self.on_host:
             array = tensor_stats.host_array(t, self.read_pointers)
         if not self.statistics or not count:
-            summary.update(Max=None, Min=None, Mean=None, Norm=None)
+            summary.update(NO_STATS)
         elif self.on_host:
             stats = tensor_stats.array_stats(array) if array is not None else tensor_stats.host_stats(t, self.read_pointers)
-            fill_stats(summary, stats, kind, count)
+            fill(summary, stats, kind, count)
         else:
-            summary.update(Max=None, Min=None, Mean=None, Norm=None)
+            summary.update(NO_STATS)
             self._pending.append((summary, tensor_stats.device_stats(t, kind), kind, count))
         summary["requires_grad"] = requires_grad(t)
         if self.md5:
@@ -80,90 +69,58 @@ class Summarizer:
                 summary["md5"] = None
                 self._pending_crc.append((summary, t))
         if save and file_base and self.tensor_dir is not None:
-            name = safe_file_name(file_base, ".npy", name_max(self.tensor_dir))
-            self._write(name, array if array is not None else tensor_stats.host_array(t, self.read_pointers))
-            summary["data_name"] = name
+            try:
+                name, path = self.file_path(file_base, ".npy")
+                self.files.save_array(array if array is not None else tensor_stats.host_array(t, self.read_pointers), path)
+                summary["data_name"] = name
+            except Exception as e:  # a tensor that cannot be copied to the host: no file, the record stays
+                summary["summary"] = f"unsupported: not saved ({type(e).__name__})"
         return summary
 
-    def _write(self, name: str, array: np.ndarray) -> None:
-        assert self.tensor_dir is not None
-        if self._made_dir != self.tensor_dir:
-            self.tensor_dir.mkdir(parents=True, exist_ok=True)
-            self._made_dir = self.tensor_dir
-        if array.dtype.name == "bfloat16":
-            array = array.astype(np.float32)  # ml_dtypes' bfloat16: NumPy cannot read it back
-        write_npy(self.tensor_dir / name, array)
+    def _unsupported(self, t: Tensor, reason: str) -> dict:
+        """The record of a tensor the dump does not read (``runtime.odd_tensor_reason``)."""
+        summary: dict[str, Any] = {"type": "mindspore.Tensor", "dtype": _safe(lambda: dtype_name(t.dtype)),
+                                   "shape": _safe(lambda: [int(s) for s in t.shape]), **NO_STATS,
+                                   "requires_grad": bool(_safe(lambda: requires_grad(t))),
+                                   "summary": f"unsupported: {reason}"}
+        if self.md5:
+            summary["md5"] = None
+        return summary
 
     # ------------------------------------------------------------------ device statistics
-    @property
-    def has_pending(self) -> bool:
-        """Are some summaries still waiting for their device statistics or checksums?"""
-        return bool(self._pending or self._pending_crc)
+    def _rows_to_host(self, pending: list) -> list:
+        """One transfer per dtype for all pending device statistics."""
+        return tensor_stats.rows_to_host([row for _, row, _, _ in pending])
 
-    def resolve(self) -> None:
-        """Copy every pending device statistic to the host in one transfer per dtype and fill the summaries."""
-        pending, self._pending = self._pending, []
-        if pending:
-            rows = tensor_stats.rows_to_host([row for _, row, _, _ in pending])
-            for (summary, _, kind, count), stats in zip(pending, rows):
-                fill_stats(summary, stats, kind, count)
-        crcs, self._pending_crc = self._pending_crc, []
-        for summary, t in crcs:
+    def _checksums(self, pending: list) -> None:
+        for summary, t in pending:
             summary["md5"] = tensor_stats.array_crc32(tensor_stats.host_array(t, read_pointer=False))
 
 
-def fill_stats(summary: dict, stats: Stats, kind: str, count: int) -> None:
-    """Max/Min/Mean/Norm from (max, min, sum, sum of squares) of ``count`` elements; bools get Max=any,
-    Min=all."""
-    if kind == "bool":
-        summary.update(Max=bool(stats[0]), Min=bool(stats[1]), Mean=None, Norm=None)
-    else:
-        summary.update(Max=stats[0], Min=stats[1], Mean=stats[2] / count, Norm=stats[3] ** 0.5)
-
-
-def write_npy(path: Path, array: np.ndarray) -> None:
-    """``np.save`` through a temporary file and a rename (readers never see a partial file)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        np.lib.format.write_array(f, array if array.flags.c_contiguous else np.ascontiguousarray(array),
-                                  allow_pickle=False)  # (ascontiguousarray makes a 0-d array 1-d)
-    os.replace(tmp, path)
+def _safe(read: Any) -> Any:
+    """``read()``, or None where the tensor cannot answer."""
+    try:
+        return read()
+    except Exception:
+        return None
 
 
 def describe_value(obj: Any) -> dict:
-    """A non-tensor argument as msprobe writes it: ``{"type": ..., "value": ...}``."""
-    if isinstance(obj, bool):
-        return {"type": "bool", "value": obj}
-    if isinstance(obj, (int, np.integer)):
+    """A non-tensor argument as msprobe writes it: ``{"type": ..., "value": ...}`` (``dump.summarize``'s,
+    with NumPy scalars and MindSpore's dtypes)."""
+    return core.describe_value(obj, _mindspore_value)
+
+
+def _mindspore_value(obj: Any) -> Optional[dict]:
+    if isinstance(obj, np.integer):
         return {"type": "int", "value": int(obj)}
-    if isinstance(obj, (float, np.floating)):
+    if isinstance(obj, np.floating):
         return {"type": "float", "value": float(obj)}
-    if isinstance(obj, str):
-        return {"type": "str", "value": obj}
-    if isinstance(obj, slice):
-        return {"type": "slice", "value": [_plain(obj.start), _plain(obj.stop), _plain(obj.step)]}
-    if obj is Ellipsis:
-        return {"type": "ellipsis", "value": "..."}
     if isinstance(obj, ms.dtype.Type):
         return {"type": "mindspore.dtype", "value": dtype_name(obj)}
-    if isinstance(obj, complex):
-        return {"type": "complex", "value": [obj.real, obj.imag]}
-    return {"type": type(obj).__qualname__, "value": None}
-
-
-def _plain(v: Any) -> Any:
-    return v if v is None or isinstance(v, (int, float, str, bool)) else str(v)
+    return None
 
 
 def tensors_in(obj: Any) -> list:
     """Tensors inside a nested structure (lists, tuples, dicts), in the order the structure lists them."""
-    if isinstance(obj, Tensor):
-        return [obj]
-    found: list = []
-    if isinstance(obj, (list, tuple)):
-        for v in obj:
-            found.extend(tensors_in(v))
-    elif isinstance(obj, dict):
-        for v in obj.values():
-            found.extend(tensors_in(v))
-    return found
+    return core.tensors_in(obj, Tensor)

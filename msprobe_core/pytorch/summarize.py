@@ -9,15 +9,14 @@ once on the training thread and written by ``TensorFiles`` (a writer process).
 
 from __future__ import annotations
 
-import math
-import os
 import weakref
-from pathlib import Path
+from functools import partial
 from typing import Any, Optional
 
 import torch
 
-from msprobe_core.files.safe_names import NAME_MAX, name_max, safe_file_name
+from msprobe_core.dump import summarize as core
+from msprobe_core.dump.summarize import SummarizerBase, fill, plain_value
 from msprobe_core.pytorch import tensor_stats
 from msprobe_core.pytorch.odd_tensors import PLAIN_TYPES, QUANTIZED_DTYPES, known_shape, unsupported_reason
 from msprobe_core.pytorch.pt_writer import TensorFiles
@@ -45,20 +44,16 @@ class _Entry:
         self.file = None
 
 
-class Summarizer:
-    """Summaries for one step; ``reset()`` at step end drops the per-version cache."""
+class Summarizer(SummarizerBase):
+    """Summaries for one step (the core's ``SummarizerBase`` for torch tensors); ``reset()`` at step end
+    drops the per-version cache. Call ``summarize`` under ``torch.no_grad()``."""
+
+    tensor_types = (torch.Tensor,)
+    device_norm_squared = False  # the device kernels give the norm itself
 
     def __init__(self, statistics: bool, md5: bool, files: Optional[TensorFiles] = None):
-        self.statistics = statistics
-        self.md5 = md5
-        self.files = files
+        super().__init__(statistics, md5, files)
         self._cache: dict[int, _Entry] = {}
-        self._pending: list[tuple[dict, Any]] = []
-        self._pending_crc: list[tuple[dict, torch.Tensor]] = []
-        self.tensor_dir: Optional[Path] = None
-        self._made_dir: Optional[Path] = None
-        self._dir_prefix = ""
-        self._name_limit = NAME_MAX
 
     def reset(self) -> None:
         self._cache.clear()
@@ -78,19 +73,7 @@ class Summarizer:
                 del self._cache[key]
 
     # ------------------------------------------------------------------ structures
-    def summarize(self, obj: Any, file_base: Optional[str], save: bool) -> Any:
-        """The dump.json structure of ``obj``; ``file_base`` names saved tensors when ``save``.
-        Call under ``torch.no_grad()``."""
-        if isinstance(obj, torch.Tensor):
-            return self.tensor(obj, file_base, save)
-        if obj is None:
-            return None
-        if isinstance(obj, (list, tuple)):
-            if isinstance(obj, torch.Size):
-                return {"type": "torch.Size", "value": list(obj)}
-            return [self.summarize(v, f"{file_base}.{i}" if file_base else None, save) for i, v in enumerate(obj)]
-        if isinstance(obj, dict):
-            return {str(k): self.summarize(v, f"{file_base}.{k}" if file_base else None, save) for k, v in obj.items()}
+    def describe(self, obj: Any) -> dict:
         return describe_value(obj)
 
     def tensor(self, t: torch.Tensor, file_base: Optional[str], save: bool) -> dict:
@@ -137,7 +120,7 @@ class Summarizer:
             if stats is None:
                 summary.update(Max=None, Min=None, Mean=None, Norm=None)
             elif type(stats[0]) is float:  # host floats from the one-pass kernel: fill the summary now
-                _fill(summary, stats, kind, t.numel())
+                fill(summary, stats, kind, t.numel())
             else:
                 summary.update(Max=None, Min=None, Mean=None, Norm=None)
                 self._pending.append((summary, stats, kind, t.numel()))
@@ -204,14 +187,8 @@ class Summarizer:
         """Hand the tensor to the file writer (a version already saved gets a hard link instead): its file
         name (``file_base.pt``, made safe: it never leaves the tensor folder), and its host statistics when
         ``want_stats`` and the writer computed them while copying."""
-        assert self.tensor_dir is not None and self.files is not None
-        if self._made_dir != self.tensor_dir:
-            self.tensor_dir.mkdir(parents=True, exist_ok=True)
-            self._made_dir = self.tensor_dir
-            self._dir_prefix = f"{self.tensor_dir}{os.sep}"
-            self._name_limit = name_max(self.tensor_dir)
-        name = safe_file_name(file_base, ".pt", self._name_limit)
-        path = self._dir_prefix + name  # a plain string: a Path per file costs more than the rest of the job
+        assert self.files is not None
+        name, path = self.file_path(file_base, ".pt")
         if entry is not None and entry.file is not None:
             self.files.link(entry.file, path)
             return name, None
@@ -221,27 +198,18 @@ class Summarizer:
         return name, stats
 
     # ------------------------------------------------------------------ host copy
-    @property
-    def has_pending(self) -> bool:
-        return bool(self._pending or self._pending_crc)
+    def _rows_to_host(self, pending: list) -> list:
+        """One stacked transfer for all pending statistics."""
+        try:
+            return _to_host([stats for _, stats, _, _ in pending])
+        except Exception:  # a tensor whose statistics cannot reach the host must not cost the others theirs
+            return [_one_to_host(summary, stats) for summary, stats, _, _ in pending]
 
-    def resolve(self) -> None:
-        """Copy every pending statistic to the host in one stacked transfer and fill the summaries."""
-        pending, self._pending = self._pending, []
-        if pending:
-            try:
-                rows = _to_host([stats for _, stats, _, _ in pending])
-            except Exception:  # a tensor whose statistics cannot reach the host must not cost the others theirs
-                rows = [_one_to_host(summary, stats) for summary, stats, _, _ in pending]
-            for (summary, _, kind, numel), row in zip(pending, rows):
-                if row is not None:
-                    _fill(summary, row, kind, numel, norm_is_squared=False)
-        crcs, self._pending_crc = self._pending_crc, []
-        if crcs:
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
-            for summary, host in crcs:
-                summary["md5"] = tensor_crc32(host)
+    def _checksums(self, pending: list) -> None:
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        for summary, host in pending:
+            summary["md5"] = tensor_crc32(host)
 
 
 def _stats_of(t: torch.Tensor, data: torch.Tensor, kind: str, summary: dict) -> Optional[tuple]:
@@ -254,17 +222,6 @@ def _stats_of(t: torch.Tensor, data: torch.Tensor, kind: str, summary: dict) -> 
         of = summary["dtype"] if type(t) in PLAIN_TYPES else f"a {type(t).__name__} of {summary['dtype']}"
         summary["summary"] = f"unsupported: no statistics for {of} ({type(e).__name__})"
         return None
-
-
-def _fill(summary: dict, row, kind: str, numel: int, norm_is_squared: bool = True) -> None:
-    """Max/Min/Mean/Norm from (max, min, sum, sum of squares or norm, ...); bools get Max=any, Min=all."""
-    if kind == "bool":
-        summary["Max"], summary["Min"] = bool(row[0]), bool(row[1])
-        summary["Mean"] = summary["Norm"] = None
-    else:
-        summary["Max"], summary["Min"] = row[0], row[1]
-        summary["Mean"] = row[2] / numel
-        summary["Norm"] = math.sqrt(row[3]) if norm_is_squared else row[3]
 
 
 def _to_host(groups: list[tuple]) -> list[list[float]]:
@@ -294,53 +251,25 @@ def _one_to_host(summary: dict, stats: tuple) -> Optional[list[float]]:
 
 
 def describe_value(obj: Any) -> dict:
-    """A non-tensor argument as msprobe writes it: {"type": ..., "value": ...}."""
-    if isinstance(obj, bool):
-        return {"type": "bool", "value": obj}
-    if isinstance(obj, int):
-        return {"type": "int", "value": obj}
-    if isinstance(obj, float):
-        return {"type": "float", "value": obj}
-    if isinstance(obj, str):
-        return {"type": "str", "value": obj}
-    if isinstance(obj, slice):
-        return {"type": "slice", "value": [_plain(obj.start), _plain(obj.stop), _plain(obj.step)]}
-    if obj is Ellipsis:
-        return {"type": "ellipsis", "value": "..."}
+    """A non-tensor argument as msprobe writes it: {"type": ..., "value": ...} (``dump.summarize``'s, with
+    torch's dtypes and devices)."""
+    return core.describe_value(obj, _torch_value, _plain)
+
+
+def _torch_value(obj: Any) -> Optional[dict]:
     if isinstance(obj, torch.dtype):
         return {"type": "torch.dtype", "value": str(obj)}
     if isinstance(obj, torch.device):
         return {"type": "torch.device", "value": str(obj)}
-    if isinstance(obj, complex):
-        return {"type": "complex", "value": [obj.real, obj.imag]}
-    return {"type": type(obj).__qualname__, "value": None}
+    return None
 
 
 def _plain(v: Any) -> Any:
-    if v is None or isinstance(v, (int, float, str, bool)):
-        return v
     if isinstance(v, torch.Tensor) and v.numel() == 1:
         return v.item()
-    return str(v)
+    return plain_value(v)
 
 
-def tensors_in(obj: Any) -> list:
-    """Tensors inside a nested structure (lists, tuples, dicts), in the order the structure lists them."""
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    found: list = []
-    _collect(obj, found)
-    return found
-
-
-def _collect(obj: Any, found: list) -> None:
-    if isinstance(obj, (list, tuple)):
-        for v in obj:
-            if isinstance(v, torch.Tensor):
-                found.append(v)
-            elif isinstance(v, (list, tuple, dict)):
-                _collect(v, found)
-    elif isinstance(obj, dict):
-        _collect(list(obj.values()), found)
-    elif isinstance(obj, torch.Tensor):
-        found.append(obj)
+tensors_in = partial(core.tensors_in, tensor_types=torch.Tensor)
+"""``tensors_in(obj)``: tensors inside a nested structure (lists, tuples, dicts), in the order the structure
+lists them."""
