@@ -179,10 +179,11 @@ def test_building_a_model_on_the_meta_device_during_an_l1_dump(tmp_path, task, m
     assert big.weight.is_meta
     big = big.to_empty(device="cpu")
     nn.init.ones_(big.weight)
+    nn.init.zeros_(big.bias)  # to_empty leaves the memory as it was: it may hold NaN, which equals nothing
     out = big(torch.ones(2, 16))
     dbg.stop()
     dbg.step()
-    assert torch.equal(out, torch.full((2, 8), 16.0) + big.bias)
+    assert torch.equal(out, torch.full((2, 8), 16.0))
     folder = rank_dir(tmp_path / "dump")
     data = assert_files_consistent(folder)["data"]
     meta = [s for r in data.values() for s in leaves(r) if s.get("summary") == "unsupported: meta tensor"]
