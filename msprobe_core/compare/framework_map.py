@@ -23,6 +23,7 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Optional
 
+from msprobe_core.common.yaml_file import read_yaml_mapping
 from msprobe_core.compare.dumpdir import RankDump
 from msprobe_core.compare.records import DIRECTIONS, flatten_record
 from msprobe_core.errors import ConfigError
@@ -68,16 +69,8 @@ def load_mapping(extra: Optional[str | os.PathLike] = None) -> FrameworkMapping:
 
 
 def _read(path: str) -> Mapping[str, Any]:
-    import yaml
-
-    try:
-        with open(path, encoding="utf-8") as f:
-            doc = yaml.safe_load(f) or {}
-    except OSError as e:
-        raise ConfigError("api_mapping", path, f"a readable YAML file ({e.strerror})") from None
-    except yaml.YAMLError as e:
-        raise ConfigError("api_mapping", path, f"valid YAML ({e})") from None
-    if not isinstance(doc, dict) or set(doc) - {"api", "cell", "parameter"}:
+    doc = read_yaml_mapping(path, "api_mapping", "a YAML mapping with the sections api, cell and parameter")
+    if set(doc) - {"api", "cell", "parameter"}:
         raise ConfigError("api_mapping", path, "a YAML mapping with the sections api, cell and parameter")
     return doc
 

@@ -12,6 +12,7 @@ import functools
 import logging
 from typing import Any, Callable, Iterable
 
+from msprobe_core.common.yaml_file import read_yaml_mapping
 from msprobe_core.errors import ConfigError
 
 logger = logging.getLogger("msprobe_core")
@@ -25,19 +26,9 @@ def load_wrap_list(path: str, sections: Iterable[str], not_hooked: Iterable[str]
     Sections of msprobe's own file that this build does not hook (``not_hooked``: ``torch_npu``,
     ``mindspeed``...) are left out with one warning naming them; anything else is a ``ConfigError`` naming
     the file or section."""
-    import yaml
-
     allowed = list(sections)
     skipped = [s for s in not_hooked if s not in allowed]
-    try:
-        with open(path, encoding="utf-8") as f:
-            doc = yaml.safe_load(f) or {}
-    except OSError as e:
-        raise ConfigError("wrap_list", path, f"a readable YAML file ({e.strerror})") from None
-    except yaml.YAMLError as e:
-        raise ConfigError("wrap_list", path, f"valid YAML ({e})") from None
-    if not isinstance(doc, dict):
-        raise ConfigError("wrap_list", path, "a YAML mapping of namespace -> list of API names")
+    doc = read_yaml_mapping(path, "wrap_list", "a YAML mapping of namespace -> list of API names")
     left_out = [section for section in doc if section in skipped]
     for section, names in doc.items():
         if section not in allowed and section not in skipped:
