@@ -7,27 +7,21 @@ step per device, copies it to the host in one transfer and returns ``MetricRow``
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterable, Sequence
 
 import torch
 
-from msprobe_core.monitor.records import MetricRow, stage_of
+from msprobe_core.monitor.records import MetricRow
 from msprobe_core.monitor.stats import StatsEngine
 
 
 @dataclass
 class _Entry:
-    kind: str
-    name: str
-    module: str
-    micro_step: int | None
-    call_id: int
-    numel: int
+    """A named row of the step: its ``MetricRow`` still without values, and where the values are."""
+    metric: MetricRow
     device: torch.device
     row: int
-    alias: bool
-    external: bool = False
 
 
 class StepCollector:
@@ -72,8 +66,8 @@ class StepCollector:
         key = (kind, where[0], where[1])
         alias = key in self._named
         self._named.add(key)
-        self._entries.append(_Entry(kind, name, module, micro_step, self._call_id, numel, where[0], where[1], alias,
-                                    external))
+        metric = MetricRow(kind, name, module, micro_step, self._call_id, numel, (), alias, external)
+        self._entries.append(_Entry(metric, where[0], where[1]))
         self._call_id += 1
 
     def record(self, kind: str, named: Sequence[tuple[str, str, torch.Tensor]], micro_step: int | None = None) -> None:
@@ -92,15 +86,14 @@ class StepCollector:
         for device, blocks in self._blocks.items():
             stacked = blocks[0] if len(blocks) == 1 else torch.cat(blocks)
             host[device] = stacked.cpu().tolist()
-        rows = [MetricRow(e.kind, e.name, e.module, e.micro_step, e.call_id, e.numel, host[e.device][e.row], e.alias,
-                          e.external) for e in self._entries]
+        rows = [replace(e.metric, values=host[e.device][e.row]) for e in self._entries]
         self.reset()
         return rows
 
     def recorded(self, stages: Iterable[str]) -> bool:
         """Whether a row of a kind of one of ``stages`` was recorded this step."""
         wanted = set(stages)
-        return any(stage_of(e.kind) in wanted for e in self._entries)
+        return any(e.metric.stage in wanted for e in self._entries)
 
     @torch.no_grad()
     def has_nonfinite(self, stages: Iterable[str]) -> bool:
@@ -109,7 +102,7 @@ class StepCollector:
         wanted = set(stages)
         rows: dict[torch.device, list[int]] = {}
         for e in self._entries:
-            if stage_of(e.kind) in wanted:
+            if e.metric.stage in wanted:
                 rows.setdefault(e.device, []).append(e.row)
         for device, idx in rows.items():
             blocks = self._blocks[device]

@@ -96,13 +96,14 @@ def patch_engine(engine: Any, config_path: ConfigLike = None, monitor_config_pat
                                         f"got {type(engine).__name__}")
     existing = getattr(engine, PATCH_ATTR, None)
     if existing is not None:
-        if config_path is not None or monitor_config_path is not None:
+        if config_path is not None or monitor_config_path is not None or config_check_path is not None:
             logger.warning("msprobe: the engine is already patched; the configs given now are ignored "
                            "(call unpatch(engine) first to change them)")
         return engine
-    if config_path is None and monitor_config_path is None:
-        raise ConfigError("config_path/monitor_config_path", None,
-                          "at least one of them: the dump's config.json and/or the monitor's config (path or dict)")
+    if config_path is None and monitor_config_path is None and config_check_path is None:
+        raise ConfigError("config_path/monitor_config_path/config_check_path", None,
+                          "at least one of them: the dump's config.json, the monitor's config (path or dict) "
+                          "and/or the config_check pack")
     if engine.optimizer is None and monitor_config_path is not None:
         raise ConfigError("monitor_config_path", monitor_config_path,
                           "only for an engine with an optimizer (deepspeed.initialize(..., optimizer=...) or a ds_config optimizer)")
@@ -145,7 +146,7 @@ def initialize(*args: Any, config_path: ConfigLike = None, monitor_config_path: 
                monitor_output_dir: Optional[str] = None, capture_hyperparameters: bool = True,
                config_check_path: Optional[str] = None, **kwargs: Any) -> Any:
     """Drop-in for ``deepspeed.initialize``: the same arguments and return value, with the engine patched
-    (``patch_engine``) when a dump or monitor config is given."""
+    (``patch_engine``) when a dump or monitor config or a config_check pack path is given."""
     import deepspeed
 
     result = deepspeed.initialize(*args, **kwargs)

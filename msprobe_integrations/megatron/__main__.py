@@ -31,6 +31,9 @@ training monitor installed. The msprobe flags go among the script's own argument
                                     reduction, fp32 main weights and Adam moments per iteration
   --msprobe-monitor-output-dir DIR  monitor output (default: $MONITOR_OUTPUT_DIR or ./monitor_output)
   --msprobe-no-hparams              do not write hyperparameters.json
+  --msprobe-config-check PACK.zip   write msprobe's config_check pack (environment, packages, Megatron's
+                                    arguments, the first micro-steps' weights and batches, random-number
+                                    call sites) for `python -m msprobe_core config_check -c A.zip B.zip`
 
 The launcher wraps megatron.training.training.train_step (dump around each iteration, monitor at the
 optimizer step) and setup_model_and_optimizer (attach once model and optimizer are built), and adds the

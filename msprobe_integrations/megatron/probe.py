@@ -218,6 +218,10 @@ class MegatronProbe:
                        dp_group=data_parallel_group(), start_iteration=start_iteration,
                        patch_optimizer=optimizer is not None, step_label=self._optimizer_step_label,
                        step_skipped=self._update_skipped)
+        if session.config_checker is not None and hasattr(args, "__dict__"):
+            # the checker finds Megatron's arguments only through megatron.training.get_args(), which
+            # megatron-core alone (a Megatron-LM-shaped loop of one's own) does not have
+            session.config_checker.record_hyperparameters({"megatron_args": dict(vars(args))})
         if self.capture:
             doc = capture_hyperparameters(args, self.chunks, optimizer, opt_param_scheduler)
             self.hyperparameter_files = session.write_hyperparameters(doc)

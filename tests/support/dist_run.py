@@ -28,6 +28,23 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (read from /proc)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(parent, []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        found += kids
+        todo += kids
+    return found
+
+
 def torchrun(script: Union[str, os.PathLike], *args: str, nproc: int = 2, timeout: float = 300,
              cwd: Union[str, os.PathLike, None] = None, env: Optional[dict] = None) -> str:
     """Run ``script args`` as ``nproc`` processes under ``torch.distributed.run`` on a free port; its stdout.
@@ -44,7 +61,11 @@ def torchrun(script: Union[str, os.PathLike], *args: str, nproc: int = 2, timeou
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        for pid in [*_descendants(proc.pid), proc.pid]:  # torchrun starts each worker in a session of its own
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         out, err = proc.communicate()
         pytest.fail(f"the {nproc} ranks did not finish within {timeout} s (one waits for another?)\n"
                     f"{out[-2000:]}\n{err[-3000:]}")

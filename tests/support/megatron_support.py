@@ -1,24 +1,29 @@
 """Test support for real megatron-core on a machine without CUDA: tiny models, the megatron-core DDP
-wrapper, the Megatron optimizer and a Megatron-LM-shaped ``forward_step``/``train_step``.
+wrapper, the Megatron optimizer, a Megatron-LM-shaped ``forward_step``/``train_step``, and ``run_child`` /
+``lm_losses`` for the tests that run a recipe in a child process.
 
 The CPU stand-ins for megatron-core's CUDA-only pieces (``CpuPatches``) and the gloo process group
-(``init_distributed``, ``free_port``) are the recipe's (``recipes/megatron_cpu.py``), re-exported here.
+(``init_distributed``) are the recipe's (``recipes/megatron_cpu.py``), re-exported here.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import subprocess
 import sys
 from typing import Any, Iterator, Optional
 
 import torch
 
-_RECIPES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "recipes")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_RECIPES = os.path.join(ROOT, "recipes")
+STANDIN = os.path.join(ROOT, "tests", "standins", "megatron_lm")
+"""The test stand-in of Megatron-LM's ``megatron.training`` (``EXTRA_PATH`` of ``run_child``)."""
 if _RECIPES not in sys.path:
     sys.path.insert(0, _RECIPES)
 
-from megatron_cpu import CpuPatches, free_port, init_distributed  # noqa: E402,F401  (re-exported)
+from megatron_cpu import CpuPatches, init_distributed  # noqa: E402,F401  (re-exported)
 
 
 def initialize_model_parallel(tp: int = 1, pp: int = 1, vpp: Optional[int] = None) -> None:
@@ -34,6 +39,25 @@ def destroy() -> None:
     parallel_state.destroy_model_parallel()
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
+
+
+# ------------------------------------------------------------------------------------------ child processes
+def run_child(cmd: list, env: Optional[dict] = None, timeout: float = 240,
+              cwd: Optional[str] = None) -> subprocess.CompletedProcess:
+    """Run ``cmd`` (in ``cwd``, default the checkout) with this checkout importable; ``env`` adds to the
+    environment, its ``EXTRA_PATH`` goes first on ``PYTHONPATH``. The parent's process-group variables
+    (the in-process tests' ``MASTER_PORT``, ...) and ``MONITOR_OUTPUT_DIR`` stay out of the child."""
+    full_env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE",
+                                                                  "LOCAL_RANK", "MONITOR_OUTPUT_DIR")}
+    full_env.update(PYTHONWARNINGS="ignore", **(env or {}))
+    full_env["PYTHONPATH"] = os.pathsep.join([p for p in (full_env.pop("EXTRA_PATH", None), ROOT,
+                                                           os.environ.get("PYTHONPATH")) if p])
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd or ROOT, env=full_env, timeout=timeout)
+
+
+def lm_losses(stdout: str) -> list[str]:
+    """The ``lm loss`` of each iteration a recipe printed (as printed: full float repr)."""
+    return [line.split("lm loss:")[1].split("|")[0].strip() for line in stdout.splitlines() if "lm loss:" in line]
 
 
 # ------------------------------------------------------------------------------------------ model

@@ -11,12 +11,15 @@ Modes:
   with ``module_ranks: [0]`` (rank 1 collects nothing yet must join the scalar all-reduces); each rank
   writes OUT.rank{R}.json.
 * ``hf``: the Hugging Face Trainer with a ZeRO-2 ds_config, without and with ``MsprobeCallback``.
+* ``config_check``: ZeRO-2 without the tool, then three config_check packs (``config_check_path``): ``a`` and
+  ``same`` from ``initialize`` at the first learning rate, ``lr`` from ``patch_engine`` at twice that.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import time
 import traceback
@@ -36,6 +39,24 @@ CLIP = 0.05
 MONITOR = {"targets": {}, "xy_distribution": True, "wg_distribution": True, "mv_distribution": True,
            "param_distribution": True, "ops": ["min", "max", "norm", "mean", "zeros", "nans"], "format": ["csv", "api"],
            "alert": {"rules": [{"rule_name": "AnomalyTurbulence", "args": {"threshold": 0.5}}]}}
+
+
+def child_env(**extra: str) -> dict:
+    """The environment of a DeepSpeed child process: the CPU accelerator, this checkout importable, none of
+    the parent's process-group variables, then ``extra``."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
+                                                            "MASTER_PORT")}
+    env.update(DS_ACCELERATOR="cpu", PYTHONPATH=ROOT, TOKENIZERS_PARALLELISM="false", **extra)
+    return env
+
+
+def run_single(mode: str, out: Path, port: int) -> dict:
+    """``python ds_support.py MODE OUT`` as a one-process group on ``port`` (from the test); the JSON it wrote."""
+    env = child_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    proc = subprocess.run([sys.executable, __file__, mode, str(out)], env=env, cwd=ROOT, capture_output=True,
+                          text=True, timeout=420)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return json.loads(out.read_text())
 
 
 def single_process_env(port: int) -> None:
@@ -98,7 +119,8 @@ def ds_config(stage: int, micro: int = MICRO, gas: int = GAS, clip: float = 0.0,
             "gradient_clipping": clip, "steps_per_print": 10 ** 9, "wall_clock_breakdown": False}
 
 
-def make_engine(stage: int, micro: int = MICRO, world: int = 1, clip: float = 0.0, fp16: bool = False, **patch: Any):
+def make_engine(stage: int, micro: int = MICRO, world: int = 1, clip: float = 0.0, fp16: bool = False,
+                lr: float = 1e-2, **patch: Any):
     """A fresh engine (same initial weights every time) with a ``torch.optim.AdamW`` passed in; with
     ``patch`` keywords it comes from ``msprobe_integrations.deepspeed.initialize`` (the drop-in)."""
     import deepspeed
@@ -110,7 +132,7 @@ def make_engine(stage: int, micro: int = MICRO, world: int = 1, clip: float = 0.
     # two param groups (as the HF Trainer makes): ZeRO links optimizer states per group
     weights = [p for n, p in model.named_parameters() if n.endswith("weight")]
     biases = [p for n, p in model.named_parameters() if n.endswith("bias")]
-    opt = torch.optim.AdamW([{"params": weights, "weight_decay": 0.01}, {"params": biases, "weight_decay": 0.0}], lr=1e-2)
+    opt = torch.optim.AdamW([{"params": weights, "weight_decay": 0.01}, {"params": biases, "weight_decay": 0.0}], lr=lr)
     config = ds_config(stage, micro=micro, world=world, clip=clip)
     if fp16:  # a loss scale of 16: the monitor must report unscaled gradients
         config["fp16"] = {"enabled": True, "initial_scale_power": 4}
@@ -310,9 +332,33 @@ def run_hf(out: Path) -> dict:
     return result
 
 
+def run_config_check(out: Path) -> dict:
+    """ZeRO-2 without the tool, then with ``config_check_path`` through both entry points: the drop-in
+    ``initialize`` (packs ``a`` and ``same``, learning rate 1e-2) and ``patch_engine`` (pack ``lr``, 2e-2)."""
+    from msprobe_integrations.deepspeed import patch_engine, unpatch
+
+    single_process_env(29565)
+    init_distributed()
+    data = batches(STEPS * GAS, MICRO)
+    ref_losses, _ = train(make_engine(2), data)
+    result: dict[str, Any] = {"ref_losses": ref_losses, "packs": {}, "losses": {}}
+    for name, lr in (("a", 1e-2), ("lr", 2e-2), ("same", 1e-2)):
+        pack = out.parent / f"{name}.zip"
+        if name == "lr":
+            engine = patch_engine(make_engine(2, lr=lr), config_check_path=str(pack))
+        else:
+            engine = make_engine(2, lr=lr, config_check_path=str(pack))
+        try:
+            result["losses"][name], _ = train(engine, data)
+        finally:
+            unpatch(engine)
+        result["packs"][name] = str(pack)
+    return result
+
+
 def main(argv: list[str]) -> None:
     mode, out = argv[0], Path(argv[1])
-    result = {"matrix": run_matrix, "dist": run_dist, "hf": run_hf}[mode](out)
+    result = {"matrix": run_matrix, "dist": run_dist, "hf": run_hf, "config_check": run_config_check}[mode](out)
     if mode == "dist":
         out = out.with_name(f"{out.stem}.rank{result['rank']}{out.suffix}")
     out.write_text(json.dumps(result))

@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -19,7 +17,8 @@ import pytest
 
 pytest.importorskip("deepspeed")
 
-ROOT = Path(__file__).resolve().parents[3]
+from dist_run import free_port, torchrun  # noqa: E402
+
 SUPPORT = Path(__file__).resolve().parent / "ds_support.py"
 sys.path.insert(0, str(SUPPORT.parent))
 import ds_support  # noqa: E402
@@ -29,32 +28,13 @@ SHARDED_KINDS = ("param", "grad", "exp_avg", "exp_avg_sq")
 pytestmark = pytest.mark.slow
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _env(**extra: str) -> dict:
-    env = dict(os.environ, DS_ACCELERATOR="cpu", PYTHONPATH=str(ROOT), TOKENIZERS_PARALLELISM="false", **extra)
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(key, None)
-    return env
-
-
 def _single(mode: str, out: Path) -> dict:
-    env = _env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
-    proc = subprocess.run([sys.executable, str(SUPPORT), mode, str(out)], env=env, cwd=ROOT, capture_output=True,
-                          text=True, timeout=420)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    return json.loads(out.read_text())
+    return ds_support.run_single(mode, out, free_port())
 
 
 def _two_processes(out: Path) -> list:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-           "--master_port", str(_free_port()), str(SUPPORT), "dist", str(out)]
-    proc = subprocess.run(cmd, env=_env(OMP_NUM_THREADS="1"), cwd=ROOT, capture_output=True, text=True, timeout=420)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    torchrun(SUPPORT, "dist", str(out), timeout=420, cwd=ds_support.ROOT,
+             env={"DS_ACCELERATOR": "cpu", "TOKENIZERS_PARALLELISM": "false"})
     return [json.loads(out.with_name(f"out.rank{r}.json").read_text()) for r in (0, 1)]
 
 

@@ -19,7 +19,6 @@ import csv
 import json
 import math
 import os
-import subprocess
 import sys
 from types import SimpleNamespace
 
@@ -30,11 +29,11 @@ pytest.importorskip("megatron.core")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 RECIPES = os.path.join(ROOT, "recipes")
-STANDIN = os.path.join(ROOT, "tests", "standins", "megatron_lm")
 if RECIPES not in sys.path:
     sys.path.insert(0, RECIPES)
 
 import megatron_support as ms  # noqa: E402
+from dist_run import torchrun  # noqa: E402
 
 from msprobe_integrations.megatron import (MegatronHooks, MegatronProbe, add_args, compose,  # noqa: E402
                                            parse_known, with_msprobe_args)
@@ -80,23 +79,17 @@ def test_parse_args_wrapper_adds_the_flags_to_megatrons_parser():
         recipe.parse_args(None, argv=["--msprobe-config", "c.json"])  # unknown to Megatron without add_args
 
 
-def _run(cmd, env=None, timeout=240):
-    # the in-process tests' process group (MASTER_PORT, ...) must not leak into the children
-    full_env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE",
-                                                                  "LOCAL_RANK", "MONITOR_OUTPUT_DIR")}
-    full_env.update(PYTHONWARNINGS="ignore", **(env or {}))
-    full_env["PYTHONPATH"] = os.pathsep.join([p for p in (full_env.pop("EXTRA_PATH", None), ROOT,
-                                                           os.environ.get("PYTHONPATH")) if p])
-    return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=full_env, timeout=timeout)
+_run = ms.run_child
 
 
 def test_launcher_help_and_usage_errors(tmp_path):
     out = _run([sys.executable, "-m", "msprobe_integrations.megatron", "--help"])
     assert out.returncode == 0
-    for flag in ("--msprobe-config", "--msprobe-monitor-config", "--msprobe-monitor-output-dir", "train_step"):
+    for flag in ("--msprobe-config", "--msprobe-monitor-config", "--msprobe-monitor-output-dir", "--msprobe-config-check",
+                 "train_step"):
         assert flag in out.stdout
     out = _run([sys.executable, "-m", "msprobe_integrations.megatron", "recipes/pretrain_gpt.py",
-                "--msprobe-config", str(tmp_path / "missing.json")], env={"EXTRA_PATH": STANDIN})
+                "--msprobe-config", str(tmp_path / "missing.json")], env={"EXTRA_PATH": ms.STANDIN})
     assert out.returncode == 2 and "missing.json" in out.stderr and "no such file" in out.stderr
     cfg = tmp_path / "c.json"
     cfg.write_text("{}")
@@ -288,8 +281,7 @@ def test_dump_and_monitor_equal_an_independent_computation_losses_unchanged(mega
 
 
 # ================================================================================ subprocesses
-def _losses(stdout: str) -> list[str]:
-    return [line.split("lm loss:")[1].split("|")[0].strip() for line in stdout.splitlines() if "lm loss:" in line]
+_losses = ms.lm_losses
 
 
 def _configs(tmp_path):
@@ -347,7 +339,7 @@ def test_launcher_runs_a_pretrain_gpt_shaped_script_with_zero_edits(tmp_path, pl
     launched = _run([sys.executable, "-m", "msprobe_integrations.megatron", "recipes/pretrain_gpt.py",
                      "--train-iters", "2", "--gpt-recipe-tag", "t", "--msprobe-config", str(dump_cfg),
                      "--msprobe-monitor-config", str(mon_cfg)],
-                    env={"EXTRA_PATH": STANDIN, "MONITOR_OUTPUT_DIR": str(tmp_path / "mon")})
+                    env={"EXTRA_PATH": ms.STANDIN, "MONITOR_OUTPUT_DIR": str(tmp_path / "mon")})
     assert launched.returncode == 0, launched.stderr[-3000:]
     assert "building GPT model" in launched.stdout  # the script's own model_provider ran
     assert _losses(launched.stdout) == plain_losses
@@ -356,10 +348,10 @@ def test_launcher_runs_a_pretrain_gpt_shaped_script_with_zero_edits(tmp_path, pl
     assert hp["args"]["tokenizer_type"] == "NullTokenizer"  # args_defaults of pretrain() kept
 
 
-def _torchrun(args, env=None):
-    port = str(ms.free_port())
-    return _run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", port,
-                 "recipes/megatron_core_gpt.py"] + args, env=env, timeout=300)
+def _torchrun(args):
+    """The recipe as two gloo ranks; its stdout (a failed or hung job fails the test)."""
+    return torchrun(os.path.join(RECIPES, "megatron_core_gpt.py"), *args, timeout=300, cwd=ROOT,
+                    env={"PYTHONWARNINGS": "ignore"})
 
 
 def _rows(path) -> dict[str, dict[str, float]]:
@@ -375,10 +367,9 @@ def test_distributed_optimizer_shards_combine_to_full_tensor_statistics(tmp_path
     outs = {}
     for name, extra in (("full", []), ("sharded", ["--use-distributed-optimizer"])):
         out_dir = tmp_path / name
-        res = _torchrun(["--train-iters", "2", "--msprobe-monitor-config", str(mon_cfg),
-                         "--msprobe-monitor-output-dir", str(out_dir)] + extra)
-        assert res.returncode == 0, res.stderr[-3000:]
-        outs[name] = (out_dir, _losses(res.stdout))
+        stdout = _torchrun(["--train-iters", "2", "--msprobe-monitor-config", str(mon_cfg),
+                            "--msprobe-monitor-output-dir", str(out_dir)] + extra)
+        outs[name] = (out_dir, _losses(stdout))
     assert outs["full"][1] == outs["sharded"][1]
     for kind in ("grad", "param", "exp_avg", "exp_avg_sq"):
         full = _rows(outs["full"][0] / "rank0" / f"{kind}_2-2.csv")
@@ -394,11 +385,10 @@ def test_distributed_optimizer_shards_combine_to_full_tensor_statistics(tmp_path
 @pytest.mark.distributed
 def test_pipeline_and_virtual_pipeline_chunks_micro_batches_and_stages(tmp_path):
     dump_cfg, mon_cfg = _configs(tmp_path)
-    res = _torchrun(["--train-iters", "2", "--num-layers", "4", "--pipeline-model-parallel-size", "2",
-                     "--num-layers-per-virtual-pipeline-stage", "1", "--msprobe-config", str(dump_cfg),
-                     "--msprobe-monitor-config", str(mon_cfg), "--msprobe-monitor-output-dir", str(tmp_path / "mon")])
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert len(_losses(res.stdout)) == 2
+    stdout = _torchrun(["--train-iters", "2", "--num-layers", "4", "--pipeline-model-parallel-size", "2",
+                        "--num-layers-per-virtual-pipeline-stage", "1", "--msprobe-config", str(dump_cfg),
+                        "--msprobe-monitor-config", str(mon_cfg), "--msprobe-monitor-output-dir", str(tmp_path / "mon")])
+    assert len(_losses(stdout)) == 2
     for rank in (0, 1):
         data = json.loads((tmp_path / "dump" / "step2" / f"rank{rank}" / "dump.json").read_text())["data"]
         for chunk in (0, 1):  # every rank holds two virtual pipeline chunks: Module.{chunk}.…
