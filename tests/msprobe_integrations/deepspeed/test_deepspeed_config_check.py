@@ -19,30 +19,18 @@ import pytest
 pytest.importorskip("deepspeed")
 
 from dist_run import free_port  # noqa: E402
-from msprobe_core.cli import main  # noqa: E402
+from config_check_packs import compare_packs  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import ds_support  # noqa: E402
 
 pytestmark = pytest.mark.slow
-CHECKS = ("env", "pip", "hyperparameters", "weights", "dataset", "random")
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     folder = tmp_path_factory.mktemp("deepspeed_config_check")
     return ds_support.run_single("config_check", folder / "out.json", free_port()), folder
-
-
-def _summary(bench: str, cmp: str, out: Path, status: int) -> dict:
-    """``config_check -c bench cmp -o out`` (its exit status checked); the summary sheet as {check: result}."""
-    import openpyxl
-
-    assert main(["config_check", "-c", bench, cmp, "-o", str(out)]) == status
-    sheet = openpyxl.load_workbook(out / "result.xlsx")["summary"]
-    summary = {row[0]: row[1] for row in sheet.iter_rows(min_row=2, values_only=True) if row[0] in CHECKS}
-    assert set(summary) == set(CHECKS), summary
-    return summary
 
 
 def test_the_packs_leave_the_losses_unchanged(runs):
@@ -70,7 +58,7 @@ def test_pack_holds_every_micro_step_of_the_window_and_the_deepspeed_hyperparame
 
 def test_runs_differing_only_in_learning_rate_fail_only_the_hyperparameters_check(runs):
     result, folder = runs
-    summary = _summary(result["packs"]["a"], result["packs"]["lr"], folder / "result_lr", 1)
+    summary = compare_packs(result["packs"]["a"], result["packs"]["lr"], folder / "result_lr", 1)
     assert {check for check, outcome in summary.items() if outcome == "fail"} == {"hyperparameters"}, summary
     import openpyxl
 
@@ -81,5 +69,5 @@ def test_runs_differing_only_in_learning_rate_fail_only_the_hyperparameters_chec
 
 def test_identical_runs_pass_every_check(runs):
     result, folder = runs
-    summary = _summary(result["packs"]["a"], result["packs"]["same"], folder / "result_same", 0)
+    summary = compare_packs(result["packs"]["a"], result["packs"]["same"], folder / "result_same", 0)
     assert "fail" not in summary.values(), summary
