@@ -16,12 +16,13 @@ class PrecisionDebugger(debugger.PrecisionDebugger):
     """msprobe.mindspore's dump entry point: ``PrecisionDebugger(config_path=None, task=None, dump_path=None,
     level=None, step=None)`` with ``start(model=None, token_range=None)``, ``stop()``, ``step()``.
 
-    The config.json keys, their validation and errors are the PyTorch dump's (level ``debug`` excepted).
+    The config.json keys, their validation and errors are the PyTorch dump's.
     ``start(model)`` takes a ``mindspore.nn.Cell`` (or, under mindtorch, a ``torch.nn.Module``), or a
     list/tuple of them; L0 and mix need it, L1 records the primitives of its cells when given it. Records go
     to ``dump_path/step{N}/rank{R}|proc{pid}/`` (dump.json, stack.json, construct.json, and the ``.npy``
     files of task ``tensor`` under dump_tensor_data/), framework ``mindspore`` or ``mindtorch``.
-    ``save(variable, name, save_backward=True)`` writes debug.json; ``module_dump(cell, name)`` /
+    ``save(variable, name, save_backward=True)`` writes debug.json (at any level; level ``debug`` records
+    nothing else, as msprobe's single-point save in PyNative mode); ``module_dump(cell, name)`` /
     ``module_dump_end()`` dump one cell alone, as in the PyTorch dump.
     """
 

@@ -33,7 +33,6 @@ from typing import Any, Callable, Optional
 from msprobe_core.dump.config import DumpConfig
 from msprobe_core.dump.service import Call, DumpServiceBase
 from msprobe_core.dump.tensor_files import TensorFiles
-from msprobe_core.errors import ConfigError
 from msprobe_core.files.call_stack import StackCapture
 from msprobe_core.mindspore import tensor_stats
 from msprobe_core.mindspore.api_patch import ApiPatcher, PrimitiveWrapper
@@ -66,8 +65,6 @@ class DumpService(DumpServiceBase):
     """One process's MindSpore dump: configuration, current step, hooks and the step's recorders."""
 
     def __init__(self, cfg: DumpConfig, wrap_list: Optional[str] = None):
-        if cfg.level == "debug":
-            raise ConfigError("level", "debug", "L0, L1, mix (the MindSpore dump has no debug level)", cfg.source)
         super().__init__(cfg)
         self.framework = framework()
         native = self.framework != MINDTORCH

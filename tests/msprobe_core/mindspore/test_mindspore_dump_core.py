@@ -161,6 +161,40 @@ def test_save_with_backward(tmp_path):
     assert np.array_equal(np.load(folder / "dump_tensor_data" / grad["data_name"]), np.array([4.0, 8.0, 12.0], np.float32))
 
 
+def test_level_debug_records_only_save(tmp_path):
+    """msprobe's single-point save (PyNative): level ``debug`` writes debug.json and nothing else, counts
+    repeated names and saves the tensors' gradients."""
+    PrecisionDebugger(dump_path=str(tmp_path / "d"), level="debug", task="tensor")
+    net = M.TinyNet()
+    x = ms.Tensor(np.array([[1.0, 2.0, 3.0, 4.0]], np.float32))
+
+    def forward(v):
+        h = v * 2.0
+        PrecisionDebugger.save({"h": h, "n": 3, "l": [h + 1.0, "s"]}, "var")
+        PrecisionDebugger.save(h, "single")
+        return (h * h).sum()
+
+    PrecisionDebugger.start(net)  # level debug hooks nothing
+    for _ in range(2):
+        ms.value_and_grad(forward)(x)
+        net(ms.Tensor(np.ones((1, M.IN), np.float32)))
+    PrecisionDebugger.stop()
+    PrecisionDebugger.step()
+    folder = rank_dir(tmp_path / "d")
+    assert not (folder / "dump.json").exists()
+    doc = read(folder / "debug.json")
+    assert (doc["level"], doc["framework"], doc["task"]) == ("debug", "mindspore", "tensor")
+    data = doc["data"]
+    assert set(data) == {f"{k}.{n}.debug" for k in ("var", "single", "var_grad", "single_grad") for n in (0, 1)}
+    assert data["var.0.debug"]["n"] == {"type": "int", "value": 3}
+    assert data["var.1.debug"]["l"][1] == {"type": "str", "value": "s"}
+    assert data["single.1.debug"]["Max"] == 8.0
+    assert data["var_grad.0.debug"]["h"]["Max"] == 16.0  # d(sum(h*h))/dh = 2h
+    saved = data["var.0.debug"]["l"][0]["data_name"]
+    assert saved == "var.0.debug.l.0.npy"
+    assert np.array_equal(np.load(folder / "dump_tensor_data" / saved), np.array([[3.0, 5.0, 7.0, 9.0]], np.float32))
+
+
 def test_module_dump_dumps_one_cell_alone(tmp_path):
     net = M.TinyNet()
     x = ms.Tensor(M.data(1)[0][0])

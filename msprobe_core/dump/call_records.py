@@ -1,0 +1,286 @@
+"""The records of the calls a dump looks at: ``CallRecords``, the part of ``dump.service.DumpServiceBase``
+that turns a wrapped API call (L1) or a module call (L0) into its records.
+
+The begin and end of a record (forward inputs, outputs, construct.json parents, stack.json), overflow_check
+on inputs and outputs (a call is kept only if it holds Inf/NaN, within ``overflow_nums``), backward records
+from gradient hooks, module pre/post hooks and parameter gradients, and the token window of ``start(model,
+token_range=...)``. The state it works on (recorder, counters, selection, summarizer) is the service's."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Callable, Optional, Sequence
+
+from msprobe_core.log import setup_logging
+
+logger = setup_logging()
+
+_thread_id = threading.get_ident
+SKIPPED = object()  # a module call the tool did not look at (not recording, or nested in a recorded API)
+_RAW_INPUTS = "#inputs"   # overflow_check: a call's inputs, summarized once the call is known to overflow
+_INPUT_FLAGS = "#flags"   # overflow_check: whether each input held Inf/NaN when the call started
+
+
+@dataclass(slots=True, eq=False)
+class Call:
+    """A recorded forward call between its start and its end."""
+
+    name: str
+    backward: str
+    seq: int
+    record: dict
+    save: bool
+    parent: Optional[str]
+    grad: bool = False  # autograd records this call and its backward is dumped
+    edges: Any = None   # framework data for its backward ``output`` (PyTorch: its inputs' gradient edges)
+
+    def backward_parent(self) -> Optional[str]:
+        """The parent of its backward record in construct.json."""
+        return self.parent.replace(".forward", ".backward") if self.parent else None
+
+
+class CallRecords:
+    """Recording of API and module calls, mixed into ``DumpServiceBase`` (whose state and framework hooks
+    it uses)."""
+
+    # ================================================================== L1 APIs
+    def _on_api_call(self, original: Callable, prefix: str, api: str, args: tuple, kwargs: dict):
+        key = f"{prefix}.{api}"
+        n = self._counters.get(key, 0)
+        self._counters[key] = n + 1
+        name = f"{key}.{n}.forward"
+        tls = self._tls
+        tls.depth += 1
+        try:
+            call = None
+            if self.selection.record(name):
+                try:
+                    parent = self._module_stack[-1] if (self._construct and self._module_stack) else None
+                    call = self._begin(name, f"{key}.{n}.backward", args, kwargs, parent)
+                    args, kwargs = self._call_inputs(call, args, kwargs, api)
+                except Exception as e:  # the tool must never break the user's call
+                    self._error(name, e)
+            out = self.patcher.call(original, args, kwargs) if self.patcher is not None else original(*args, **kwargs)
+            shown = self._collective_result(name, api, original, args, kwargs, out) if prefix == "Distributed" else out
+            if call is not None:
+                try:
+                    self._end(call, shown, args[0] if api in self.same_values and args else None)
+                except Exception as e:
+                    self._error(name, e)
+            self.selection.call_finished(name)
+            return out
+        finally:
+            tls.depth -= 1
+
+    # ================================================================== shared record logic
+    def _begin(self, name: str, backward: str, args: tuple, kwargs: dict, parent: Optional[str],
+               parameters: Optional[Sequence[tuple[str, Any]]] = None) -> Call:
+        with self._quiet() as grad_enabled:
+            return self._begin_record(name, backward, args, kwargs, parent, parameters, grad_enabled)
+
+    def _begin_record(self, name, backward, args, kwargs, parent, parameters, grad_enabled) -> Call:
+        rec = self.recorder or self._open_step()
+        overflow = self._overflow_check
+        seq = -1 if overflow else rec.reserve(name)
+        save = overflow or self._saves or self.selection.saves_tensor(name)
+        if overflow:  # the inputs are checked now, summarized (and saved) at the end only if the call overflows
+            record = {_RAW_INPUTS: (args, kwargs, parameters),
+                      _INPUT_FLAGS: [self._overflow_flag(t) for t in self._tensors_in((args, kwargs, parameters))]}
+        else:
+            record = self._input_record(name, args, kwargs, parameters, save)
+        call = Call(name, backward, seq, record, save, parent, self.selection.backward and grad_enabled)
+        if call.grad:
+            tensors = self._tensors_in((args, kwargs))
+            self._bwd_sizes.setdefault(backward, [0, 0])[1] = len(tensors)
+            if self.selection.keeps("backward", "output"):
+                self._prepare_backward(call, tensors)
+        if not overflow and self.cfg.extra_info:
+            rec.put_stack(name, self._capture_stack())
+        return call
+
+    def _input_record(self, name: str, args: tuple, kwargs: dict, parameters: Any, save: bool) -> dict[str, Any]:
+        """The forward record's ``input_args``, ``input_kwargs`` (and a module's ``parameters``)."""
+        keep_in = self.selection.forward and self.selection.keeps("forward", "input")
+        summarize = self.summarizer.summarize
+        record: dict[str, Any] = {
+            "input_args": summarize(list(args), f"{name}.input", save) if keep_in else [],
+            "input_kwargs": summarize(kwargs, f"{name}.input", save) if keep_in else {},
+        }
+        if parameters is not None:
+            record["parameters"] = {p: summarize(t, f"{name}.parameters.{p}", save) for p, t in parameters} if keep_in else {}
+        return record
+
+    def _end(self, call: Call, out: Any, same_values_as: Any = None) -> None:
+        """Finish ``call`` with its output."""
+        with self._quiet():
+            self._end_record(call, out, call.grad)
+
+    def _end_record(self, call: Call, out: Any, grad_enabled: bool) -> None:
+        rec = self.recorder or self._open_step()
+        outputs = list(out) if isinstance(out, (list, tuple)) else [out]
+        keep_out = self.selection.forward and self.selection.keeps("forward", "output")
+        if self._overflow_check:
+            if not self._overflowed(call.record[_INPUT_FLAGS], outputs):
+                return
+            call.seq = rec.reserve(call.name)
+            call.record = self._input_record(call.name, *call.record[_RAW_INPUTS], call.save)
+            if self.cfg.extra_info:
+                rec.put_stack(call.name, self._capture_stack())
+        call.record["output"] = self.summarizer.summarize(outputs, f"{call.name}.output", call.save) if keep_out else []
+        if self.selection.forward:
+            rec.put(call.name, call.record, call.seq)
+        if self._construct:
+            rec.put_parent(call.name, call.parent)
+        tensors = self._tensors_in(outputs)
+        if self.selection.backward and grad_enabled:
+            self._bwd_sizes.setdefault(call.backward, [0, 0])[0] = len(tensors)
+            if self.selection.keeps("backward", "input"):
+                parent = call.backward_parent()
+                for i, t in enumerate(tensors):
+                    if self._wants_grad(t):
+                        self._hook_tensor_grad(t, partial(self._on_grad, call.backward, "input", i, call.save, parent))
+        self._sync(record_on_device=self._on_device(tensors))
+
+    def _overflowed(self, input_flags: list, outputs: list) -> bool:
+        """Does the call hold Inf/NaN in an input (``input_flags``, taken when it started) or an output
+        (within ``overflow_nums``)?"""
+        if self.cfg.overflow_nums != -1 and self._overflows >= self.cfg.overflow_nums:
+            return False
+        flags = input_flags + [self._overflow_flag(t) for t in self._tensors_in(outputs)]
+        if not flags or not self._any_overflow(flags):
+            return False
+        self._overflows += 1
+        if self.cfg.overflow_nums != -1 and self._overflows >= self.cfg.overflow_nums:
+            logger.warning("overflow_nums=%d reached; no further overflow is recorded", self.cfg.overflow_nums)
+        return True
+
+    def _skips_grad(self, grad: Any) -> bool:
+        """overflow_check keeps only gradients holding Inf/NaN."""
+        return self._overflow_check and not self._any_overflow([self._overflow_flag(grad)])
+
+    def _on_grad(self, backward: str, field: str, index: int, save: bool, parent: Optional[str], grad: Any) -> None:
+        rec = self.recorder
+        if rec is None or grad is None:
+            return None
+        with self._own(backward), self._quiet():
+            if self._skips_grad(grad):
+                return None
+            summary = self.summarizer.summarize(grad, f"{backward}.{field}.{index}", save)
+            sizes = self._bwd_sizes.get(backward, [0, 0])
+            fresh = backward not in rec.data
+            rec.put_field(backward, [field, index], summary,
+                          lambda: {"input": [None] * sizes[0], "output": [None] * sizes[1]})
+            if fresh and self._construct:
+                rec.put_parent(backward, parent)
+            self._sync(record_on_device=self._on_device([grad]))
+        return None
+
+    # ================================================================== L0 modules
+    def _install_model_hooks(self, models: list, indexed: bool, window: Optional[tuple[int, int]]) -> None:
+        if any(m in self._hooked_models for m in models):
+            return
+        if window is not None:
+            self._install_token_window(models[0], window)
+        for idx, root in enumerate(models if self._uses_l0 or self.hooks_l1_models else ()):
+            named = list(self._named_modules(root))
+            self._before_hooking([module for _, module in named])
+            if not self._uses_l0:
+                continue
+            prefix = f"{idx}." if indexed else ""
+            for path, module in named:
+                if module is not root:
+                    self.hook_module(module, f"{self.module_prefix}.{prefix}{path}.{type(module).__name__}")
+        self._hooked_models.extend(models)
+
+    def hook_module(self, module: Any, base: str, exclusive: bool = False) -> list[Any]:
+        """Record ``module``'s forward, backward and parameter gradients under ``base``; returns the
+        forward hook handles (also removed by stop())."""
+        handles = [
+            module.register_forward_pre_hook(partial(self._module_pre, base, exclusive), with_kwargs=True),
+            module.register_forward_hook(partial(self._module_post, base), with_kwargs=True),
+        ]
+        self._forward_handles.extend(handles)
+        if self.selection.backward:
+            for pname, p in self._own_parameters(module):
+                self._hook_param_grad(p, partial(self._on_param_grad, base, pname))
+        return handles
+
+    def _module_pre(self, base: str, exclusive: bool, module: Any, args: tuple, kwargs: dict):
+        if _thread_id() != self._thread:  # another thread's call: neither recorded nor in the call stacks
+            self._other_thread()
+            return None
+        allowed = self._may_record_exclusive() if exclusive else self.should_record()
+        calls = self._module_calls.setdefault(id(module), [])
+        if not allowed:
+            calls.append(SKIPPED)
+            return None
+        calls.append(SKIPPED)  # replaced below once the call is set up
+        new_args = new_kwargs = None
+        with self._own(base):
+            n = self._counters.get(base, 0)
+            self._counters[base] = n + 1
+            name = f"{base}.forward.{n}"
+            call = None
+            if self.selection.record(name):
+                parent = self._module_stack[-1] if self._module_stack else None
+                call = self._begin(name, f"{base}.backward.{n}", args, kwargs, parent, self._own_parameters(module))
+                self._recorded_modules.add(base)
+                new_args, new_kwargs = self._call_inputs(call, args, kwargs, "")
+            calls[-1] = call
+            self._module_stack.append(name)
+        if new_args is not None and (new_args is not args or new_kwargs is not kwargs):
+            return new_args, new_kwargs  # the module runs on what _call_inputs gave
+        return None
+
+    def _module_post(self, base: str, module: Any, args: tuple, kwargs: dict, output: Any):
+        if _thread_id() != self._thread:
+            return None
+        calls = self._module_calls.get(id(module))
+        if not calls:
+            return None
+        call = calls.pop()
+        if call is SKIPPED:
+            return None
+        with self._own(base):
+            if self._module_stack:
+                self._module_stack.pop()
+            if call is not None:
+                self._end(call, output)
+                self.selection.call_finished(call.name)
+        return None
+
+    def _on_param_grad(self, base: str, pname: str, grad: Any) -> None:
+        rec = self.recorder
+        if rec is None or grad is None or base not in self._recorded_modules:
+            return None
+        with self._own(base), self._quiet():
+            key = f"{base}#{pname}"
+            k = self._counters.get(key, 0)
+            self._counters[key] = k + 1
+            name = f"{base}.parameters_grad.{k}"
+            if self._skips_grad(grad):
+                return None
+            summary = self.summarizer.summarize(grad, f"{name}.{pname}", self._saves or self.selection.saves_tensor(name))
+            rec.put_field(name, [pname, 0], summary, dict)
+            self._sync(record_on_device=self._on_device([grad]))
+        return None
+
+    # ================================================================== token range
+    def _install_token_window(self, root: Any, window: tuple[int, int]) -> None:
+        """Count the root's forward calls (0 = prefill, then one per decode step): dumping is on from the
+        start of call ``start`` until the start of call ``end + 1`` (or ``stop()``), so each token's
+        work after its forward pass (logits, sampling) belongs to it, as in msprobe."""
+        start, end = window
+        counter = {"calls": 0}
+
+        def pre(module, args):
+            idx = counter["calls"]
+            counter["calls"] = idx + 1
+            self._token_ok = start <= idx <= end
+            self._update_recording()
+
+        self._token_ok = False
+        self._update_recording()
+        self._forward_handles.append(root.register_forward_pre_hook(pre, prepend=True))
