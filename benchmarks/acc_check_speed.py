@@ -3,10 +3,11 @@
 One training step (forward + backward, loss in float32) is dumped at L1 (task statistics, or tensor with
 ``--task tensor``) in a fresh process. Then, each in a fresh process pinned to ``--cpus`` CPUs,
 ``--repeats`` times: ``acc_check``, ``multi_acc_check -d 0`` (one worker) and ``multi_acc_check -d 0 1``
-(two workers), interleaved round by round. Reported: median wall seconds, CPU seconds, the speed-up of
-two workers over one (median of the rounds' ratios) and the load average before each run (the machine
-may be shared). Targets: acc_check under 60 s on 2 CPUs; two workers at least
-1.7x faster than one. Every run must find no failing API (the model is healthy).
+(two workers), interleaved round by round. Reported: median and minimum wall seconds, CPU seconds, the
+speed-up of two workers over one (median of the rounds' ratios, and the ratio of the minima: the runs the
+load disturbed least) and the load average before each run (the machine may be shared). Targets: acc_check
+under 60 s on 2 CPUs; two workers at least 1.7x faster than one. Every run must find no failing API (the
+model is healthy).
 
     python benchmarks/acc_check_speed.py [--repeats 3] [--cpus 2] [--layers 12] [--task statistics] [--keep DIR]
 """
@@ -113,17 +114,22 @@ def main() -> int:
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
-    results = {name: {"median_s": statistics.median(r["wall_s"]), **r} for name, r in runs.items()}
+    results = {name: {"median_s": statistics.median(r["wall_s"]), "min_s": min(r["wall_s"]), **r}
+               for name, r in runs.items()}
     for name, r in results.items():
-        print(f"  {name:>16}: {r['median_s']:6.2f} s median wall (runs {', '.join(map(str, r['wall_s']))}; CPU s "
+        print(f"  {name:>16}: {r['median_s']:6.2f} s median wall, {r['min_s']:.2f} s min "
+              f"(runs {', '.join(map(str, r['wall_s']))}; CPU s "
               f"{', '.join(map(str, r['cpu_s']))}; 1-min load before: {', '.join(map(str, r['load_before']))})")
     ratios = [one / two for one, two in zip(runs["multi_1_worker"]["wall_s"], runs["multi_2_workers"]["wall_s"])]
     speedup = statistics.median(ratios)
-    print(f"  two workers vs one: {speedup:.2f}x median of the rounds ({', '.join(f'{r:.2f}' for r in ratios)}; "
-          f"target >= {TARGET_SPEEDUP}x); acc_check {results['acc_check']['median_s']:.1f} s "
+    best = results["multi_1_worker"]["min_s"] / results["multi_2_workers"]["min_s"]
+    print(f"  two workers vs one: {speedup:.2f}x median of the rounds ({', '.join(f'{r:.2f}' for r in ratios)}), "
+          f"{best:.2f}x of the minima (target >= {TARGET_SPEEDUP}x); "
+          f"acc_check {results['acc_check']['median_s']:.1f} s "
           f"(target < {TARGET_S:.0f} s)")
     print(json.dumps({"benchmark": "acc_check_speed", "records": records, "api_calls": apis, "cpus": cpus,
-                      "task": args.task, **results, "speedup_2_workers": round(speedup, 2)}))
+                      "task": args.task, **results, "speedup_2_workers": round(speedup, 2),
+                      "speedup_of_minima": round(best, 2)}))
     ok = ok and results["acc_check"]["median_s"] < TARGET_S and speedup >= TARGET_SPEEDUP
     return 0 if ok else 1
 

@@ -10,8 +10,9 @@ Python::
 
 Framework-neutral core: ``records`` (dump.json -> calls), ``inputs`` (seeded random inputs),
 ``standards`` (pass rules, documented there), ``results`` (the CSV files and resuming), ``runner``
-(one process), ``workers`` (multi_acc_check), ``progress``, ``replay_common`` (what every backend decides
-alike). Per framework, a replay backend chosen by dump.json's "framework" field (``replay.BACKENDS``):
+(one process), ``workers`` (multi_acc_check) and ``fork_server`` (where its workers start from),
+``progress``, ``replay_common`` (what every backend decides alike). Per framework, a replay backend chosen
+by dump.json's "framework" field (``replay.BACKENDS``):
 ``pytorch_replay`` (pytorch) and ``mindspore_replay`` (mindspore, and mindtorch through MindSpore's
 PyTorch-style ``mint`` API), each a module exposing ``make_backend(device_index, workers)`` whose backend has
 ``unreplayable(call)`` and ``replay(call, keep_data)``.

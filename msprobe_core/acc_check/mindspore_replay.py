@@ -52,8 +52,8 @@ from msprobe_core.acc_check.inputs import call_rng, random_array
 from msprobe_core.acc_check.records import LOW_PRECISION, ApiCall, TensorSpec, Typed, dtype_kind, normalize_dtype
 from msprobe_core.acc_check.replay import OutputPair, Replay, Unreplayable
 from msprobe_core.acc_check.replay_common import (benchmark_failed, failure_text, grad_output_specs, is_in_place,
-                                                  output_leaves, run_tested, shape_note, shared_reason,
-                                                  unknown_typed_reason)
+                                                  forward_pairs, output_leaves, run_backwards, run_tested,
+                                                  shared_reason, unknown_typed_reason)
 from msprobe_core.acc_check.standards import round_to
 from msprobe_core.compare.ptfile import ArrayTensor
 from msprobe_core.files.safe_names import name_max, safe_file_name
@@ -233,7 +233,8 @@ class MindSporeBackend:
             return Replay([], forward_failure=f"the tested call on {self.device} raised {failure_text(t_error)}",
                           notes=notes)
         assert tested is not None
-        replay = Replay(self._pairs(call, tested, bench, notes), notes=notes)
+        replay = Replay(forward_pairs(call, output_leaves(tested.out), output_leaves(bench.out), ms.Tensor,
+                                      lambda name, t, b, _: _pair(name, t, b), notes), notes=notes)
         grads = self._backward(call, tested, bench, rng, replay)
         if keep_data:
             replay.save = _saver(call.name, host_args, host_kwargs, tested.out, bench.out, grads)
@@ -349,21 +350,6 @@ class MindSporeBackend:
 
         return _Run(out, differentiable, [tensors[i] for i in leaves], leaves, bench_dtype)
 
-    def _pairs(self, call: ApiCall, tested: _Run, bench: _Run, notes: list[str]) -> list[OutputPair]:
-        t_leaves = output_leaves(tested.out)
-        b_leaves = dict(output_leaves(bench.out))
-        note = shape_note(call.output_tensors(), [(normalize_dtype(str(t.dtype)), str(t.dtype), tuple(t.shape))
-                                                  for _, t in t_leaves if isinstance(t, ms.Tensor)])
-        if note:
-            notes.append(note)
-        pairs = []
-        for path, t in t_leaves:
-            if path not in b_leaves:
-                notes.append(f"output {path} has no benchmark counterpart")
-                continue
-            pairs.append(_pair(f"{call.name}.forward.output.{path}", t, b_leaves[path]))
-        return pairs
-
     def _backward(self, call: ApiCall, tested: _Run, bench: _Run, rng: np.random.Generator,
                   replay: Replay) -> Optional[dict]:
         """Input gradients on both sides (``replay.backward`` gets their pairs); what the backward was given and
@@ -378,19 +364,11 @@ class MindSporeBackend:
         if not chosen:
             return None
         host = {i: _Host(self._values(spec, rng, replay.notes), spec.dtype, False) for i, spec in chosen.items()}
-        try:
-            t_grads = _vjp(tested, outs, host)
-        except Exception as e:  # noqa: BLE001 - judged with the benchmark's outcome below
-            t_grads, t_error = None, e
-        try:
-            b_grads = _vjp(bench, b_outs, host)
-        except Exception as e:  # noqa: BLE001
-            replay.backward_skip = benchmark_failed(e, t_error if t_grads is None else None, "backward ")
+        grads = run_backwards(lambda: _vjp(tested, outs, host), lambda: _vjp(bench, b_outs, host), replay,
+                              self.device)
+        if grads is None:
             return None
-        if t_grads is None:
-            replay.backward_failure = f"the tested backward on {self.device} raised {failure_text(t_error)}"
-            replay.backward = []
-            return None
+        t_grads, b_grads = grads
         replay.backward = [_pair(f"{call.name}.backward.output.{i}", tg, bg)
                            for i, tg, bg in zip(tested.leaves, t_grads, b_grads)]
         return {"grad_outputs": [host[i].values for i in sorted(host)], "tested": list(t_grads),

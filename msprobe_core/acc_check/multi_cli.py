@@ -18,6 +18,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the workers; 0 when every worker finished, 1 when one died (rerun with -csv_path to finish)."""
+    from msprobe_core.acc_check.fork_server import start_early
+
+    start_early(args.api_info_file)  # the framework's import in the fork server overlaps the imports below
     from msprobe_core.acc_check.workers import multi_acc_check
 
     result = multi_acc_check(args.api_info_file, args.device_id, args.out_path, args.result_csv_path,

@@ -47,8 +47,8 @@ from msprobe_core.acc_check.inputs import call_rng, random_array
 from msprobe_core.acc_check.records import LOW_PRECISION, ApiCall, TensorSpec, Typed, normalize_dtype, precision_rank
 from msprobe_core.acc_check.replay import OutputPair, Replay, Unreplayable
 from msprobe_core.acc_check.replay_common import (benchmark_failed, failure_text, grad_output_specs, is_in_place,
-                                                  output_leaves, run_tested, shape_note, shared_reason, typed_in,
-                                                  unknown_typed_reason)
+                                                  forward_pairs, output_leaves, run_backwards, run_tested,
+                                                  shared_reason, typed_in, unknown_typed_reason)
 from msprobe_core.acc_check.standards import round_to
 from msprobe_core.compare.ptfile import ArrayTensor
 from msprobe_core.files.safe_names import name_max, safe_file_name
@@ -283,7 +283,8 @@ class TorchBackend:
         if t_error is not None:
             failure = f"the tested call on {self.device} raised {failure_text(t_error)}"
             return Replay([], forward_failure=failure, notes=notes)
-        replay = Replay(self._pairs(call, tested, bench, autocast, notes), notes=notes)
+        replay = Replay(forward_pairs(call, _output_leaves(tested.out), _output_leaves(bench.out), torch.Tensor,
+                                      lambda name, t, b, path: _pair(name, t, b, autocast, path), notes), notes=notes)
         grads = self._backward(call, tested, bench, autocast, rng, replay)
         ref_dtype = _reference_dtype(call, autocast)
         if ref_dtype:
@@ -378,23 +379,6 @@ class TorchBackend:
             return _Side(converted_args, converted_kwargs, leaves, "cpu", precision=precision)
         return _Side(converted_args, converted_kwargs, leaves, self.device, autocast=autocast)
 
-    def _pairs(self, call: ApiCall, tested: _Side, bench: _Side, autocast: Optional[str],
-               notes: list[str]) -> list[OutputPair]:
-        t_leaves = _output_leaves(tested.out)
-        b_leaves = dict(_output_leaves(bench.out))
-        recorded = call.output_tensors()
-        note = shape_note(recorded, [(normalize_dtype(str(t.dtype)), str(t.dtype), tuple(t.shape))
-                                     for _, t in t_leaves if isinstance(t, torch.Tensor)])
-        if note:
-            notes.append(note)
-        pairs = []
-        for path, t in t_leaves:
-            if path not in b_leaves:
-                notes.append(f"output {path} has no benchmark counterpart")
-                continue
-            pairs.append(_pair(f"{call.name}.forward.output.{path}", t, b_leaves[path], autocast, path))
-        return pairs
-
     def _backward(self, call: ApiCall, tested: _Side, bench: _Side, autocast: Optional[str],
                   rng: np.random.Generator, replay: Replay) -> Optional[dict]:
         """Gradients of the recorded inputs on both sides; ``replay.backward`` gets their pairs. Returns what the
@@ -406,19 +390,11 @@ class TorchBackend:
         indices = [i for i, _ in chosen]
         host_grads = [g for _, g in chosen]
         order = sorted(tested.leaves)
-        try:
-            t_grads = tested.grads(indices, host_grads, order)
-        except Exception as e:  # noqa: BLE001 - judged with the benchmark's outcome below
-            t_grads, t_error = None, e
-        try:
-            b_grads = bench.grads(indices, host_grads, order)
-        except Exception as e:  # noqa: BLE001
-            replay.backward_skip = benchmark_failed(e, t_error if t_grads is None else None, "backward ")
+        grads = run_backwards(lambda: tested.grads(indices, host_grads, order),
+                              lambda: bench.grads(indices, host_grads, order), replay, self.device)
+        if grads is None:
             return None
-        if t_grads is None:
-            replay.backward_failure = f"the tested backward on {self.device} raised {failure_text(t_error)}"
-            replay.backward = []
-            return None
+        t_grads, b_grads = grads
         pairs = []
         for i, tg, bg in zip(order, t_grads, b_grads):
             if tg is None and bg is None:

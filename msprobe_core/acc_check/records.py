@@ -4,14 +4,16 @@ A forward record (``Functional.linear.0.forward``) becomes an ``ApiCall`` holdin
 of ``TensorSpec`` (dtype, shape, Max/Min, requires_grad and, in tensor dumps, the tensor file), plain
 Python values (int, float, bool, str, None, slice, Ellipsis, complex) and ``Typed`` values (framework
 objects such as ``torch.dtype`` that only a replay backend can rebuild). The matching backward record
-(``Functional.linear.0.backward``) supplies the gradients of the outputs (``grad_outputs``). Module
+(``Functional.linear.0.backward``) supplies the gradients of the outputs (``grad_outputs``) and, where the dumper
+marked no input ``requires_grad`` (MindSpore's functional autodiff under mindtorch tracks none), tells which
+inputs got a gradient (``_mark_grad_inputs``). Module
 records (L0), parameter gradients and ``save()`` records are not API calls and are counted, not listed.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional, Union
 
@@ -250,11 +252,35 @@ def load_dump(path: Union[str, Path]) -> DumpFile:
             calls.append(ApiCall(call_name, prefix, api, list(parser.value(record.get("input_args") or [])),
                                  dict(parser.value(record.get("input_kwargs") or {})),
                                  list(parser.value(record.get("output") or [])), grad_outputs))
+            if isinstance(backward, dict):
+                _mark_grad_inputs(calls[-1], list(parser.value(backward.get("output") or [])))
         except (DumpInputError, TypeError, ValueError) as e:
             calls.append(ApiCall(call_name, prefix, api, [], {}, [], problem=f"unreadable record: {e}"))
     framework = str(raw.get("framework") or _guess_framework(prefixes))
     return DumpFile(json_path, str(raw.get("task") or "statistics"), str(raw.get("level") or ""), framework,
                     calls, skipped, tensor_dir if tensor_dir.is_dir() else None, prefixes)
+
+
+def _mark_grad_inputs(call: ApiCall, input_grads: list) -> None:
+    """A call with a backward record whose forward record marks no input ``requires_grad`` (the dumper could not
+    tell): the floating inputs whose gradient the backward record lists get it, every floating input when its
+    entries do not line up with the input tensors."""
+    specs = call.input_tensors()
+    if not specs or any(s.requires_grad for s in specs):
+        return
+    got = iter([isinstance(g, TensorSpec) for g in input_grads] if len(input_grads) == len(specs) else
+               [True] * len(specs))
+
+    def mark(node: Any) -> Any:
+        if isinstance(node, TensorSpec):
+            return replace(node, requires_grad=True) if next(got) and dtype_kind(node.dtype) == "float" else node
+        if isinstance(node, (list, tuple)):
+            return type(node)(mark(v) for v in node)
+        if isinstance(node, dict):
+            return {k: mark(v) for k, v in node.items()}
+        return node
+
+    call.args, call.kwargs = mark(call.args), mark(call.kwargs)
 
 
 def _guess_framework(prefixes: set) -> str:

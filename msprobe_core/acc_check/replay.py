@@ -13,11 +13,13 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
 
 from msprobe_core.acc_check.records import ApiCall
-from msprobe_core.compare.ptfile import ArrayTensor
 from msprobe_core.errors import DumpInputError, require
+
+if TYPE_CHECKING:  # NumPy is not imported before multi_acc_check has started its fork server (``fork_server``)
+    from msprobe_core.compare.ptfile import ArrayTensor
 
 
 class Unreplayable(Exception):
@@ -74,14 +76,18 @@ class ReplayBackend(Protocol):
 @dataclass(frozen=True)
 class BackendInfo:
     """Where a framework's backend lives: ``module`` exposes ``factory(device_index, workers)``
-    (``make_backend``); ``package`` is the framework's."""
+    (``make_backend``); ``package`` is the framework's; ``preload``: modules the framework imports lazily on a
+    replay's first call, which multi_acc_check's fork server imports once instead of every worker."""
 
     module: str
     package: str
     factory: str = "make_backend"
+    preload: tuple[str, ...] = ()
 
 
-BACKENDS = {"pytorch": BackendInfo("msprobe_core.acc_check.pytorch_replay", "torch"),
+BACKENDS = {"pytorch": BackendInfo("msprobe_core.acc_check.pytorch_replay", "torch",
+                                   # torch.autograd.grad's first call imports it (and sympy): ~0.5 CPU-s
+                                   preload=("torch.fx.experimental.symbolic_shapes",)),
             "mindspore": BackendInfo("msprobe_core.acc_check.mindspore_replay", "mindspore"),
             "mindtorch": BackendInfo("msprobe_core.acc_check.mindspore_replay", "mindspore", "make_mindtorch_backend")}
 """framework (dump.json's "framework" field) -> its replay backend. MSAdapter (mindtorch) records are replayed

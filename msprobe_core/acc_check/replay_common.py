@@ -5,14 +5,16 @@
 * how an output is numbered (``output_leaves``: ``0``, ``1.0``..., as the dumpers number them);
 * ``x[i, j]`` versus ``x[[i, j]]`` for ``__getitem__`` (``index_variants``);
 * which outputs get a gradient in the backward replay and from what (``grad_output_specs``);
-* the wording of failures (``failure_text``, ``shape_note``).
+* how both sides' backward outcomes combine (``run_backwards``);
+* how the forward outputs pair up (``forward_pairs``), and the wording of failures (``failure_text``, ``shape_note``).
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable, Optional, Sequence
 
-from msprobe_core.acc_check.records import ApiCall, TensorSpec, Typed, leaves_of
+from msprobe_core.acc_check.records import ApiCall, TensorSpec, Typed, leaves_of, normalize_dtype
+from msprobe_core.acc_check.replay import OutputPair, Replay
 
 DISTRIBUTED_PREFIXES = frozenset({"Distributed", "DistributedC10d"})
 RANDOM = frozenset({
@@ -139,6 +141,28 @@ def benchmark_failed(e: BaseException, tested_error: Optional[BaseException], wh
     return f"{what}replay failed: the CPU float64 benchmark raised {failure_text(e)}{both}"
 
 
+def run_backwards(tested: Callable[[], Any], bench: Callable[[], Any], replay: Replay,
+                  device: str) -> Optional[tuple[Any, Any]]:
+    """Both sides' input gradients: (``tested()``, ``bench()``), or None when either raised: a benchmark failure
+    makes the backward a skip (``replay.backward_skip``), a tested failure alone an error
+    (``replay.backward_failure``, no pairs)."""
+    t_error: Optional[BaseException] = None
+    try:
+        t_grads = tested()
+    except Exception as e:  # noqa: BLE001 - judged with the benchmark's outcome below
+        t_error = e
+    try:
+        b_grads = bench()
+    except Exception as e:  # noqa: BLE001
+        replay.backward_skip = benchmark_failed(e, t_error, "backward ")
+        return None
+    if t_error is not None:
+        replay.backward_failure = f"the tested backward on {device} raised {failure_text(t_error)}"
+        replay.backward = []
+        return None
+    return t_grads, b_grads
+
+
 def shape_note(recorded: Sequence[TensorSpec], replayed: Sequence[tuple[str, str, tuple]]) -> Optional[str]:
     """A note when the replayed output tensors (normalized dtype, framework dtype name, shape) differ from the
     recorded ones."""
@@ -148,6 +172,25 @@ def shape_note(recorded: Sequence[TensorSpec], replayed: Sequence[tuple[str, str
         if (dtype, tuple(shape)) != (spec.dtype, spec.shape):
             return f"replayed output is {name}{list(shape)}, the dump recorded {spec.framework_dtype}{list(spec.shape)}"
     return None
+
+
+def forward_pairs(call: ApiCall, tested: Sequence[tuple[str, Any]], bench: Sequence[tuple[str, Any]], tensor: type,
+                  pair: Callable[[str, Any, Any, str], OutputPair], notes: list[str]) -> list[OutputPair]:
+    """The forward outputs' pairs from both sides' ``output_leaves``, matched by path: ``pair(details name, tested
+    value, benchmark value, path)``; ``notes`` get a ``shape_note`` on the ``tensor`` outputs and every tested
+    output the benchmark lacks."""
+    b_leaves = dict(bench)
+    note = shape_note(call.output_tensors(), [(normalize_dtype(str(t.dtype)), str(t.dtype), tuple(t.shape))
+                                              for _, t in tested if isinstance(t, tensor)])
+    if note:
+        notes.append(note)
+    pairs = []
+    for path, t in tested:
+        if path not in b_leaves:
+            notes.append(f"output {path} has no benchmark counterpart")
+            continue
+        pairs.append(pair(f"{call.name}.forward.output.{path}", t, b_leaves[path], path))
+    return pairs
 
 
 def grad_output_specs(call: ApiCall, outputs: Sequence[tuple[bool, str, str, tuple]],

@@ -3,6 +3,7 @@
 One worker per ``-d`` ID: on a machine with accelerators worker ``k`` runs on device ``ID``; without
 one, the IDs only name CPU worker processes, which share the CPUs (each gets CPUs / workers threads).
 Workers take the next unchecked call from a shared counter (a slow call does not hold the others up),
+the costliest calls first, so that the last ones handed out are small and the workers finish together;
 and each writes its own ``accuracy_checking_result_{timestamp}.csv`` / ``..._details_...`` in its own
 folder ``OUT/device{ID}_{timestamp}/``; a run never writes into another run's folders.
 
@@ -13,7 +14,6 @@ skipped, and each new worker appends to the folder of its ID (a new ID gets a ne
 
 from __future__ import annotations
 
-import multiprocessing
 import queue as queue_module
 import re
 from collections import Counter
@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
-from msprobe_core.acc_check.records import load_dump
-from msprobe_core.acc_check.replay import BackendInfo, load_backend, prefer_passive_openmp
+from msprobe_core.acc_check.fork_server import worker_context
+from msprobe_core.acc_check.records import ApiCall, load_dump
+from msprobe_core.acc_check.replay import load_backend, prefer_passive_openmp
 from msprobe_core.acc_check.results import RESULT_PREFIX, ResultFiles, check_result_csv, timestamp
 from msprobe_core.acc_check.runner import RunSummary, check_call, check_resumable, cpu_seconds, failing_line
 from msprobe_core.acc_check.standards import ERROR
@@ -34,7 +35,8 @@ _POLL_S = 0.5
 
 @dataclass
 class _Job:
-    api_info: str
+    framework: str
+    calls: list[ApiCall]   # the calls to check, in the order the workers take them
     folder: str
     stamp: str
     device: int
@@ -68,34 +70,29 @@ class MultiResult:
 
 def _worker(job: _Job, counter, messages) -> None:
     """One worker process: check calls taken from the shared counter, report each on ``messages``."""
-    dump = load_dump(job.api_info)
-    backend = load_backend(dump.framework, job.device, job.workers)
+    backend = load_backend(job.framework, job.device, job.workers)
     files = ResultFiles(Path(job.folder), job.stamp, set(job.done))
     try:
         while True:
             with counter.get_lock():
                 index = counter.value
                 counter.value += 1
-            if index >= len(dump.calls):
+            if index >= len(job.calls):
                 break
-            call = dump.calls[index]
-            if call.name in job.done:
-                continue
+            call = job.calls[index]
             messages.put((job.device, call.name, check_call(call, backend, files, job.save_error_data)))
     finally:
         files.close()
         messages.put((job.device, None, cpu_seconds()))
 
 
-def _context(backend: BackendInfo):
-    """Worker processes start from a fork server that imported the backend (and its framework) once, so
-    each worker skips the framework's import (~1.5 CPU-s for torch); ``spawn`` where there is no fork server.
-    Neither inherits anything the parent did with the framework (CUDA contexts, OpenMP thread pools)."""
-    if "forkserver" not in multiprocessing.get_all_start_methods():
-        return multiprocessing.get_context("spawn")
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload([backend.module, __name__])
-    return context
+def _work_order(calls: Sequence[ApiCall], done: set, workers: int) -> list[ApiCall]:
+    """The calls still to check in the order the workers take them: the dump's for one worker; for several,
+    the costliest first (by the elements of their tensors), so the tail is made of small calls."""
+    todo = [c for c in calls if c.name not in done]
+    if workers > 1:
+        todo.sort(key=lambda c: -sum(s.numel for s in (*c.input_tensors(), *c.output_tensors())))
+    return todo
 
 
 def _check_devices(devices: Sequence[int]) -> list[int]:
@@ -175,11 +172,12 @@ def multi_acc_check(api_info: Union[str, Path], devices: Sequence[int] = (0,), o
     if len(done) >= len(dump.calls):
         log.info("multi_acc_check: every API call is done already")
         return result
-    context = _context(backend)
+    context = worker_context(backend)  # already running when the command started it (``fork_server.start_early``)
     counter = context.Value("q", 0)
     messages = context.Queue()
+    calls = _work_order(dump.calls, done, len(devices))
     processes = {d: context.Process(target=_worker, name=f"acc_check-device{d}", daemon=True,
-                                    args=(_Job(str(dump.path), str(files[d].folder), stamp, d, len(devices),
+                                    args=(_Job(dump.framework, calls, str(files[d].folder), stamp, d, len(devices),
                                                frozenset(done), save_error_data), counter, messages))
                  for d in devices}
     for p in processes.values():

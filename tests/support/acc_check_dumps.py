@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import csv
 import glob
 import os
 from pathlib import Path
@@ -12,10 +13,14 @@ import torch
 import torch.nn.functional as F
 
 from msprobe_core.acc_check.records import LOW_PRECISION, normalize_dtype
+from msprobe_core.acc_check.runner import RunSummary
+from msprobe_core.acc_check.standards import ERROR
 from msprobe_core.pytorch import PrecisionDebugger
 from small_gpt import GPTConfig, SmallGPT
 
 TINY = GPTConfig(vocab=64, layers=1, hidden=32, heads=2, seq=8, batch=2)
+ERROR_DATA_PARTS = ("forward.input", "forward.output.tested", "forward.output.bench",
+                    "backward.input", "backward.output.tested", "backward.output.bench")
 
 
 def dump_step(path: Path, task: str, step: Callable[[], None], register: Optional[Callable] = None) -> Path:
@@ -69,3 +74,17 @@ def perturbed(module, name: str, factor: float = 1 + 2 ** -6):
         yield
     finally:
         setattr(module, name, original)
+
+
+def check_only_failure(summary: RunSummary, api: str, out: Path, suffix: str) -> dict[str, Path]:
+    """Asserts that ``api`` is the run's only failing call, forward and backward (an RMSE error), and that
+    ``-save_error_data`` wrote exactly its inputs and both outputs under ``out/error_data`` as
+    ``{api}.{part}{suffix}`` (``suffix``: ``.pt``, ``.0.npy``); returns those files by part."""
+    assert summary.failed == [api]
+    with open(summary.result_csv, newline="", encoding="utf-8") as f:
+        row = next(r for r in csv.DictReader(f) if r["API Name"] == api)
+    assert (row["Forward Test Success"], row["Backward Test Success"]) == (ERROR, ERROR)
+    assert "RMSE" in row["Message"]
+    saved = {p.name: p for p in (out / "error_data").rglob("*." + suffix.rsplit(".", 1)[-1])}
+    assert sorted(saved) == sorted(f"{api}.{part}{suffix}" for part in ERROR_DATA_PARTS)
+    return {part: saved[f"{api}.{part}{suffix}"] for part in ERROR_DATA_PARTS}

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from acc_check_dumps import dump_step, gpt_step, perturbed
+from acc_check_dumps import check_only_failure, dump_step, gpt_step, perturbed
 from msprobe_core.acc_check import acc_check
 from msprobe_core.acc_check.records import load_dump
 from msprobe_core.acc_check.results import DETAILS_HEADER, RESULT_HEADER
@@ -80,15 +80,8 @@ def test_healthy_bf16_model_passes(dumps, task, tmp_path):
 def test_the_perturbed_api_is_the_one_that_fails(dumps, task, tmp_path):
     with perturbed(F, "gelu"):
         summary = acc_check(dumps[task], tmp_path, save_error_data=True)
-    assert summary.failed == ["Functional.gelu.0"]
-    row = next(r for r in _csv(summary.result_csv) if r["API Name"] == "Functional.gelu.0")
-    assert (row["Forward Test Success"], row["Backward Test Success"]) == (ERROR, ERROR)
-    assert "RMSE" in row["Message"]
-    saved = sorted(p.name for p in (tmp_path / "error_data").rglob("*.pt"))
-    assert saved == sorted(f"Functional.gelu.0.{s}.pt" for s in (
-        "forward.input", "forward.output.tested", "forward.output.bench",
-        "backward.input", "backward.output.tested", "backward.output.bench"))
-    inputs = torch.load(next((tmp_path / "error_data").rglob("Functional.gelu.0.forward.input.pt")), weights_only=True)
+    saved = check_only_failure(summary, "Functional.gelu.0", tmp_path, ".pt")
+    inputs = torch.load(saved["forward.input"], weights_only=True)
     assert inputs["args"][0].dtype == torch.bfloat16
 
 
@@ -207,3 +200,33 @@ def test_standards():
     nan = bench.raw.copy()
     nan[3] = math.nan
     assert judge(ArrayTensor(nan, "float64", (1000,)), bench, "float32").status == ERROR
+
+
+def test_backward_records_mark_the_inputs_that_got_a_gradient(tmp_path):
+    """A dumper that marks no input requires_grad (MindSpore's functional autodiff under mindtorch): the
+    backward record tells which inputs got a gradient."""
+    spec = {"type": "mindspore.Tensor", "dtype": "Float32", "shape": [2, 2], "Max": 1.0, "Min": -1.0,
+            "requires_grad": False}
+    data = {"Torch.matmul.0.forward": {"input_args": [spec, spec], "input_kwargs": {}, "output": [spec]},
+            "Torch.matmul.0.backward": {"input": [spec], "output": [spec, None]},
+            "Tensor.add.0.forward": {"input_args": [spec, spec], "input_kwargs": {}, "output": [spec]}}
+    path = tmp_path / "dump.json"
+    path.write_text(json.dumps({"task": "statistics", "level": "L1", "framework": "mindtorch", "data": data}))
+    calls = {c.name: c for c in load_dump(path).calls}
+    assert [s.requires_grad for s in calls["Torch.matmul.0"].input_tensors()] == [True, False]
+    assert [s.requires_grad for s in calls["Tensor.add.0"].input_tensors()] == [False, False]  # no backward record
+
+
+def test_workers_take_the_costliest_calls_first(dumps, tmp_path):
+    from msprobe_core.acc_check.fork_server import recorded_framework
+    from msprobe_core.acc_check.workers import _work_order
+
+    calls = load_dump(dumps["statistics"]).calls
+    assert _work_order(calls, set(), 1) == calls  # one worker: the dump's order
+    order = _work_order(calls, {calls[0].name}, 2)
+    cost = [sum(s.numel for s in (*c.input_tensors(), *c.output_tensors())) for c in order]
+    assert cost == sorted(cost, reverse=True) and sorted(c.name for c in order) == sorted(c.name for c in calls[1:])
+    # the fork server is started from the framework in the file's head, before the dump is read
+    assert recorded_framework(dumps["statistics"]) == "pytorch"
+    (tmp_path / "other.json").write_text('{"data": {"Torch.x.0.forward": {"framework": "mindspore"}}}')
+    assert recorded_framework(tmp_path / "other.json") is None

@@ -6,6 +6,8 @@ from __future__ import annotations
 import csv
 import glob
 import json
+import os
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -15,10 +17,10 @@ ms = pytest.importorskip("mindspore.nn") and __import__("mindspore")  # not a te
 
 from mindspore import mint, nn, ops  # noqa: E402
 
-from acc_check_dumps import perturbed  # noqa: E402
+from acc_check_dumps import check_only_failure, perturbed  # noqa: E402
 from msprobe_core.acc_check import acc_check, multi_acc_check  # noqa: E402
 from msprobe_core.acc_check.records import load_dump  # noqa: E402
-from msprobe_core.acc_check.standards import ERROR, PASS, SKIP  # noqa: E402
+from msprobe_core.acc_check.standards import PASS, SKIP  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -117,15 +119,8 @@ def test_healthy_float16_mint_network_passes(dumps, task, tmp_path):
 def test_the_perturbed_api_is_the_one_that_fails(dumps, task, tmp_path):
     with perturbed(mint.nn.functional, "relu"):
         summary = acc_check(dumps[task], tmp_path, save_error_data=True)
-    assert summary.failed == ["MintFunctional.relu.0"]
-    row = _rows(summary.result_csv)["MintFunctional.relu.0"]
-    assert (row["Forward Test Success"], row["Backward Test Success"]) == (ERROR, ERROR)
-    assert "RMSE" in row["Message"]
-    saved = sorted(p.name for p in (tmp_path / "error_data").rglob("*.npy"))
-    assert saved == sorted(f"MintFunctional.relu.0.{s}.0.npy" for s in (
-        "forward.input", "forward.output.tested", "forward.output.bench",
-        "backward.input", "backward.output.tested", "backward.output.bench"))
-    tested = np.load(next((tmp_path / "error_data").rglob("MintFunctional.relu.0.forward.output.tested.0.npy")))
+    saved = check_only_failure(summary, "MintFunctional.relu.0", tmp_path, ".0.npy")
+    tested = np.load(saved["forward.output.tested"])
     assert tested.dtype == np.float16
 
 
@@ -175,6 +170,58 @@ def test_mindtorch_records_replay_through_mint(tmp_path):
     assert rows["Functional.linear.0"]["Backward Test Success"] == PASS
     assert "no MindSpore equivalent" in rows["Torch.no_such_api.0"]["Message"]
     assert "no MindSpore equivalent" in rows["VF.lstm.0"]["Message"]
+
+
+ROOT = Path(__file__).resolve().parents[3]
+MSADAPTER_PYTHON = ROOT / ".venv-msadapter" / "bin" / "python"
+MINDTORCH_STEP = r"""
+import sys
+import mindtorch  # noqa: F401  (installs the torch proxy)
+import numpy as np
+import torch
+import torch.nn.functional as F
+from msprobe_core.mindspore import PrecisionDebugger, seed_all
+
+seed_all(0)
+q, fc = torch.nn.Linear(8, 16), torch.nn.Linear(16, 4)
+
+
+def loss(x):  # single-head attention, layer norm and a linear head
+    h = q(x)
+    weights = F.softmax(torch.matmul(h, h.transpose(-2, -1)) * 0.25, dim=-1)
+    return fc(F.relu(F.layer_norm(torch.matmul(weights, h), (16,)))).pow(2).mean()
+
+
+step = torch.autograd.value_and_grad(loss, [*q.parameters(), *fc.parameters()])
+dbg = PrecisionDebugger({"dump_path": sys.argv[1], "level": "L1", "task": sys.argv[2]})
+dbg.start()
+step(torch.tensor(np.random.RandomState(0).randn(2, 5, 8).astype(np.float32)))
+dbg.stop()
+dbg.step()
+"""
+
+
+@pytest.mark.parametrize("task", ["statistics", "tensor"])
+def test_real_msadapter_dump_replays(task, tmp_path):
+    """A real MSAdapter dump (PyTorch-style code on mindtorch, ``torch.autograd.value_and_grad``, made in the
+    MSAdapter venv): every call replays and passes, forward and backward, or is listed with its reason."""
+    if not MSADAPTER_PYTHON.exists():
+        pytest.skip(f"no MSAdapter venv ({MSADAPTER_PYTHON}); make venv-msadapter builds it")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    subprocess.run([str(MSADAPTER_PYTHON), "-c", MINDTORCH_STEP, str(tmp_path / "d"), task], cwd=ROOT, env=env,
+                   check=True, capture_output=True, text=True, timeout=600)
+    (path,) = glob.glob(str(tmp_path / "d" / "step0" / "*" / "dump.json"))
+    dump = load_dump(path)
+    assert (dump.framework, dump.has_tensor_data) == ("mindtorch", task == "tensor")
+    summary = acc_check(path, tmp_path / "out")
+    rows = _rows(summary.result_csv)
+    assert list(rows) == [c.name for c in dump.calls]
+    assert not summary.failed
+    for name, row in rows.items():
+        assert row["Forward Test Success"] == PASS or (row["Forward Test Success"] == SKIP and row["Message"]), row
+    for name in ("Torch.matmul.0", "Torch.matmul.1", "Functional.softmax.0", "Functional.relu.0", "Tensor.mean.0"):
+        # the dumper marks no input requires_grad under value_and_grad: the backward records tell which got one
+        assert (rows[name]["Forward Test Success"], rows[name]["Backward Test Success"]) == (PASS, PASS), rows[name]
 
 
 def test_multi_acc_check_two_workers(dumps, tmp_path):
