@@ -11,6 +11,7 @@ that take the framework from their input accept it before the command and have n
 from __future__ import annotations
 
 import argparse
+import codecs
 import importlib
 import logging
 import sys
@@ -55,6 +56,7 @@ def _load(module: str):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    _printable_output()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
@@ -70,6 +72,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     except MsprobeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+
+
+def _printable_output() -> None:
+    """Printing a non-ASCII record name or path never fails, whatever the locale: an ASCII stream (the C or
+    POSIX locale) writes UTF-8, the bytes of undecodable arguments as they came; another non-UTF-8 stream
+    escapes what it cannot encode."""
+    for stream in (sys.stdout, sys.stderr):
+        encoding = codecs.lookup(getattr(stream, "encoding", None) or "utf-8").name
+        if encoding == "utf-8" or not hasattr(stream, "reconfigure"):
+            continue
+        if encoding == "ascii":
+            stream.reconfigure(encoding="utf-8", errors="surrogateescape")
+        else:
+            stream.reconfigure(errors="backslashreplace")
 
 
 def _framework_first(parser: argparse.ArgumentParser, args: argparse.Namespace, argv: Sequence[str]) -> None:

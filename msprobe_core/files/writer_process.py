@@ -55,7 +55,8 @@ def _log_failure(path: str, exc: BaseException) -> None:
     message = f"tensor file {path}: {exc!r}"
     print(f"[msprobe writer] {message}", file=sys.stderr, flush=True)
     try:
-        with open(os.path.join(os.path.dirname(os.path.dirname(path)), "dump_error_info.log"), "a", encoding="utf-8") as f:
+        log = os.path.join(os.path.dirname(os.path.dirname(path)), "dump_error_info.log")
+        with open(log, "a", encoding="utf-8", errors="surrogateescape") as f:  # a path's undecodable bytes as they are
             f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {message}\n")
     except OSError:
         pass

@@ -2,7 +2,8 @@
 
 For each step the ranks' records are replayed together in an order that respects their communication:
 each rank runs up to its next ``Distributed.*`` call, and a call runs once every rank that recorded it
-has reached it (the n-th ``all_reduce`` of each rank is one call; a send meets its receive). Along the way:
+has reached it (the n-th ``all_reduce`` on one process group is one call; a send meets its receive).
+Along the way:
 
 * a record whose outputs hold NaN/Inf while its inputs (arguments and parameters) do not **made** it;
   a module that made it is narrowed down to the first call inside it (construct.json) that did;
@@ -210,8 +211,34 @@ def _calls(dump: RankDump) -> list[Call]:
 def _sync_key(call: Call, p2p_counts: dict[tuple, int]) -> tuple:
     spec = comm.COMM_SPECS[call.api]
     if not spec.p2p:
-        return ("collective", call.api, comm.call_count(call.name))
+        return ("collective-pending", comm.group_ranks(call.record))
     return ("p2p-pending", spec.p2p, comm.root_rank(call.record, spec))
+
+
+def _resolve_collectives(states: list[_RankState]) -> Optional[str]:
+    """Give each collective the key that pairs it: (api, group's ranks, n) for the n-th call of ``api`` on
+    that group, the default group being the world (the dumped ranks and every recorded group's ranks).
+    Where some record names a process group without its ranks (older dumps), every collective of the step
+    pairs by its name's call count instead, and the returned note says so."""
+    pending = [(st, call) for st in states for call in st.calls
+               if call.key is not None and call.key[0] == "collective-pending"]
+    if any(call.key[1] == comm.UNKNOWN_GROUP for _, call in pending):
+        for _, call in pending:
+            call.key = ("collective", call.api, comm.call_count(call.name))
+        return ("the dump records process groups without their ranks: collectives are paired by API and call "
+                "count, so calls on different groups may be mispaired")
+    world = {st.number for st in states}
+    for _, call in pending:
+        world.update(call.key[1] or ())
+    everyone = tuple(sorted(world))
+    counts: dict[tuple, int] = {}
+    for st, call in pending:
+        group = call.key[1]
+        group = everyone if group is None or tuple(sorted(group)) == everyone else group
+        n = counts.get((st.number, call.api, group), 0)
+        counts[(st.number, call.api, group)] = n + 1
+        call.key = ("collective", call.api, group, n)
+    return None
 
 
 def _resolve_p2p(states: list[_RankState]) -> None:
@@ -259,6 +286,7 @@ class _StepReplay:
             number = comm.rank_number(label)
             self.states.append(_RankState(label, number if number is not None else i, dump, _calls(dump)))
         _resolve_p2p(self.states)
+        pairing_note = _resolve_collectives(self.states)
         self.by_number = {st.number: st for st in self.states}
         self.members: dict[tuple, set[int]] = {}
         for st in self.states:
@@ -266,6 +294,8 @@ class _StepReplay:
                 if call.key is not None:
                     self.members.setdefault(call.key, set()).add(st.number)
         self.result = StepResult(step, [st.label for st in self.states], [str(u.path) for u in units])
+        if pairing_note:
+            self.result.notes.append(pairing_note)
 
     # ------------------------------------------------------------------ replay
     def run(self) -> StepResult:

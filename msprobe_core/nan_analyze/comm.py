@@ -3,9 +3,14 @@
 A dump names communication calls ``Distributed.{api}.{n}.forward``. For each API the table below says
 which arguments hold what a rank contributes (``send``) and which the call writes (``recv``), and which
 argument names the root rank (``src`` of broadcast/scatter, ``dst`` of reduce/gather/send, ``src`` of
-recv). Collectives pair across ranks by API and call count (the n-th ``all_reduce`` of every rank is one
-call); point-to-point calls pair the k-th send from rank a to rank b with the k-th receive on b from a.
-Process groups are not recorded in dump.json, so collectives on different groups still pair by count.
+recv). Collectives pair across ranks by API, process group and call count on that group (the n-th
+``all_reduce`` on group [0, 2] of every member is one call); point-to-point calls pair the k-th send from
+rank a to rank b with the k-th receive on b from a.
+
+The dump describes a collective's process group as msprobe does, by its ranks in the call's arguments
+(``{"type": "torch.ProcessGroup", "group_ranks": [0, 2], "group_id": "..."}``); a call without a group
+argument (or ``group=None``) ran on the default group, the world. Dumps that recorded a group object
+without its ranks (older ones) leave only the API's call count to pair by (``group_ranks``).
 """
 
 from __future__ import annotations
@@ -75,6 +80,28 @@ def comm_api(name: str) -> Optional[str]:
 def call_count(name: str) -> str:
     """The call count of ``Distributed.{api}.{n}.forward``."""
     return name.split(".")[2]
+
+
+UNKNOWN_GROUP: tuple[int, ...] = ()
+"""``group_ranks`` of a call whose process group the dump recorded without its ranks."""
+
+
+def group_ranks(record: Any) -> Optional[tuple[int, ...]]:
+    """The ranks of the process group a collective ran on, as its record's arguments give them; None for
+    the default group (no group argument, or null); ``UNKNOWN_GROUP`` for a group recorded without ranks."""
+    if not isinstance(record, dict):
+        return None
+    args = record.get("input_args")
+    kwargs = record.get("input_kwargs")
+    values = list(args) if isinstance(args, list) else []
+    values += list(kwargs.values()) if isinstance(kwargs, dict) else []
+    for value in values:
+        if isinstance(value, dict) and "ProcessGroup" in str(value.get("type", "")):
+            ranks = value.get("group_ranks")
+            if isinstance(ranks, list) and ranks and all(type(r) is int for r in ranks):
+                return tuple(ranks)
+            return UNKNOWN_GROUP
+    return None
 
 
 def rank_number(label: str) -> Optional[int]:

@@ -10,7 +10,7 @@ once on the training thread and written by ``TensorFiles`` (a writer process).
 from __future__ import annotations
 
 import weakref
-from functools import partial
+import zlib
 from typing import Any, Optional
 
 import torch
@@ -28,6 +28,8 @@ _strided = torch.strided
 _to = torch.Tensor.to
 
 _DTYPE_NAMES: dict[torch.dtype, str] = {}
+_ProcessGroup = getattr(torch.distributed, "ProcessGroup", None) if torch.distributed.is_available() else None
+_GROUPS: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()  # group -> its description
 
 
 class _Entry:
@@ -261,7 +263,24 @@ def _torch_value(obj: Any) -> Optional[dict]:
         return {"type": "torch.dtype", "value": str(obj)}
     if isinstance(obj, torch.device):
         return {"type": "torch.device", "value": str(obj)}
+    if _ProcessGroup is not None and isinstance(obj, _ProcessGroup):
+        return dict(_group_value(obj))
     return None
+
+
+def _group_value(group: Any) -> dict:
+    """A process group as msprobe writes it: ``{"type": "torch.ProcessGroup", "group_ranks": [...],
+    "group_id": crc32 of the ranks}``, found once per group object (a lookup, no collective call)."""
+    value = _GROUPS.get(group)
+    if value is None:
+        value = {"type": "torch.ProcessGroup"}
+        try:
+            ranks = [int(r) for r in torch.distributed.get_process_group_ranks(group)]
+            value.update(group_ranks=ranks, group_id=f"{zlib.crc32(str(ranks).encode()):08x}")
+        except Exception:  # a group torch no longer knows (destroyed): its type only
+            value["value"] = None
+        _GROUPS[group] = value
+    return value
 
 
 def _plain(v: Any) -> Any:
@@ -270,6 +289,7 @@ def _plain(v: Any) -> Any:
     return plain_value(v)
 
 
-tensors_in = partial(core.tensors_in, tensor_types=torch.Tensor)
-"""``tensors_in(obj)``: tensors inside a nested structure (lists, tuples, dicts), in the order the structure
-lists them."""
+def tensors_in(obj: Any) -> list:
+    """The torch tensors in ``obj`` (nested in lists, tuples and dicts), in order. A function, not a
+    ``functools.partial``: torch 2.6's ``torch.compile`` tracer cannot call a partial held as a method."""
+    return core.tensors_in(obj, torch.Tensor)

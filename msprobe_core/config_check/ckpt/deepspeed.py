@@ -25,7 +25,7 @@ def tag_folder(path: Path) -> Path:
     """The checkpoint folder ``latest`` names, or ``path`` itself."""
     latest = path / LATEST
     if latest.is_file():
-        tag = latest.read_text().strip()
+        tag = latest.read_text(encoding="utf-8").strip()
         folder = path / tag
         if not folder.is_dir():
             raise CheckpointError(f"{latest} names tag '{tag}' but {folder} does not exist")

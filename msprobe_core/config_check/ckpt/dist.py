@@ -34,7 +34,7 @@ def is_dist_checkpoint(path: Path) -> bool:
     if not meta.is_file():
         return False
     try:
-        return json.loads(meta.read_text()).get("sharded_backend") is not None
+        return json.loads(meta.read_text(encoding="utf-8")).get("sharded_backend") is not None
     except (ValueError, OSError):
         return False
 
@@ -74,7 +74,7 @@ def open_dist(path: Path) -> Checkpoint:
     """The model tensors of a torch_dist checkpoint folder, per layer (see the module docstring)."""
     from torch.distributed.checkpoint import FileSystemReader
 
-    backend = json.loads((path / METADATA).read_text()).get("sharded_backend")
+    backend = json.loads((path / METADATA).read_text(encoding="utf-8")).get("sharded_backend")
     if backend != "torch_dist":
         raise CheckpointError(f"{path}: distributed checkpoint backend '{backend}' is not supported (torch_dist is)")
     try:

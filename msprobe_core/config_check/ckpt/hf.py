@@ -29,7 +29,7 @@ def hf_files(folder: Path) -> list[Path]:
         index = folder / index_name
         if index.is_file():
             try:
-                weight_map = json.loads(index.read_text())["weight_map"]
+                weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
             except (ValueError, KeyError, OSError) as e:
                 raise CheckpointError(f"{index}: not a usable index ({e})") from None
             return [folder / f for f in dict.fromkeys(weight_map.values())]
@@ -83,7 +83,7 @@ def open_files(files: list[Path], where: Path, kind: str = "huggingface") -> Che
 def hf_config(path: Path) -> dict[str, Any]:
     """The attention/MLP layout from a Hugging Face ``config.json`` (names as ``megatron.model_config``)."""
     try:
-        cfg = json.loads(path.read_text())
+        cfg = json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, OSError):
         return {}
     heads = cfg.get("num_attention_heads")

@@ -22,7 +22,7 @@ TRACKER = "latest_checkpointed_iteration.txt"
 
 def latest_iteration(folder: Path) -> Path:
     """The iteration folder ``latest_checkpointed_iteration.txt`` names."""
-    text = (folder / TRACKER).read_text().strip()
+    text = (folder / TRACKER).read_text(encoding="utf-8").strip()
     if text == "release":
         name = "release"
     else:
@@ -74,7 +74,7 @@ def _open_file(p: Path) -> Checkpoint:
     name = p.name
     if name.endswith(".index.json"):
         try:
-            weight_map = json.loads(p.read_text())["weight_map"]
+            weight_map = json.loads(p.read_text(encoding="utf-8"))["weight_map"]
         except (ValueError, KeyError, OSError) as e:
             raise CheckpointError(f"{p}: not a usable index ({e})") from None
         return hf.open_files([p.parent / f for f in dict.fromkeys(weight_map.values())], p.parent)

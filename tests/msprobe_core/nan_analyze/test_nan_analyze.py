@@ -240,3 +240,113 @@ def test_two_gloo_ranks_name_rank1_layer_not_rank0_all_reduce(tmp_path):
         assert hop.evidence == "output" and hop.first_seen == hop.via
     else:         # today: no output; the arrival is inferred at rank 0's next record holding NaN
         assert hop.evidence == "inferred" and hop.first_seen == "Tensor.sum.0.forward"
+
+
+# ---------------------------------------------------------------- collectives on two process groups
+# Rank 0 runs all_reduce on the world, then on its own group [0], alternately; rank 1 starts with its own
+# group [1]. Rank 1 makes NaN between its calls, and its second world all_reduce brings it to rank 0 (rank
+# 0's all_reduce.2). Paired by name and count, rank 0's all_reduce.2 would meet rank 1's all_reduce.2 (its
+# own group, before the NaN): the NaN would seem made by rank 0's all_reduce.
+GROUP_ORDER = {0: ["world", [0], "world", [0]], 1: [[1], "world", [1], "world"]}
+
+
+def _group_arg(group) -> dict:
+    ranks = [0, 1] if group == "world" else group
+    return {"type": "torch.ProcessGroup", "group_ranks": ranks, "group_id": "x"}
+
+
+def _ranks_with_two_groups(root: Path, record_groups: bool = True) -> None:
+    one, nan = np.ones(2, np.float32), np.array([NAN, 1.0], np.float32)
+    for rank, order in GROUP_ORDER.items():
+        b = DumpBuilder(task="statistics", level="L1")
+        bad = False
+        for n, group in enumerate(order):
+            if rank == 1 and n == 3:  # rank 1 makes NaN before its last (world) call
+                b.forward("Torch.log.0.forward", [-one], [nan])
+                bad = True
+            arrives = rank == 0 and n == 2  # rank 1's NaN arrives in rank 0's second world call
+            name = f"Distributed.all_reduce.{n}.forward"
+            b.forward(name, [nan if bad else one], [nan if (bad or arrives) else one])
+            if rank == 0 and n == 2:
+                bad = True
+            if record_groups:
+                b.data[name]["input_kwargs"]["group"] = _group_arg(group)
+            elif group != "world":  # an older dump: the group object without its ranks
+                b.data[name]["input_kwargs"]["group"] = {"type": "ProcessGroup", "value": None}
+        b.write(root / "step0" / f"rank{rank}")
+
+
+def test_collectives_pair_by_process_group_and_count_on_it(tmp_path):
+    _ranks_with_two_groups(tmp_path)
+    step, origin = analyze(tmp_path).first
+    assert (origin.rank, origin.record, origin.kind) == ("rank1", "Torch.log.0.forward", "computed")
+    [hop] = step.hops
+    assert (hop.from_ranks, hop.to_rank, hop.via) == (["rank1"], "rank0", "Distributed.all_reduce.2.forward")
+    assert hop.sender_records == {"rank1": "Distributed.all_reduce.3.forward"} and hop.evidence == "output"
+    assert not step.notes
+
+
+def test_dump_without_group_ranks_falls_back_to_name_and_count_with_a_note(tmp_path):
+    _ranks_with_two_groups(tmp_path, record_groups=False)
+    step, origin = analyze(tmp_path).first
+    assert (origin.rank, origin.kind) == ("rank0", "collective"), "the old pairing's known mispairing"
+    assert any("without their ranks" in note for note in step.notes)
+
+
+GROUPS_WORKER = textwrap.dedent("""
+    import json, sys, torch, torch.distributed as dist
+    from dist_run import finish_distributed
+    from msprobe_core.pytorch import PrecisionDebugger
+    tmp = sys.argv[1]
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    own = [dist.new_group([0]), dist.new_group([1])][rank]   # every rank creates every group
+    # world and own group alternately, in opposite orders on the two ranks (as TP and DP groups interleave)
+    order = [None, own, dist.group.WORLD, own] if rank == 0 else [own, None, own, dist.group.WORLD]
+
+    def step():
+        t = torch.ones(2) * (rank + 1)
+        results = []
+        for n, group in enumerate(order):
+            if rank == 1 and n == 3:
+                t = torch.log(t - 5.0)          # rank 1 makes NaN before its last (world) all_reduce
+            t = t.clone()
+            dist.all_reduce(t) if group is None else dist.all_reduce(t, group=group)
+            results.append(t.clone())
+        return results
+
+    plain = step()
+    debugger = PrecisionDebugger(dump_path=f"{tmp}/dump", level="L1", task="statistics")
+    debugger.start()
+    dumped = step()
+    debugger.stop()
+    debugger.step()
+    same = all(torch.equal(a.nan_to_num(7.0), b.nan_to_num(7.0)) and torch.equal(a.isnan(), b.isnan())
+               for a, b in zip(plain, dumped))
+    print(json.dumps({"same": same}))
+    finish_distributed()
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_two_gloo_ranks_two_process_groups_pair_by_group(tmp_path):
+    stdout = run_two_ranks(GROUPS_WORKER, tmp_path, str(tmp_path), timeout=180)
+    assert '"same": true' in stdout, "the dump changed the collectives' results"
+    rank0 = json.loads((tmp_path / "dump/step0/rank0/dump.json").read_text())["data"]
+    own = rank0["Distributed.all_reduce.1.forward"]["input_kwargs"]["group"]
+    assert own["type"] == "torch.ProcessGroup" and own["group_ranks"] == [0]
+    assert rank0["Distributed.all_reduce.2.forward"]["input_kwargs"]["group"]["group_ranks"] == [0, 1]
+    step, origin = analyze(tmp_path / "dump").first
+    assert (origin.rank, origin.record, origin.kind) == ("rank1", "Torch.log.0.forward", "computed"), origin.describe()
+    [hop] = step.hops
+    assert (hop.to_rank, hop.via) == ("rank0", "Distributed.all_reduce.2.forward")
+    assert hop.sender_records == {"rank1": "Distributed.all_reduce.3.forward"}
+    for path in (tmp_path / "dump").rglob("dump.json"):  # the same dump as older dumps recorded groups
+        data = json.loads(path.read_text(encoding="utf-8"))
+        for record in data["data"].values():
+            if isinstance((record.get("input_kwargs") or {}).get("group"), dict):
+                record["input_kwargs"]["group"] = {"type": "ProcessGroup", "value": None}
+        path.write_text(json.dumps(data), encoding="utf-8")
+    _, origin = analyze(tmp_path / "dump").first
+    assert (origin.rank, origin.kind) == ("rank0", "collective"), "name-and-count pairing mispairs this run"
