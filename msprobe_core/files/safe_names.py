@@ -9,6 +9,7 @@ stays inside its folder, whatever the name holds:
   as in URLs), so a name with path separators or ``..`` is one file in the folder, never a path out of
   it, and two different names never share a file;
 - a name that is only dots (``.``, ``..``) has its dots escaped;
+- where Python names files in ASCII (the C locale with UTF-8 mode off), non-ASCII characters are escaped too;
 - a name longer than the file system allows (``NAME_MAX``, 255 bytes on Linux file systems, less the room
   the atomic writers need for their temporary names) is cut and ends with ``~`` and 16 hex digits of
   its SHA-1, before its suffix (``.pt``, ``.npy``), which is kept.
@@ -20,8 +21,10 @@ reach outside the tensor folder.
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import os
+import sys
 from typing import Optional
 
 NAME_MAX = 255
@@ -55,10 +58,17 @@ def name_max(folder: Optional[str | os.PathLike] = None) -> int:
     return found
 
 
+_ASCII_FILE_NAMES = codecs.lookup(sys.getfilesystemencoding()).name == "ascii"
+"""Python names files in ASCII (the C locale with UTF-8 mode off): a non-ASCII character cannot be in a file
+name at all then, so it is escaped too (readers follow ``data_name``, so they find the file either way)."""
+
+
 def _needs_escape(c: str) -> bool:
-    """Separators, ``%``, control characters (C0, DEL, C1) and lone surrogates (no file system takes them)."""
+    """Separators, ``%``, control characters (C0, DEL, C1) and lone surrogates (no file system takes them);
+    every non-ASCII character where file names are ASCII."""
     code = ord(c)
-    return c in _ESCAPED or code < 0x20 or 0x7F <= code < 0xA0 or 0xD800 <= code < 0xE000
+    return (c in _ESCAPED or code < 0x20 or 0x7F <= code < 0xA0 or 0xD800 <= code < 0xE000
+            or (_ASCII_FILE_NAMES and code > 0x7F))
 
 
 def safe_file_name(name: str, suffix: str = "", limit: int = NAME_MAX) -> str:

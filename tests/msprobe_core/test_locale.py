@@ -21,14 +21,14 @@ DUMP = textwrap.dedent(f"""
     import locale, sys, torch
     from msprobe_core.pytorch import PrecisionDebugger
     assert sys.flags.utf8_mode == 0 and locale.getpreferredencoding(False) != "UTF-8", "not the C locale"
-    dump_path, scale = sys.argv[1], float(sys.argv[2])
+    dump_path, scale, task = sys.argv[1], float(sys.argv[2]), sys.argv[3]
     torch.manual_seed(0)
     model = torch.nn.Sequential()
     model.add_module({MODULE!r}, torch.nn.Linear(4, 3))
     model.add_module("act", torch.nn.ReLU())
     with torch.no_grad():
         model[0].weight.mul_(scale)         # the runs first differ in the non-ASCII module
-    debugger = PrecisionDebugger(dump_path=dump_path, level="mix", task="statistics")
+    debugger = PrecisionDebugger(dump_path=dump_path, level="mix", task=task)
     debugger.start(model)
     model(torch.ones(2, 4)).sum()
     debugger.stop()
@@ -52,7 +52,7 @@ def test_dump_compare_and_help_under_the_c_locale_with_non_ascii_names(tmp_path)
     script.write_text(DUMP, encoding="utf-8")
     base = tmp_path / "运行_é"
     for name, scale in (("golden", "1.0"), ("target", "1.5")):
-        out = _run([str(script), str(base / name), scale], tmp_path).stdout
+        out = _run([str(script), str(base / name), scale, "statistics"], tmp_path).stdout
         assert str(base / name).encode() in out
     [rank] = (base / "golden" / "step0").iterdir()
     data = json.loads((rank / "dump.json").read_text(encoding="utf-8"))["data"]
@@ -68,6 +68,13 @@ def test_dump_compare_and_help_under_the_c_locale_with_non_ascii_names(tmp_path)
     results = [p for p in out_dir.rglob("*") if p.is_file()]
     csvs = [p for p in results if p.suffix == ".csv"]
     assert csvs and any(record in p.read_text(encoding="utf-8") for p in csvs)
+
+    # task tensor: a tensor file cannot carry the non-ASCII name while file names are ASCII, so it is escaped
+    _run([str(script), str(base / "tensors"), "1.0", "tensor"], tmp_path)
+    [rank] = (base / "tensors" / "step0").iterdir()
+    linear = json.loads((rank / "dump.json").read_text(encoding="utf-8"))["data"][record]
+    data_name = linear["input_args"][0]["data_name"]
+    assert data_name.isascii() and (rank / "dump_tensor_data" / data_name).is_file(), data_name
 
     help_text = _run(["-m", "msprobe_core", "--help"], tmp_path).stdout.decode("ascii")
     assert "compare" in help_text and "nan_analyze" in help_text
