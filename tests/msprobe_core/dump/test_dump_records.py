@@ -12,6 +12,7 @@ import torch.nn as nn
 
 from dump_models import TinyNet
 from dump_run import dump_steps
+from dump_walk import saved_summaries
 from msprobe_core.pytorch import PrecisionDebugger
 
 
@@ -126,17 +127,7 @@ def test_tensor_task_files_and_md5(tmp_path):
     grad_name = doc["data"]["Functional.linear.0.backward"]["input"][0]["data_name"]
     assert grad_name == "Functional.linear.0.backward.input.0.pt" and (rank_dir / "dump_tensor_data" / grad_name).exists()
     # every data_name exists
-    names = []
-    def walk(o):
-        if isinstance(o, dict):
-            if "data_name" in o:
-                names.append(o["data_name"])
-            for v in o.values():
-                walk(v)
-        elif isinstance(o, list):
-            for v in o:
-                walk(v)
-    walk(doc["data"])
+    names = [s["data_name"] for s in saved_summaries(doc["data"])]
     assert names and all((rank_dir / "dump_tensor_data" / n).exists() for n in names)
 
 

@@ -18,6 +18,7 @@ import pytest
 ms = pytest.importorskip("mindspore")
 
 import ms_models as M  # noqa: E402  (tests/support is on sys.path)
+from dump_walk import saved_summaries  # noqa: E402
 from mindspore import mint, nn, ops  # noqa: E402
 
 from msprobe_core.errors import ConfigError, DumpPathError, TokenRangeError  # noqa: E402
@@ -217,21 +218,11 @@ def test_tensor_files_load_with_numpy_and_match_statistics(tmp_path):
     tensor_dir = rank_dir / "dump_tensor_data"
     assert dump["dump_data_dir"] == str(tensor_dir.absolute())
     names = []
-
-    def walk(obj):
-        if isinstance(obj, dict):
-            if "data_name" in obj:
-                names.append(obj["data_name"])
-                arr = np.load(tensor_dir / obj["data_name"], allow_pickle=False)
-                assert list(arr.shape) == obj["shape"] and arr.dtype == np.float32
-                assert_stats(obj, arr)
-            for v in obj.values():
-                walk(v)
-        elif isinstance(obj, list):
-            for v in obj:
-                walk(v)
-
-    walk(dump["data"])
+    for summary in saved_summaries(dump["data"]):
+        names.append(summary["data_name"])
+        arr = np.load(tensor_dir / summary["data_name"], allow_pickle=False)
+        assert list(arr.shape) == summary["shape"] and arr.dtype == np.float32
+        assert_stats(summary, arr)
     assert len(names) == len(set(names)) > 100
     assert sorted(names) == sorted(os.listdir(tensor_dir))
     assert "Cell.block.fc1.Linear.forward.0.parameters.weight.npy" in names
