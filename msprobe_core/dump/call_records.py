@@ -109,7 +109,8 @@ class CallRecords:
             "input_kwargs": summarize(kwargs, f"{name}.input", save) if keep_in else {},
         }
         if parameters is not None:
-            record["parameters"] = {p: summarize(t, f"{name}.parameters.{p}", save) for p, t in parameters} if keep_in else {}
+            record["parameters"] = {p: summarize(t, f"{name}.parameters.{p}" if save else None, save)
+                                    for p, t in parameters} if keep_in else {}
         return record
 
     def _end(self, call: Call, out: Any, same_values_as: Any = None) -> None:
@@ -157,17 +158,17 @@ class CallRecords:
         return True
 
     def _skips_grad(self, grad: Any) -> bool:
-        """overflow_check keeps only gradients holding Inf/NaN."""
-        return self._overflow_check and not self._any_overflow([self._overflow_flag(grad)])
+        """overflow_check keeps only gradients holding Inf/NaN (callers test ``_overflow_check`` first)."""
+        return not self._any_overflow([self._overflow_flag(grad)])
 
     def _on_grad(self, backward: str, field: str, index: int, save: bool, parent: Optional[str], grad: Any) -> None:
         rec = self.recorder
         if rec is None or grad is None:
             return None
         with self._own(backward), self._quiet():
-            if self._skips_grad(grad):
+            if self._overflow_check and self._skips_grad(grad):
                 return None
-            summary = self.summarizer.summarize(grad, f"{backward}.{field}.{index}", save)
+            summary = self.summarizer.summarize(grad, f"{backward}.{field}.{index}" if save else None, save)
             sizes = self._bwd_sizes.get(backward, [0, 0])
             fresh = backward not in rec.data
             rec.put_field(backward, [field, index], summary,
@@ -212,7 +213,9 @@ class CallRecords:
             self._other_thread()
             return None
         allowed = self._may_record_exclusive() if exclusive else self.should_record()
-        calls = self._module_calls.setdefault(id(module), [])
+        calls = self._module_calls.get(id(module))
+        if calls is None:
+            calls = self._module_calls[id(module)] = []
         if not allowed:
             calls.append(SKIPPED)
             return None
@@ -260,9 +263,10 @@ class CallRecords:
             k = self._counters.get(key, 0)
             self._counters[key] = k + 1
             name = f"{base}.parameters_grad.{k}"
-            if self._skips_grad(grad):
+            if self._overflow_check and self._skips_grad(grad):
                 return None
-            summary = self.summarizer.summarize(grad, f"{name}.{pname}", self._saves or self.selection.saves_tensor(name))
+            save = self._saves or self.selection.saves_tensor(name)
+            summary = self.summarizer.summarize(grad, f"{name}.{pname}" if save else None, save)
             rec.put_field(name, [pname, 0], summary, dict)
             self._sync(record_on_device=self._on_device([grad]))
         return None

@@ -54,9 +54,13 @@ class SummarizerBase:
         if isinstance(obj, (list, tuple)):
             if type(obj).__name__ == "Size":  # torch.Size (and mindtorch's)
                 return {"type": "torch.Size", "value": [int(v) for v in obj]}
-            return [self.summarize(v, f"{file_base}.{i}" if file_base else None, save) for i, v in enumerate(obj)]
+            if not (save and file_base):  # file names only matter for saved tensors: none built per element
+                return [self.summarize(v, None, save) for v in obj]
+            return [self.summarize(v, f"{file_base}.{i}", save) for i, v in enumerate(obj)]
         if isinstance(obj, dict):
-            return {str(k): self.summarize(v, f"{file_base}.{k}" if file_base else None, save) for k, v in obj.items()}
+            if not (save and file_base):
+                return {str(k): self.summarize(v, None, save) for k, v in obj.items()}
+            return {str(k): self.summarize(v, f"{file_base}.{k}", save) for k, v in obj.items()}
         return self.describe(obj)
 
     def tensor(self, t: Any, file_base: Optional[str], save: bool) -> dict:

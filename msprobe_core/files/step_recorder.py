@@ -43,6 +43,8 @@ if _c_encoder is not None:  # one C encoder for the whole run (JSONEncoder.encod
 else:  # pragma: no cover - CPython always has the C encoder
     _encode = json.JSONEncoder(ensure_ascii=False).encode
 _LEN = struct.Struct("<I")
+_pack_len = _LEN.pack
+_marshal = marshal.dumps
 _MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
 
 
@@ -199,14 +201,14 @@ class StepRecorder:
 
     def sync_journal(self) -> None:
         """Append every queued fragment to the journal in one write (call after statistics are resolved)."""
-        if not self._queued or self._journal is None:
+        pending = self._queued
+        if not pending or self._journal is None:
             return
         with self._journal_lock:  # one writer at a time, frames in queue order
-            pending = self._queued
-            count = len(pending)
-            queued = pending[:count]
-            del pending[:count]  # what another thread queues meanwhile stays for the next sync
+            queued = pending[:]
+            del pending[:len(queued)]  # what another thread queues meanwhile stays for the next sync
             frames = []
+            add = frames.append
             data = self.data
             for i, e in enumerate(queued):
                 if e[0] == "R":  # a finished record: from now on held (and journaled) as its JSON text
@@ -215,9 +217,9 @@ class StepRecorder:
                     if data.get(name) is record:
                         data[name] = EncodedRecord(text)
                     e = queued[i] = ("j", name, e[2], text)
-                body = marshal.dumps(e)
-                frames.append(_LEN.pack(len(body)))
-                frames.append(body)
+                body = _marshal(e)
+                add(_pack_len(len(body)))
+                add(body)
             if self._journal is not None:
                 try:
                     self._journal.append(b"".join(frames))
@@ -246,7 +248,10 @@ class StepRecorder:
             seq = self.reserve(name)
             self.data[name] = record
             self._append(("r", name, seq, record))
-        target = _descend(record, path)
+        if len(path) == 2 and type(record) is dict:  # a field of a record's top level: the usual case
+            target = record.setdefault(path[0], [] if isinstance(path[1], int) else {})
+        else:
+            target = _descend(record, path)
         last = path[-1]
         if isinstance(target, list) and isinstance(last, int):
             while len(target) <= last:

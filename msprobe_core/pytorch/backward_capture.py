@@ -118,24 +118,32 @@ def _walk(roots: list, slots: dict[Key, list[int]], skip: dict, begin: int, end:
     seen = set(stack)
     hits = []
     counts: dict[Key, int] = {}
+    leaf_inputs = any(nr < 0 for _, nr in slots)  # else a leaf's edge (a parameter's) leads to no input
     while stack:
         node = stack.pop()
         found: Optional[dict[Key, list[int]]] = None
         for edge, (nxt, nr) in enumerate(node.next_functions):
             if nxt is None:
                 continue
-            leaf = type(nxt) is _ACCUMULATE_GRAD
-            key = (id(nxt.variable), -1) if leaf else (id(nxt), nr)
-            if key in slots:
-                if key in skip:
+            if type(nxt) is _ACCUMULATE_GRAD:
+                if not leaf_inputs:
                     continue
-                if found is None:
-                    found = {}
-                found.setdefault(key, []).append(edge)
-                counts[key] = counts.get(key, 0) + 1
-            elif not leaf and nxt not in seen and begin <= nxt._sequence_nr() < end:
-                seen.add(nxt)
-                stack.append(nxt)
+                key = (id(nxt.variable), -1)
+                if key not in slots:
+                    continue
+            else:
+                key = (id(nxt), nr)
+                if key not in slots:
+                    if nxt not in seen and begin <= nxt._sequence_nr() < end:
+                        seen.add(nxt)
+                        stack.append(nxt)
+                    continue
+            if key in skip:
+                continue
+            if found is None:
+                found = {}
+            found.setdefault(key, []).append(edge)
+            counts[key] = counts.get(key, 0) + 1
         if found is not None:
             hits.append((node, tuple((k, tuple(e)) for k, e in found.items())))
     return hits, counts
