@@ -389,18 +389,11 @@ class TrainerMon:
             self._contributing = contributes(self._collecting, self.config, self.dynamic, self._shard_group())
 
     def _uninstall(self) -> None:
-        if self._skip_hook is not None:
-            self._skip_hook.remove()
-            self._skip_hook = None
-        if self._hooks is not None:
-            self._hooks.remove()
-            self._hooks = None
-        if self._patch is not None:
-            self._patch.remove()
-            self._patch = None
-        if self._zero_patch is not None:
-            self._zero_patch.remove()
-            self._zero_patch = None
+        for attr in ("_skip_hook", "_hooks", "_patch", "_zero_patch"):  # each has remove(); None once removed
+            handle = getattr(self, attr)
+            if handle is not None:
+                handle.remove()
+                setattr(self, attr, None)
 
     def _record_mapping(self, kind: str, tensors: Mapping[str, torch.Tensor], micro_step: int | None = None,
                         module: str | None = None) -> None:

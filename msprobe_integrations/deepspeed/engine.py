@@ -54,6 +54,12 @@ def skipped_steps(engine: Any) -> int:
     return int(getattr(engine, "skipped_steps", 0) or 0)
 
 
+def skipped_since(engine: Any, count_before: int) -> bool:
+    """Whether the engine skipped an update since ``skipped_steps(engine)`` was ``count_before`` (read before
+    ``_take_model_step``)."""
+    return skipped_steps(engine) > count_before
+
+
 def unscale(t: torch.Tensor, scale: float) -> torch.Tensor:
     """``t`` divided by the loss scale (as float32); ``t`` itself when the scale is 1 or ``t`` is empty."""
     return t if scale == 1.0 or t.numel() == 0 else t.float() / scale

@@ -16,7 +16,8 @@ from msprobe_core.common.patch import PatchHandle, wrap
 from msprobe_core.errors import ConfigError
 from msprobe_core.monitor.state_readers import StateReader
 from msprobe_core.session import ProbeSession
-from msprobe_integrations.deepspeed.engine import DeepSpeedIntegrationError, is_engine, skipped_steps, zero_stage
+from msprobe_integrations.deepspeed.engine import (DeepSpeedIntegrationError, is_engine, skipped_since, skipped_steps,
+                                                  zero_stage)
 from msprobe_integrations.deepspeed.hyperparameters import engine_hyperparameters
 from msprobe_integrations.deepspeed.zero_readers import make_state_reader
 
@@ -68,7 +69,7 @@ class EnginePatch:
 
     def _after_update(self, token: Optional[tuple[int, int]]) -> None:
         label, skipped_before = token if token is not None else (None, None)
-        skipped = None if skipped_before is None else skipped_steps(self.engine) > skipped_before
+        skipped = None if skipped_before is None else skipped_since(self.engine, skipped_before)
         self.session.after_optimizer_step(label, skipped=skipped)
 
     def remove(self, close: bool = True) -> None:

@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional
 
 from msprobe_core.common.patch import PatchHandle, wrap
 from msprobe_core.session import ProbeSession
-from msprobe_integrations.deepspeed.engine import skipped_steps, zero_stage
+from msprobe_integrations.deepspeed.engine import skipped_since, skipped_steps, zero_stage
 from msprobe_integrations.deepspeed.zero_readers import make_state_reader
 
 logger = logging.getLogger("msprobe_core.deepspeed")
@@ -53,7 +53,7 @@ def follow_trainer_engine(session: ProbeSession, current_step: Callable[[], int]
     def after(followed: Optional[tuple[Any, int]]) -> None:
         if followed is not None:
             engine, skipped_before = followed
-            session.after_optimizer_step(int(current_step()), skipped=skipped_steps(engine) > skipped_before)
+            session.after_optimizer_step(int(current_step()), skipped=skipped_since(engine, skipped_before))
 
     return wrap(DeepSpeedEngine, "_take_model_step", before=before, after=after,
                 where="monitoring the Trainer's DeepSpeed optimizer step", logger=logger)
