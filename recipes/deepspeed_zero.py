@@ -16,7 +16,9 @@ The same lines work in any DeepSpeed script (see ``main``)::
     engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=ds_config)
     engine = patch_engine(engine, config_path="dump.json", monitor_config_path="monitor.json")
     ...  # engine(x); engine.backward(loss); engine.step()
-    unpatch(engine)          # or let the process end
+    unpatch(engine)          # the last dump step and the monitor's files are written
+    del engine, optimizer, model
+    finish_distributed()     # from msprobe_core.session: release the engine first, then the process group
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     import deepspeed
     import torch
 
+    from msprobe_core.session import finish_distributed
     from msprobe_integrations.deepspeed import get_patch, patch_engine, unpatch
 
     t0 = time.time()
@@ -118,8 +121,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(line, flush=True)
     reader = type(patch.reader).__name__ if patch.reader is not None else "-"
     unpatch(engine)
-    if world > 1:
-        torch.distributed.barrier()  # every rank has written its last dump step
+    del engine, patch, optimizer, model  # the engine holds the process group: release it before the group goes
+    finish_distributed()  # every rank has written its last dump step; the process groups are destroyed
 
     if rank == 0:
         print(f"\nZeRO-{args.stage}, {world} rank(s), {args.steps} steps x {args.grad_acc} micro-batches, "
@@ -135,8 +138,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             keys = ("zero_stage", "micro_batch_size", "gradient_accumulation_steps", "global_batch_size",
                     "mixed_precision", "optimizer", "learning_rate")
             print(f"hyperparameters: {hp}  " + ", ".join(f"{k}={norm.get(k)}" for k in keys))
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
     return 0
 
 

@@ -385,14 +385,15 @@ def main() -> None:
 
     from msprobe_integrations.megatron import add_args, install
 
+    from megatron_cpu import finish_megatron
+
     hooks = install(sys.modules[__name__], patch_parse_args=False)  # flags come through extra_args_provider
     try:
         pretrain(train_valid_test_datasets_provider, model_provider, ModelType.encoder_or_decoder, forward_step,
                  extra_args_provider=add_args)
     finally:
-        hooks.close()
-        if torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
+        hooks.close()  # the last dump step and the monitor's files are written; msprobe lets go of the model
+    finish_megatron()  # pretrain's model and optimizer are out of scope: the groups go, the process exits 0
 
 
 if __name__ == "__main__":

@@ -20,7 +20,8 @@ by ``CpuPatches.remove()`` (each is a ``msprobe_core.common.patch`` handle):
    accept CPU parameters. It changes no numbers: every call runs unchanged, only on the CPU.
 
 ``use_cpu_initialization=True`` in the ``TransformerConfig`` keeps weight creation off CUDA, and gloo
-(``init_distributed``) is the process-group backend. Used by ``megatron_core_gpt.py`` and by the tests.
+(``init_distributed``) is the process-group backend; ``finish_megatron`` ends the run. Used by
+``megatron_core_gpt.py`` and by the tests.
 """
 
 from __future__ import annotations
@@ -118,6 +119,18 @@ def init_distributed(rank: int = 0, world_size: int = 1, port: Optional[int] = N
         os.environ["MASTER_PORT"] = str(port)
     os.environ.setdefault("MASTER_PORT", str(free_port()))
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world_size)
+
+
+def finish_megatron(barrier: bool = True) -> None:
+    """The end of a megatron-core run, once the model chunks and the optimizer are released (out of scope
+    or ``del``): megatron-core drops its parallel groups, then ``finish_distributed`` destroys them (see
+    ``msprobe_core.pytorch.shutdown``: a wrapper or group alive at exit can abort the process)."""
+    from megatron.core import parallel_state
+
+    from msprobe_core.session import finish_distributed
+
+    parallel_state.destroy_model_parallel()
+    finish_distributed(barrier=barrier)
 
 
 def free_port() -> int:

@@ -22,7 +22,6 @@ batch; ``record_hyperparameters(sections)`` adds the framework's own arguments l
 
 from __future__ import annotations
 
-import atexit
 import importlib
 import importlib.util
 import logging
@@ -30,6 +29,7 @@ import os
 import sys
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
+from msprobe_core.common.exit_close import cancel_close_at_exit, close_at_exit
 from msprobe_core.config_check import collect, pack
 from msprobe_core.config_check.random_patch import RECORDER, apply_patches, patched, remove_patches
 from msprobe_core.config_check.tensor_digest import is_tensor, leaves, numpy_digests, torch_digests
@@ -159,7 +159,7 @@ class ConfigChecker:
         if self.models and hook_forward:
             self._handles.append(self._framework.pre_hook(self.models[0], self._on_forward))
         self._write_random()
-        atexit.register(self.close)
+        close_at_exit(self.close)
 
     # ------------------------------------------------------------------ public API
     @staticmethod
@@ -216,16 +216,18 @@ class ConfigChecker:
                                                                                         self._recorded)})
 
     def close(self) -> None:
-        """Write the last random calls, remove the forward hook and the random patches (idempotent)."""
+        """Write the last random calls, remove the forward hook and the random patches, and let go of the
+        model (idempotent)."""
         if self._closed:
             return
         self._closed = True
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        self.models = []
         self._write_random()
         remove_patches()
-        atexit.unregister(self.close)
+        cancel_close_at_exit(self.close)
 
     # ------------------------------------------------------------------ internals
     def _on_forward(self, args: tuple, kwargs: dict) -> None:

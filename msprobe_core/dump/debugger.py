@@ -6,12 +6,12 @@ Each framework subclasses it with its dump service (``_make_service``): ``msprob
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
 from pathlib import Path
 from typing import Any, Mapping, Optional, Union
 
+from msprobe_core.common.exit_close import cancel_close_at_exit
 from msprobe_core.dump.config import DumpConfig, load_dump_config
 from msprobe_core.dump.dynamic import DynamicSwitch, same_settings
 from msprobe_core.errors import DumpStateError
@@ -84,7 +84,7 @@ class PrecisionDebugger:
                          keep_step: bool) -> None:
         old = self.service
         old.close()
-        atexit.unregister(old._close_at_exit)
+        cancel_close_at_exit(old._close_at_exit)
         self._install(cfg, config_path, overrides, wrap_list)
         self.service._rank_id = old._rank_id  # start(rank_id=...) names this process's folders whatever the config
         if keep_step:  # the same job goes on: step numbers continue and its own step folders are not "taken"

@@ -17,12 +17,12 @@ subclasses it with what touches its tensors and models: the hooks of ``Framework
 
 from __future__ import annotations
 
-import atexit
 import sys
 import threading
 from pathlib import Path
 from typing import Any, Optional
 
+from msprobe_core.common.exit_close import close_at_exit
 from msprobe_core.common.rank_folder import check_not_taken, rank_folder_name
 from msprobe_core.common.tool_guard import TOOL
 from msprobe_core.dump.call_records import Call, CallRecords
@@ -302,7 +302,7 @@ class DumpServiceBase(CallRecords, UserApi, FrameworkHooks):
 
     def _rank_dir(self) -> Path:
         if not self._closes_at_exit:
-            atexit.register(self._close_at_exit)
+            close_at_exit(self._close_at_exit)
             self._closes_at_exit = True
         name = rank_folder_name(self._rank())
         if name not in self._checked_dirs:

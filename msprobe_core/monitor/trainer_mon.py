@@ -22,7 +22,6 @@ Nothing here changes the numbers: hooks return None and never touch tensors, sta
 
 from __future__ import annotations
 
-import atexit
 import json
 import logging
 import os
@@ -32,6 +31,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 from torch import nn
 
+from msprobe_core.common.exit_close import cancel_close_at_exit, close_at_exit
 from msprobe_core.errors import ConfigError
 from msprobe_core.monitor.alerts import AlertCenter, AnomalyCallback
 from msprobe_core.monitor.anomaly import Anomaly
@@ -111,7 +111,7 @@ class TrainerMon:
         self._grads_done = False
         self._closed = False
         self._configure(self.config, not_before=0)
-        atexit.register(self.close)
+        close_at_exit(self.close)
 
     # ------------------------------------------------------------------------------------ set up
     def set_monitor(self, model: nn.Module | Sequence[nn.Module], grad_acc_steps: int = 1, optimizer: Any = None,
@@ -350,7 +350,9 @@ class TrainerMon:
         return unregister
 
     def close(self) -> None:
-        """Remove every hook, restore ``optimizer.step``, flush and close all files. Idempotent."""
+        """Remove every hook, restore ``optimizer.step``, flush and close all files, and let go of the model,
+        the optimizer, the state reader and the process groups (nothing of the run stays alive through a
+        closed monitor). Idempotent."""
         if self._closed:
             return
         self._closed = True
@@ -358,8 +360,11 @@ class TrainerMon:
         self._uninstall()
         self._close_writers()
         self.alerts.close()
+        self._chunks, self._params, self._optimizer = [], {}, None
+        self.reader = TorchStateReader(self.params_have_main_grad)
+        self.process_group = self.dp_group = self.tp_group = None
         try:
-            atexit.unregister(self.close)
+            cancel_close_at_exit(self.close)
         except Exception:  # pragma: no cover
             pass
 

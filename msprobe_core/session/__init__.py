@@ -21,7 +21,9 @@ Lifecycle (one process; the events of each optimizer step in this order)::
         optimizer.step()
         session.after_optimizer_step(step, skipped=overflowed)  # after it: states; the step is written, checked
         folder = session.end_step()           # step end: the step's dump files; the rank folder written
-    session.close()                           # close: undo every patch, flush every file
+    session.close()                           # close: undo every patch, flush every file, let go of the model
+    del model, optimizer                      # a multi-process run: release the framework's wrappers, then
+    finish_distributed()                      # destroy the process groups (msprobe_core.pytorch.shutdown)
 
 Events (methods of ``ProbeSession``):
 
@@ -61,7 +63,8 @@ To patch a framework's function or method, use ``msprobe_core.common.patch`` (``
 undo handle and the "never break training" guard come with it.
 """
 
+from msprobe_core.pytorch.shutdown import finish_distributed
 from msprobe_core.session.engine_followers import register_engine_follower
 from msprobe_core.session.probe_session import ProbeSession
 
-__all__ = ["ProbeSession", "register_engine_follower"]
+__all__ = ["ProbeSession", "finish_distributed", "register_engine_follower"]

@@ -14,6 +14,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 import torch
 
 from msprobe_core import hparams
+from msprobe_core.common.exit_close import cancel_close_at_exit, close_at_exit
 from msprobe_core.common.patch import PatchHandle
 from msprobe_core.common.tool_guard import tool_work
 from msprobe_core.pytorch.ranks import global_rank
@@ -105,6 +106,7 @@ class ProbeSession:
         self._model = model
         self._optimizer = optimizer
         self._rank_id = rank_id
+        close_at_exit(self.close)  # also by finish_distributed(): the session lets go of the model then
         if self._config_check_path is not None and self.config_checker is None:
             from msprobe_core.config_check import ConfigChecker
 
@@ -226,7 +228,9 @@ class ProbeSession:
     def close(self) -> None:
         """Close: finish the open dump step, undo every patch the session made, flush and close the
         monitor. A debugger this session created is released, so a later session may use another config.
-        Leaves the model as it was. Idempotent."""
+        Leaves the model as it was, and lets go of it, of the optimizer and of every process group: a
+        closed session keeps no framework object alive (a DDP reducer or a gloo group that lives until
+        interpreter exit can abort it). Idempotent."""
         while self._followers:
             self._followers.pop().remove()
         if self.config_checker is not None:
@@ -240,3 +244,5 @@ class ProbeSession:
                 self.debugger.close()
         if self.monitor is not None:
             self.monitor.close()
+        self._model = self._optimizer = None
+        cancel_close_at_exit(self.close)

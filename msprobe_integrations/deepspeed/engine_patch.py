@@ -74,11 +74,12 @@ class EnginePatch:
 
     def remove(self, close: bool = True) -> None:
         """Put the engine's own methods back; with ``close`` the open dump step is written and the monitor's
-        files are flushed and closed."""
+        files are flushed and closed, and the session lets go of the engine's module, optimizer and groups."""
         while self._handles:
             self._handles.pop().remove()
         if close:
             self.session.close()
+            self.reader = None  # it holds the engine
         self.in_window = False
 
 

@@ -87,10 +87,27 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         runpy.run_path(script, run_name="__main__")
     except SystemExit as exc:
         code = exc.code
-        return code if isinstance(code, int) else (0 if code is None else 1)
+        code = code if isinstance(code, int) else (0 if code is None else 1)
+    else:
+        code = 0
     finally:
         hooks.close()
-    return 0
+    if code == 0:
+        _finish_run()
+    return code
+
+
+def _finish_run() -> None:
+    """The script ended well and its model is out of scope: megatron-core drops its parallel groups and
+    ``finish_distributed`` destroys them, so the process exits 0 (Megatron-LM's ``pretrain`` leaves them
+    alive, and a group torn down at interpreter exit can abort it; see ``msprobe_core.pytorch.shutdown``).
+    Nothing to do when the script destroyed them itself."""
+    from msprobe_core.session import finish_distributed
+
+    parallel_state = sys.modules.get("megatron.core.parallel_state")
+    if parallel_state is not None:
+        parallel_state.destroy_model_parallel()
+    finish_distributed()
 
 
 def _global_args():

@@ -24,7 +24,6 @@ an iteration starts and ends. Statistics, files and rules live in ``msprobe_core
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import functools
 import logging
@@ -34,6 +33,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 import torch
 
 from msprobe_core import hparams
+from msprobe_core.common.exit_close import cancel_close_at_exit, close_at_exit
 from msprobe_core.common.patch import PatchHandle, patch
 from msprobe_core.errors import ConfigError
 from msprobe_core.pytorch.ranks import dist_ready, group_size
@@ -225,7 +225,7 @@ class MegatronProbe:
         if self.capture:
             doc = capture_hyperparameters(args, self.chunks, optimizer, opt_param_scheduler)
             self.hyperparameter_files = session.write_hyperparameters(doc)
-        atexit.register(self.close)
+        close_at_exit(self.close)
         return self
 
     # ------------------------------------------------------------------------------ iterations
@@ -278,7 +278,9 @@ class MegatronProbe:
             self.session.close()
         if self._result_patch is not None:
             self._result_patch.remove()
+            self._result_patch = None
+        self.chunks, self.optimizer, self._step_result = [], None, None  # keep no model alive past the run
         try:
-            atexit.unregister(self.close)
+            cancel_close_at_exit(self.close)
         except Exception:  # pragma: no cover
             pass

@@ -32,6 +32,8 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import megatron_support as ms  # noqa: E402
 
+from msprobe_core.session import finish_distributed  # noqa: E402
+
 LAYERS, HIDDEN, HEADS, GROUPS, FFN, VOCAB, SEQ = 4, 32, 4, 2, 48, 128, 16
 PERTURBED = "decoder.layers.2.mlp.linear_fc2.weight"
 
@@ -162,7 +164,8 @@ def main() -> None:
         import deepspeed
 
         deepspeed.init_distributed(dist_backend="gloo")
-        deepspeed_checkpoints(out)
+        deepspeed_checkpoints(out)  # its engines are released on return
+        finish_distributed()
         return
     with ms.CpuPatches():
         ms.init_distributed(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))

@@ -19,6 +19,8 @@ import os  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+from msprobe_core.session import finish_distributed  # noqa: E402
+
 STEPS = 4
 
 
@@ -51,7 +53,8 @@ def main() -> None:
         opt.step()
         losses.append(float(loss).hex())
     print(f"LOSSES {rank}: {' '.join(losses)}", flush=True)
-    dist.destroy_process_group()
+    del ddp, model, opt  # the DDP reducer holds the gloo group: release it before the group goes
+    finish_distributed()  # closes the checker (its pack is complete), destroys the process group
 
 
 if __name__ == "__main__":

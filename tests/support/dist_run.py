@@ -1,5 +1,6 @@
 """Multi-process test jobs: ``run_two_ranks`` launches a script as two gloo ranks under
-``python -m torch.distributed.run``; the child scripts end with ``finish_distributed()``.
+``python -m torch.distributed.run``; the child scripts end the documented way: close msprobe, ``del`` the
+framework wrappers (DDP module, engine, trainer), then ``msprobe_core.session.finish_distributed()``.
 
 The children get ``PYTHONPATH`` = the repository root and ``tests/support`` (so ``from dist_run import
 finish_distributed`` and the other support modules import by name) and ``OMP_NUM_THREADS=1``.
@@ -13,7 +14,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import NoReturn, Optional, Union
+from typing import Optional, Union
 
 import pytest
 
@@ -80,20 +81,3 @@ def run_two_ranks(script_text: str, tmp_path: Path, *args: str, timeout: float =
     script = tmp_path / name
     script.write_text(script_text)
     return torchrun(script, *args, nproc=2, timeout=timeout, env=env)
-
-
-def finish_distributed() -> NoReturn:
-    """The end of a child script that used gloo collectives (DDP included): wait for every rank, destroy the
-    process group, flush, and leave without interpreter finalization.
-
-    gloo's worker threads can still hold tensors at exit and abort finalization ("terminate called without
-    an active exception", pytorch/pytorch#190489): torch's shutdown race, not what a test checks. Call it
-    once everything is on disk."""
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)

@@ -3,7 +3,8 @@ wrapper, the Megatron optimizer, a Megatron-LM-shaped ``forward_step``/``train_s
 ``lm_losses`` for the tests that run a recipe in a child process.
 
 The CPU stand-ins for megatron-core's CUDA-only pieces (``CpuPatches``) and the gloo process group
-(``init_distributed``) are the recipe's (``recipes/megatron_cpu.py``), re-exported here.
+(``init_distributed``, ended by ``finish_megatron``) are the recipe's (``recipes/megatron_cpu.py``),
+re-exported here.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ STANDIN = os.path.join(ROOT, "tests", "standins", "megatron_lm")
 if _RECIPES not in sys.path:
     sys.path.insert(0, _RECIPES)
 
-from megatron_cpu import CpuPatches, init_distributed  # noqa: E402,F401  (re-exported)
+from megatron_cpu import CpuPatches, finish_megatron, init_distributed  # noqa: E402,F401  (re-exported)
 
 
 def initialize_model_parallel(tp: int = 1, pp: int = 1, vpp: Optional[int] = None) -> None:
@@ -34,11 +35,9 @@ def initialize_model_parallel(tp: int = 1, pp: int = 1, vpp: Optional[int] = Non
 
 
 def destroy() -> None:
-    from megatron.core import parallel_state
-
-    parallel_state.destroy_model_parallel()
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
+    """The end of a megatron-core run (the caller released its model chunks and optimizer): the recipe's
+    ``finish_megatron``, without a barrier (called from ``finally`` blocks, where another rank may be gone)."""
+    finish_megatron(barrier=False)
 
 
 # ------------------------------------------------------------------------------------------ child processes

@@ -13,7 +13,7 @@ from dist_run import run_two_ranks
 
 SCRIPT = textwrap.dedent("""
     import json, torch, torch.distributed as dist
-    from dist_run import finish_distributed
+    from msprobe_core.session import finish_distributed
     from msprobe_core.pytorch import PrecisionDebugger
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -74,7 +74,7 @@ def test_overflow_check_sees_a_nan_arriving_through_all_reduce(tmp_path):
     out = tmp_path / "dump"
     run_two_ranks(textwrap.dedent(f"""
         import torch, torch.distributed as dist
-        from dist_run import finish_distributed
+        from msprobe_core.session import finish_distributed
         from msprobe_core.pytorch import PrecisionDebugger
         dist.init_process_group("gloo")
         rank = dist.get_rank()

@@ -113,7 +113,7 @@ def test_sigkill_mid_step_loses_nothing_and_recover_rebuilds(tmp_path):
 
 DIST_SCRIPT = textwrap.dedent("""
     import torch, torch.distributed as dist
-    from dist_run import finish_distributed
+    from msprobe_core.session import finish_distributed
     from dump_models import TinyNet
     from msprobe_core.pytorch import PrecisionDebugger
     dist.init_process_group("gloo")

@@ -195,7 +195,7 @@ def test_cli_clean_dump_exits_0_and_bad_input_is_a_clear_error(tmp_path, capsys)
 
 WORKER = textwrap.dedent("""
     import sys, torch, torch.distributed as dist
-    from dist_run import finish_distributed
+    from msprobe_core.session import finish_distributed
     from msprobe_core.pytorch import PrecisionDebugger
     tmp = sys.argv[1]
     dist.init_process_group("gloo")
@@ -295,7 +295,7 @@ def test_dump_without_group_ranks_falls_back_to_name_and_count_with_a_note(tmp_p
 
 GROUPS_WORKER = textwrap.dedent("""
     import json, sys, torch, torch.distributed as dist
-    from dist_run import finish_distributed
+    from msprobe_core.session import finish_distributed
     from msprobe_core.pytorch import PrecisionDebugger
     tmp = sys.argv[1]
     dist.init_process_group("gloo")

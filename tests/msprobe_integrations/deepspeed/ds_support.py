@@ -362,11 +362,9 @@ def main(argv: list[str]) -> None:
     if mode == "dist":
         out = out.with_name(f"{out.stem}.rank{result['rank']}{out.suffix}")
     out.write_text(json.dumps(result))
-    import torch.distributed as dist
+    from msprobe_core.session import finish_distributed
 
-    if dist.is_initialized():  # leave gloo cleanly: its threads can abort an exiting process otherwise
-        dist.barrier()
-        dist.destroy_process_group()
+    finish_distributed()  # the engines and trainers were local to the run: released, then the groups go
 
 
 if __name__ == "__main__":

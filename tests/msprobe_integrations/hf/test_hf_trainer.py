@@ -110,7 +110,7 @@ def test_stop_on_nan_stops_after_the_bad_step(tmp_path):
 
 TWO_PROC = textwrap.dedent("""
     from transformers import Trainer
-    from dist_run import finish_distributed
+    from msprobe_core.session import finish_distributed
     from hf_support import TokenDataset, tiny_llama, training_args
     from msprobe_integrations.hf import MsprobeCallback
     cb = MsprobeCallback(config_path={{"level": "L0", "dump_path": {dump!r}}},
