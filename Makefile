@@ -48,8 +48,29 @@ $(MSADAPTER_STAMP): requirements/msadapter.txt requirements/msadapter-nodeps.txt
 	$(MSADAPTER_VENV)/bin/pip install -q --disable-pip-version-check --no-deps -r requirements/msadapter-nodeps.txt
 	touch $(MSADAPTER_STAMP)
 
-test-msadapter: venv-msadapter
+# Everything that needs .venv-msadapter, so that `make test` neither builds it nor skips for want of it: the
+# dump inside it, then the tests of the main venv that run a child in it (marked `msadapter`, which the default
+# suite deselects).
+test-msadapter: venv venv-msadapter
 	PYTHONPATH=$(CURDIR) $(MSADAPTER_VENV)/bin/python -m pytest --noconftest -p no:cacheprovider tests/msprobe_core/mindspore/test_msadapter_dump.py $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m msadapter $(PYTEST_ARGS)
+
+# Multi-process runs end with exit 0 every time (README, "Troubleshooting"). test-distributed-repeat: every test
+# marked `distributed`, DISTRIBUTED_REPEATS rounds in a row, each a new pytest run (fresh workers, fresh torchrun
+# children). exit-check: benchmarks/clean_exit.py, two-rank runs with the dump and the monitor on (DDP, HF Trainer,
+# DeepSpeed, Megatron), EXIT_REPEATS times each. Neither is part of `make test`.
+.PHONY: test-distributed-repeat exit-check
+DISTRIBUTED_REPEATS ?= 5
+EXIT_REPEATS ?= 30
+
+test-distributed-repeat: venv
+	@for i in $$(seq $(DISTRIBUTED_REPEATS)); do \
+	  echo "== round $$i of $(DISTRIBUTED_REPEATS)"; \
+	  $(BIN)/python -m pytest -n 2 -m distributed -p no:cacheprovider $(PYTEST_ARGS) || exit 1; \
+	done
+
+exit-check: venv
+	$(BIN)/python benchmarks/clean_exit.py --repeats $(EXIT_REPEATS)
 
 bench: venv
 	$(BIN)/python benchmarks/dump_overhead.py

@@ -17,6 +17,7 @@ The same lines work in any DeepSpeed script (see ``main``)::
     engine = patch_engine(engine, config_path="dump.json", monitor_config_path="monitor.json")
     ...  # engine(x); engine.backward(loss); engine.step()
     unpatch(engine)          # the last dump step and the monitor's files are written
+    engine.destroy()
     del engine, optimizer, model
     finish_distributed()     # from msprobe_core.session: release the engine first, then the process group
 """
@@ -121,6 +122,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(line, flush=True)
     reader = type(patch.reader).__name__ if patch.reader is not None else "-"
     unpatch(engine)
+    engine.destroy()  # DeepSpeed's own release of the engine's optimizer state and hooks
     del engine, patch, optimizer, model  # the engine holds the process group: release it before the group goes
     finish_distributed()  # every rank has written its last dump step; the process groups are destroyed
 

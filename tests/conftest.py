@@ -20,6 +20,10 @@ for p in (ROOT, os.path.join(ROOT, "benchmarks"), os.path.join(TESTS, "support")
     if p not in sys.path:
         sys.path.insert(0, p)
 
+collect_ignore = ["msprobe_core/mindspore/test_msadapter_dump.py"]
+"""Runs only inside .venv-msadapter, where mindtorch replaces torch: ``make test-msadapter`` runs it there,
+without this conftest (which imports the real torch)."""
+
 
 @pytest.fixture(autouse=True)
 def _fresh_debugger():

@@ -30,8 +30,6 @@ from msprobe_core.pytorch.ranks import dist_ready
 
 logger = logging.getLogger("msprobe_core.pytorch")
 
-_WRAPPERS = frozenset({"DistributedDataParallel", "DeepSpeedEngine", "FullyShardedDataParallel"})
-"""Class names of the framework wrappers that hold a process group (torch's, megatron-core's, DeepSpeed's)."""
 
 
 def finish_distributed(barrier: bool = True) -> None:
@@ -48,8 +46,9 @@ def finish_distributed(barrier: bool = True) -> None:
     if dist_ready():
         alive = live_wrappers()
         if alive:
-            logger.warning("msprobe: %s still alive at finish_distributed(); its process group may abort the "
-                           "process at exit: release it first (del it and whatever holds it)", ", ".join(alive))
+            logger.warning("msprobe: %s still alive at finish_distributed(); its reducer holds the process group, "
+                           "which can abort the process at exit: release it first (del it and whatever holds it)",
+                           ", ".join(alive))
         if barrier:
             dist.barrier()
         dist.destroy_process_group()
@@ -57,7 +56,9 @@ def finish_distributed(barrier: bool = True) -> None:
 
 
 def live_wrappers() -> list[str]:
-    """The class names of the framework wrappers (``DistributedDataParallel``, ``DeepSpeedEngine``, ...)
-    still alive in this process, once each."""
-    return sorted({type(obj).__name__ for obj in gc.get_objects()
-                   if isinstance(obj, torch.nn.Module) and any(c.__name__ in _WRAPPERS for c in type(obj).__mro__)})
+    """The class names of torch ``DistributedDataParallel`` modules still alive in this process, once each:
+    the wrapper whose C++ reducer holds the process group. (DeepSpeed's engine and megatron-core's DDP are
+    Python objects; their own autograd hooks can keep them alive for good, which ``gc`` cannot undo and which
+    then never tears a group down at exit.)"""
+    ddp = torch.nn.parallel.DistributedDataParallel
+    return sorted({type(obj).__name__ for obj in gc.get_objects() if issubclass(type(obj), ddp)})

@@ -71,6 +71,7 @@ def torchrun(script: Union[str, os.PathLike], *args: str, nproc: int = 2, timeou
         pytest.fail(f"the {nproc} ranks did not finish within {timeout} s (one waits for another?)\n"
                     f"{out[-2000:]}\n{err[-3000:]}")
     assert proc.returncode == 0, f"exit status {proc.returncode}\n{out[-2000:]}\n{err[-4000:]}"
+    assert "still alive at finish_distributed" not in err, f"a framework wrapper was not released\n{err[-3000:]}"
     return out
 
 

@@ -201,12 +201,12 @@ dbg.step()
 """
 
 
+@pytest.mark.msadapter
 @pytest.mark.parametrize("task", ["statistics", "tensor"])
 def test_real_msadapter_dump_replays(task, tmp_path):
     """A real MSAdapter dump (PyTorch-style code on mindtorch, ``torch.autograd.value_and_grad``, made in the
     MSAdapter venv): every call replays and passes, forward and backward, or is listed with its reason."""
-    if not MSADAPTER_PYTHON.exists():
-        pytest.skip(f"no MSAdapter venv ({MSADAPTER_PYTHON}); make venv-msadapter builds it")
+    assert MSADAPTER_PYTHON.exists(), f"no MSAdapter venv ({MSADAPTER_PYTHON}): run it with make test-msadapter"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     subprocess.run([str(MSADAPTER_PYTHON), "-c", MINDTORCH_STEP, str(tmp_path / "d"), task], cwd=ROOT, env=env,
                    check=True, capture_output=True, text=True, timeout=600)

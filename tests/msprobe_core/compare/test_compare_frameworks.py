@@ -173,9 +173,10 @@ dbg.step()
 """
 
 
-@pytest.mark.skipif(not MSADAPTER_PYTHON.exists(), reason="no .venv-msadapter (make venv-msadapter)")
+@pytest.mark.msadapter
 @pytest.mark.slow
 def test_msadapter_dump_compares_with_pytorch(tmp_path):
+    assert MSADAPTER_PYTHON.exists(), f"no MSAdapter venv ({MSADAPTER_PYTHON}): run it with make test-msadapter"
     x = np.random.RandomState(0).randn(10, 8).astype(np.float32)
     np.save(tmp_path / "x.npy", x)
     env = dict(os.environ, PYTHONPATH=str(ROOT))

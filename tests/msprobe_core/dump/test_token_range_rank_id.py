@@ -18,6 +18,7 @@ import json, os, sys
 import torch
 import torch.distributed as dist
 from msprobe_core.pytorch import PrecisionDebugger
+from msprobe_core.session import finish_distributed
 
 dump_path, gpu_id, init_file = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 use_rank_id, first_token = sys.argv[4] == "1", int(sys.argv[5])
@@ -35,7 +36,7 @@ with torch.no_grad():
         tokens = model(tokens)[:, -1:].argmax(-1)
 debugger.stop()
 debugger.step()
-dist.destroy_process_group()
+finish_distributed()
 print(json.dumps({"pid": os.getpid()}))
 """
 

@@ -40,6 +40,8 @@ SCRIPT = textwrap.dedent("""
         loss.backward()
         losses.append(loss.item())
     print(losses, np.random.rand(), random.random(), model.linear.weight.grad.sum().item())
+    from msprobe_core.session import finish_distributed
+    finish_distributed()
 """)
 
 

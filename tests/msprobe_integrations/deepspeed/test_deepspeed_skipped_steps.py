@@ -29,7 +29,7 @@ SCRIPT = textwrap.dedent("""
     import json, sys, torch
     sys.path.insert(0, {here!r})
     import ds_support as S
-    from msprobe_core.session import ProbeSession
+    from msprobe_core.session import ProbeSession, finish_distributed
     from msprobe_integrations.deepspeed import get_patch, patch_engine, unpatch
 
     S.single_process_env({port})
@@ -65,7 +65,9 @@ SCRIPT = textwrap.dedent("""
         train(engine)
         out[f"follow_z{{stage}}"] = summary(engine, session.monitor)
         session.close()
+    del engine, session, monitor     # the engines hold the process group: released before it goes
     print("RESULT " + json.dumps(out))
+    finish_distributed()
 """)
 
 

@@ -65,6 +65,7 @@ SCRIPT = textwrap.dedent("""
                "anomalies": [a.describe() for a in mon.anomalies]}}
     probe.close()
     restored = "step" not in vars(optimizer)
+    del model, optimizer, param, mon, probe       # the DDP chunks hold the groups: released before they go
     ms.destroy()
     patches.remove()
     print("RESULT " + json.dumps(dict(result, restored=restored)))
