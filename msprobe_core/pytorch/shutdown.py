@@ -31,7 +31,6 @@ from msprobe_core.pytorch.ranks import dist_ready
 logger = logging.getLogger("msprobe_core.pytorch")
 
 
-
 def finish_distributed(barrier: bool = True) -> None:
     """Close whatever of msprobe is still open (the dump's open step, the monitor, a config_check pack, a
     Megatron probe: what would otherwise be closed at exit), collect the framework wrappers the caller
@@ -57,8 +56,8 @@ def finish_distributed(barrier: bool = True) -> None:
 
 def live_wrappers() -> list[str]:
     """The class names of torch ``DistributedDataParallel`` modules still alive in this process, once each:
-    the wrapper whose C++ reducer holds the process group. (DeepSpeed's engine and megatron-core's DDP are
-    Python objects; their own autograd hooks can keep them alive for good, which ``gc`` cannot undo and which
-    then never tears a group down at exit.)"""
+    the wrapper whose C++ reducer holds the process group. (DeepSpeed's engine and megatron-core's DDP have
+    no reducer, and their own autograd hooks can keep them alive out of ``gc``'s reach, so they are not
+    reported.)"""
     ddp = torch.nn.parallel.DistributedDataParallel
     return sorted({type(obj).__name__ for obj in gc.get_objects() if issubclass(type(obj), ddp)})
