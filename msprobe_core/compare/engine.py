@@ -13,11 +13,13 @@ from pathlib import Path
 from typing import Callable, Mapping, Optional, Sequence
 
 from msprobe_core.compare.align import align_records
-from msprobe_core.compare.dumpdir import DumpUnit, RankDump, load_rank_dump, pair_dumps
 from msprobe_core.compare.framework_map import FrameworkMapping, framework_views, load_mapping
-from msprobe_core.compare.records import direction
+from msprobe_core.compare.pairing import pair_dumps
 from msprobe_core.compare.rows import Row, build_rows, compare_mode, record_distance
 from msprobe_core.compare.thresholds import ERROR, PASS, UNMATCHED, WARNING, Thresholds, worst
+from msprobe_core.dumpdir.layout import DumpUnit
+from msprobe_core.dumpdir.rank_dump import RankDump, load_rank_dump
+from msprobe_core.dumpdir.record_leaves import direction
 
 
 @dataclass

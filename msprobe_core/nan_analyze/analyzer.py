@@ -26,9 +26,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from msprobe_core.compare.dumpdir import DumpUnit, RankDump, discover, load_rank_dump
 from msprobe_core.compare.engine import is_descendant
-from msprobe_core.compare.records import Leaf, flatten_record
+from msprobe_core.dumpdir.layout import DumpUnit, discover
+from msprobe_core.dumpdir.rank_dump import RankDump, load_rank_dump
+from msprobe_core.dumpdir.record_leaves import Leaf, flatten_record
 from msprobe_core.nan_analyze import comm
 from msprobe_core.nan_analyze.values import data_file, leaf_is_bad, signature
 from msprobe_core.parse.record_info import parent_chain, record_stack, tensor_file_summary

@@ -39,7 +39,7 @@ def tensor_file_summary(path: str) -> dict[str, Any]:
     """Statistics of a dumped tensor file: numel, Max, Min, Mean, Norm (NaN when it holds NaN), nan, inf."""
     import numpy as np
 
-    from msprobe_core.compare.ptfile import load_array
+    from msprobe_core.dumpdir.tensor_reader import load_array
 
     tensor = load_array(path)
     values = tensor.values()
