@@ -57,7 +57,7 @@ class EnginePatch:
             self.session.begin_step(int(self.engine.global_steps))
             self.in_window = True
 
-    def _close_window(self, boundary: bool) -> None:
+    def _close_window(self, boundary: bool, _result: Any = None) -> None:
         if boundary and self.in_window:
             self.in_window = False
             self.session.end_step()
@@ -67,7 +67,7 @@ class EnginePatch:
         self.session.before_optimizer_step()
         return label, skipped_steps(self.engine)
 
-    def _after_update(self, token: Optional[tuple[int, int]]) -> None:
+    def _after_update(self, token: Optional[tuple[int, int]], _result: Any = None) -> None:
         label, skipped_before = token if token is not None else (None, None)
         skipped = None if skipped_before is None else skipped_since(self.engine, skipped_before)
         self.session.after_optimizer_step(label, skipped=skipped)
