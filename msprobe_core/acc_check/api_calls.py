@@ -22,7 +22,6 @@ from msprobe_core.dumpdir.rank_dump import read_dump_json, tensor_dir
 from msprobe_core.dumpdir.record_leaves import is_module, is_tensor_summary
 from msprobe_core.errors import DumpInputError
 
-FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 LOW_PRECISION = ("float16", "bfloat16")
 _MS_DTYPES = {"float": "float32", "half": "float16", "double": "float64", "bfloat": "bfloat16"}
 

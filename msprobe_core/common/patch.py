@@ -19,7 +19,7 @@ Every patch the toolkit and its integrations make goes through here: an optimize
   ``optimizer.step``, another tool), that chain is left intact and a ``wrap`` replacement turns into a plain
   pass-through.
 - ``wrap`` runs ``before`` / ``after`` under the "never break training" guard
-  (``msprobe_core.common.guard``): an exception there is logged and training goes on with the original's
+  (``msprobe_core.common.never_break``): an exception there is logged and training goes on with the original's
   result (``guard=False`` for the few callbacks whose errors the user must see, such as the dump refusing a
   dump path that holds another run's files). Exceptions of the original itself always propagate.
 - A function the toolkit puts in place carries one marker, ``MARKER``, whose value names the patch that
@@ -40,7 +40,7 @@ import logging
 from types import ModuleType
 from typing import Any, Callable, Optional, TypeVar
 
-from msprobe_core.common.guard import never_break
+from msprobe_core.common.never_break import never_break
 
 _MISSING = object()
 _NO_GUARD = contextlib.nullcontext()

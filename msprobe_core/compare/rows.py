@@ -23,7 +23,6 @@ from msprobe_core.files.safe_names import is_plain_file_name
 TENSOR_METRICS = ("Cosine", "RMSE", "MaxAbsErr", "MaxRelativeErr",
                   "One Thousandth Err Ratio", "One Ten-Thousandth Err Ratio")
 STAT_DIFFS = tuple(f"{k} diff" for k in STAT_KEYS) + tuple(f"{k} RelDiff" for k in STAT_KEYS)
-MODES = ("tensor", "statistics", "structure")
 
 
 @dataclass(frozen=True)

@@ -9,21 +9,18 @@ is reported as a skipped step. Each patch is an instance-level ``msprobe_core.co
 from __future__ import annotations
 
 import logging
-import os
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Optional
 
 from msprobe_core.common.patch import PatchHandle, wrap
 from msprobe_core.errors import ConfigError
 from msprobe_core.monitor.state_readers import StateReader
-from msprobe_core.session import ProbeSession
+from msprobe_core.session import ConfigLike, ProbeSession
 from msprobe_integrations.deepspeed.engine import (DeepSpeedIntegrationError, is_engine, skipped_since, skipped_steps,
                                                   zero_stage)
 from msprobe_integrations.deepspeed.hyperparameters import engine_hyperparameters
 from msprobe_integrations.deepspeed.zero_readers import make_state_reader
 
 logger = logging.getLogger("msprobe_core.deepspeed")
-
-ConfigLike = Union[str, os.PathLike, Mapping[str, Any], None]
 
 PATCH_ATTR = "_msprobe_patch"
 """The engine attribute holding its ``EnginePatch`` while patched."""
