@@ -12,8 +12,8 @@ import math
 from typing import Any, Optional
 
 from msprobe_core.dumpdir.rank_dump import data_file
+from msprobe_core.dumpdir.record_info import tensor_file_summary
 from msprobe_core.dumpdir.record_leaves import Leaf
-from msprobe_core.parse.record_info import tensor_file_summary
 
 STAT_KEYS = ("Max", "Min")
 

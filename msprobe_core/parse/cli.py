@@ -15,9 +15,9 @@ from typing import Any, Optional
 
 from msprobe_core.dumpdir.layout import discover
 from msprobe_core.dumpdir.rank_dump import RankDump, data_file, load_rank_dump
+from msprobe_core.dumpdir.record_info import nearest_names, parent_chain, record_stack, tensor_file_summary
 from msprobe_core.dumpdir.record_leaves import flatten_record
 from msprobe_core.errors import DumpInputError
-from msprobe_core.parse.record_info import nearest_names, parent_chain, record_stack, tensor_file_summary
 
 STATS = ("Max", "Min", "Mean", "Norm")
 
