@@ -173,6 +173,19 @@ def test_no_import_cycles_between_core_files():
     assert _file_cycles() == KNOWN_FILE_CYCLES
 
 
+def test_no_private_name_is_imported_from_another_package():
+    """A package uses another one through its public names only (``_read_json`` was once borrowed so)."""
+    borrowed = []
+    for path in [*_core_files(), *(ROOT / "msprobe_integrations").rglob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").startswith("msprobe_core"):
+                private = [a.name for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+                home = path.relative_to(ROOT).parts[:2]
+                if private and tuple(node.module.split(".")[:2]) != home:
+                    borrowed.append(f"{path.relative_to(ROOT)}: {node.module} {private}")
+    assert borrowed == []
+
+
 def test_each_package_imports_only_its_layer_or_below():
     upward = {f"{a} -> {b}": sorted(set(files)) for a, deps in _graph().items() for b, files in deps.items()
               if _layer(b) > _layer(a)}
