@@ -9,9 +9,9 @@
 
 Modules: ``pairing`` (the rank folders of the two dumps to compare), ``align`` (pairing the records of
 two runs), ``rows`` (per-tensor judgement from dump.json), ``tensors`` (the metrics of tensor files),
-``thresholds`` (the verdict rules, documented there), ``engine`` (the whole comparison), ``report`` (CSV,
-xlsx, summary), ``cli``. Dumps are read with ``msprobe_core.dumpdir``. Nothing here imports torch unless
-a tensor file needs torch.load.
+``thresholds`` (the verdict rules, documented there), ``engine`` (the whole comparison), ``columns`` and
+``msprobe_columns`` (the result table's two layouts), ``report`` (CSV, xlsx, summary), ``cli``. Dumps are
+read with ``msprobe_core.dumpdir``. Nothing here imports torch unless a tensor file needs torch.load.
 """
 
 from __future__ import annotations
