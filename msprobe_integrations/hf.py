@@ -24,22 +24,19 @@ Everything here is glue: statistics, files and rules live in ``msprobe_core``.
 from __future__ import annotations
 
 import logging
-import os
-from typing import Any, Callable, Mapping, Optional, Union
+from typing import Any, Callable, Mapping, Optional
 
 from msprobe_core import hparams
 from msprobe_core.common.patch import PatchHandle, wrap
 from msprobe_core.errors import require
 from msprobe_core.log import setup_logging
 from msprobe_core.monitor.anomaly import NAN_RULE
-from msprobe_core.session import ProbeSession
+from msprobe_core.session import ConfigLike, ProbeSession
 
 TrainerCallback = require("transformers", "hf", "msprobe_integrations.hf").TrainerCallback
 
 setup_logging()
 logger = logging.getLogger("msprobe_core.hf")
-
-ConfigLike = Union[str, os.PathLike, Mapping[str, Any], None]
 
 
 _WRAPPER_NAMES = ("DistributedDataParallel", "DataParallel", "DeepSpeedEngine", "PipelineEngine")

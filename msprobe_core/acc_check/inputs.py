@@ -20,7 +20,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from msprobe_core.acc_check.records import TensorSpec, dtype_kind
+from msprobe_core.acc_check.api_calls import TensorSpec, dtype_kind
 
 SEED = 1234
 """The seed every call's generator starts from (with a CRC-32 of the call's name)."""

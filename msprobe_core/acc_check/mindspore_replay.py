@@ -49,13 +49,13 @@ import mindspore as ms
 from mindspore import mint, ops
 
 from msprobe_core.acc_check.inputs import call_rng, random_array
-from msprobe_core.acc_check.records import LOW_PRECISION, ApiCall, TensorSpec, Typed, dtype_kind, normalize_dtype
+from msprobe_core.acc_check.api_calls import LOW_PRECISION, ApiCall, TensorSpec, Typed, dtype_kind, normalize_dtype
 from msprobe_core.acc_check.replay import OutputPair, Replay, Unreplayable
 from msprobe_core.acc_check.replay_common import (benchmark_failed, failure_text, grad_output_specs, is_in_place,
                                                   forward_pairs, output_leaves, run_backwards, run_tested,
                                                   shared_reason, unknown_typed_reason)
 from msprobe_core.acc_check.standards import round_to
-from msprobe_core.compare.ptfile import ArrayTensor
+from msprobe_core.dumpdir.tensor_reader import ArrayTensor
 from msprobe_core.files.safe_names import name_max, safe_file_name
 
 MINDSPORE, MINDTORCH = "mindspore", "mindtorch"

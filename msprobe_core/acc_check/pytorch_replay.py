@@ -44,13 +44,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
 from msprobe_core.acc_check.inputs import call_rng, random_array
-from msprobe_core.acc_check.records import LOW_PRECISION, ApiCall, TensorSpec, Typed, normalize_dtype, precision_rank
+from msprobe_core.acc_check.api_calls import LOW_PRECISION, ApiCall, TensorSpec, Typed, normalize_dtype, precision_rank
 from msprobe_core.acc_check.replay import OutputPair, Replay, Unreplayable
 from msprobe_core.acc_check.replay_common import (benchmark_failed, failure_text, grad_output_specs, is_in_place,
                                                   forward_pairs, output_leaves, run_backwards, run_tested,
                                                   shared_reason, typed_in, unknown_typed_reason)
 from msprobe_core.acc_check.standards import round_to
-from msprobe_core.compare.ptfile import ArrayTensor
+from msprobe_core.dumpdir.tensor_reader import ArrayTensor
 from msprobe_core.files.safe_names import name_max, safe_file_name
 
 _OWNERS: dict[str, Any] = {"Functional": torch.nn.functional, "Torch": torch, "Tensor": torch.Tensor,

@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol
 
-from msprobe_core.acc_check.records import ApiCall
+from msprobe_core.acc_check.api_calls import ApiCall
 from msprobe_core.errors import DumpInputError, require
 
 if TYPE_CHECKING:  # NumPy is not imported before multi_acc_check has started its fork server (``fork_server``)
-    from msprobe_core.compare.ptfile import ArrayTensor
+    from msprobe_core.dumpdir.tensor_reader import ArrayTensor
 
 
 class Unreplayable(Exception):

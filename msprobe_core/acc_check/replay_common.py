@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional, Sequence
 
-from msprobe_core.acc_check.records import ApiCall, TensorSpec, Typed, leaves_of, normalize_dtype
+from msprobe_core.acc_check.api_calls import ApiCall, TensorSpec, Typed, leaves_of, normalize_dtype
 from msprobe_core.acc_check.replay import OutputPair, Replay
 
 DISTRIBUTED_PREFIXES = frozenset({"Distributed", "DistributedC10d"})

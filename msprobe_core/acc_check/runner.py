@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
 
-from msprobe_core.acc_check.records import LOW_PRECISION, ApiCall, DumpFile, load_dump
+from msprobe_core.acc_check.api_calls import LOW_PRECISION, ApiCall, DumpFile, load_dump
 from msprobe_core.acc_check.replay import OutputPair, Replay, ReplayBackend, Unreplayable, load_backend
 from msprobe_core.acc_check.results import ResultFiles
 from msprobe_core.acc_check.standards import ERROR, PASS, SKIP, judge

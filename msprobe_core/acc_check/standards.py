@@ -47,8 +47,8 @@ from typing import Optional
 
 import numpy as np
 
-from msprobe_core.acc_check.records import LOW_PRECISION
-from msprobe_core.compare.ptfile import ArrayTensor
+from msprobe_core.acc_check.api_calls import LOW_PRECISION
+from msprobe_core.dumpdir.tensor_reader import ArrayTensor
 from msprobe_core.compare.tensors import TensorResult, compare_arrays
 
 PASS, ERROR, SKIP = "pass", "error", "skip"

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Optional, Sequence, Union
 
 from msprobe_core.acc_check.fork_server import worker_context
-from msprobe_core.acc_check.records import ApiCall, load_dump
+from msprobe_core.acc_check.api_calls import ApiCall, load_dump
 from msprobe_core.acc_check.replay import load_backend, prefer_passive_openmp
 from msprobe_core.acc_check.results import RESULT_PREFIX, ResultFiles, check_result_csv, timestamp
 from msprobe_core.acc_check.runner import RunSummary, check_call, check_resumable, cpu_seconds, failing_line

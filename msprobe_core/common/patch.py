@@ -8,6 +8,7 @@ Every patch the toolkit and its integrations make goes through here: an optimize
 
     handle = patch(owner, "name", lambda original: replacement)    # any replacement
     handle = wrap(owner, "name", before=..., after=...)              # callbacks around the original
+    handle = wrap(optimizer, "step", after=lambda token, result: ...)  # after sees the original's result
     handle.remove()                                                   # idempotent
     with wrap(optimizer, "step", after=...):                          # removed on leaving the block
         ...
@@ -18,9 +19,13 @@ Every patch the toolkit and its integrations make goes through here: an optimize
   ``optimizer.step``, another tool), that chain is left intact and a ``wrap`` replacement turns into a plain
   pass-through.
 - ``wrap`` runs ``before`` / ``after`` under the "never break training" guard
-  (``msprobe_core.common.guard``): an exception there is logged and training goes on with the original's
+  (``msprobe_core.common.never_break``): an exception there is logged and training goes on with the original's
   result (``guard=False`` for the few callbacks whose errors the user must see, such as the dump refusing a
   dump path that holds another run's files). Exceptions of the original itself always propagate.
+- A function the toolkit puts in place carries one marker, ``MARKER``, whose value names the patch that
+  made it (``mark`` / ``marked``), and ``__wrapped__``, the function it replaces (``functools``' convention).
+  A patch that must not stack on itself (random_patch, seed_all's reseeding, the dump's API wrappers,
+  Megatron's decorators) asks ``marked(fn, kind)`` before wrapping ``fn``.
 
 The dump's L1 API wrapping (``msprobe_core.pytorch.api_patch``) is the one exception: it patches hundreds
 of torch attributes at every ``start()`` and restores them at ``stop()`` from a plan built once, in tight
@@ -33,9 +38,9 @@ import contextlib
 import functools
 import logging
 from types import ModuleType
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, TypeVar
 
-from msprobe_core.common.guard import never_break
+from msprobe_core.common.never_break import never_break
 
 _MISSING = object()
 _NO_GUARD = contextlib.nullcontext()
@@ -43,8 +48,28 @@ _NO_GUARD = contextlib.nullcontext()
 Before = Callable[..., Any]
 """``before(*args, **kwargs)`` gets the call's arguments (``self`` first for a class attribute); what it
 returns is handed to ``after``."""
-After = Callable[[Any], Any]
-"""``after(token)`` runs once the original returned; ``token`` is what ``before`` returned (or None)."""
+After = Callable[[Any, Any], Any]
+"""``after(token, result)`` runs once the original returned; ``token`` is what ``before`` returned (or None),
+``result`` what the original returned."""
+
+MARKER = "__msprobe_patch__"
+"""The attribute marking a function as one of the toolkit's replacements; its value is the patch's kind."""
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def mark(replacement: _F, kind: str, original: Any = _MISSING) -> _F:
+    """Mark ``replacement`` as the toolkit's patch of kind ``kind`` (``wrap``, ``api``, ``random_patch``,
+    ``no_dropout``, ``reseed``, ``megatron``); ``original``, when given, becomes its ``__wrapped__``."""
+    setattr(replacement, MARKER, kind)
+    if original is not _MISSING:
+        replacement.__wrapped__ = original  # type: ignore[attr-defined]
+    return replacement
+
+
+def marked(fn: Any, kind: str) -> bool:
+    """True when ``fn`` is the toolkit's replacement of kind ``kind`` (see ``mark``)."""
+    return getattr(fn, MARKER, None) == kind
 
 
 def _own(owner: Any) -> dict:
@@ -125,7 +150,8 @@ def wrap(owner: Any, name: str, *, before: Optional[Before] = None, after: Optio
          where: Optional[str] = None, logger: Optional[logging.Logger] = None, guard: bool = True) -> PatchHandle:
     """Patch ``owner.name`` with a wrapper that calls ``before`` and ``after`` around the original, each
     under the "never break training" guard; after ``remove()`` the wrapper (if still reachable through
-    another patch on top) only calls the original.
+    another patch on top) only calls the original. ``after(token, result)`` gets what ``before`` returned
+    and what the original returned (it cannot change what the caller gets).
 
     ``guard=False`` lets the callbacks' exceptions through: for work whose failure the user must see
     before the step runs (the dump refusing a dump path that holds another run's files).
@@ -146,11 +172,10 @@ def wrap(owner: Any, name: str, *, before: Optional[Before] = None, after: Optio
             result = original(*args, **kwargs)
             if after is not None:
                 with protect("after"):
-                    after(token)
+                    after(token, result)
             return result
 
-        wrapper.__msprobe_patch__ = True  # type: ignore[attr-defined]
-        return wrapper
+        return mark(wrapper, "wrap")
 
     handle = PatchHandle(owner, name, make)
     holder.append(handle)

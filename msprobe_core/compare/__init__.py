@@ -7,11 +7,11 @@
     write_outputs(result, Path("out"))
     print(result.divergence)
 
-Modules: ``dumpdir`` (finding and reading dumps), ``records`` (names and leaves), ``align`` (pairing
-the records of two runs), ``rows`` (per-tensor judgement from dump.json), ``ptfile`` and ``tensors``
-(tensor files and their metrics), ``thresholds`` (the verdict rules, documented there), ``engine``
-(the whole comparison), ``report`` (CSV, xlsx, summary), ``cli``. Nothing here imports torch unless
-a tensor file needs torch.load.
+Modules: ``pairing`` (the rank folders of the two dumps to compare), ``align`` (pairing the records of
+two runs), ``rows`` (per-tensor judgement from dump.json), ``tensors`` (the metrics of tensor files),
+``thresholds`` (the verdict rules, documented there), ``engine`` (the whole comparison), ``columns`` and
+``msprobe_columns`` (the result table's two layouts), ``report`` (CSV, xlsx, summary), ``cli``. Dumps are
+read with ``msprobe_core.dumpdir``. Nothing here imports torch unless a tensor file needs torch.load.
 """
 
 from __future__ import annotations

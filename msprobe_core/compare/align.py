@@ -17,7 +17,7 @@ from __future__ import annotations
 import difflib
 from typing import Callable, Mapping, Optional, Sequence
 
-from msprobe_core.compare.records import normalize_name
+from msprobe_core.dumpdir.record_leaves import normalize_name
 
 MAX_EDITS = 2000
 Pair = tuple[Optional[str], Optional[str]]

@@ -10,14 +10,16 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Mapping, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from msprobe_core.compare.align import align_records
-from msprobe_core.compare.dumpdir import DumpUnit, RankDump, load_rank_dump, pair_dumps
 from msprobe_core.compare.framework_map import FrameworkMapping, framework_views, load_mapping
-from msprobe_core.compare.records import direction
+from msprobe_core.compare.pairing import pair_dumps
 from msprobe_core.compare.rows import Row, build_rows, compare_mode, record_distance
 from msprobe_core.compare.thresholds import ERROR, PASS, UNMATCHED, WARNING, Thresholds, worst
+from msprobe_core.dumpdir.layout import DumpUnit
+from msprobe_core.dumpdir.rank_dump import RankDump, load_rank_dump
+from msprobe_core.dumpdir.record_info import is_descendant, record_stack
 
 
 @dataclass
@@ -193,18 +195,6 @@ def _run_tensor_jobs(rows: Sequence[Row], thresholds: Thresholds, workers: Optio
             row.judge(*thresholds.tensor_verdict(res.cosine, res.max_abs, res.norm_rel))
 
 
-def is_descendant(name: str, ancestor: str, construct: Mapping[str, Optional[str]]) -> bool:
-    """True when ``ancestor`` encloses ``name`` in construct.json's hierarchy."""
-    parent = construct.get(name)
-    for _ in range(10_000):
-        if parent is None:
-            return False
-        if parent == ancestor:
-            return True
-        parent = construct.get(parent)
-    return False
-
-
 def find_divergence(pair: PairResult, level: str = ERROR) -> Optional[Divergence]:
     """The first record in execution order whose verdict is ``level``, drilled down to its innermost part.
 
@@ -225,19 +215,3 @@ def find_divergence(pair: PairResult, level: str = ERROR) -> Optional[Divergence
     stack, note = record_stack(pair.target, t_name)
     rows = [r for r in pair.rows if r.order == chosen and r.verdict == level]
     return Divergence(t_name, g_name, level, rows, construct.get(t_name), stack, note)
-
-
-def record_stack(dump: RankDump, name: str) -> tuple[list[str], str]:
-    """``(frames, note)``: a record's stack from stack.json (innermost frame last).
-
-    Backward records and parameter gradients have no stack of their own in msprobe's format; the stack of
-    their forward call is returned with a note saying so.
-    """
-    stacks = dump.stack
-    if name in stacks:
-        return stacks[name], ""
-    if direction(name) in ("backward", "parameters_grad"):
-        forward = name.replace(".backward", ".forward").replace(".parameters_grad", ".forward")
-        if forward in stacks:
-            return stacks[forward], f"stack of {forward}"
-    return [], ""

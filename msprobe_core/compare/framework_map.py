@@ -24,8 +24,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Optional
 
 from msprobe_core.common.yaml_file import read_yaml_mapping
-from msprobe_core.compare.dumpdir import RankDump
-from msprobe_core.compare.records import DIRECTIONS, flatten_record
+from msprobe_core.dumpdir.rank_dump import RankDump
+from msprobe_core.dumpdir.record_leaves import DIRECTIONS, flatten_record
 from msprobe_core.errors import ConfigError
 
 DEFAULT_MAPPING = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ms_to_pt_mapping.yaml")

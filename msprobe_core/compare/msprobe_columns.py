@@ -24,8 +24,8 @@ from __future__ import annotations
 import math
 from typing import Any, Optional
 
+from msprobe_core.compare.columns import has_md5, side_value
 from msprobe_core.compare.engine import PairResult
-from msprobe_core.compare.report import _has_md5, _side_value
 from msprobe_core.compare.rows import Row
 from msprobe_core.compare.thresholds import ERROR, PASS, STAT_KEYS, UNMATCHED, WARNING
 
@@ -49,7 +49,7 @@ def columns(pair: PairResult, with_stack: bool = False) -> list[str]:
     """msprobe's header for ``pair``'s mode."""
     if pair.mode == "tensor":
         cols = HEAD + TENSOR_METRICS + SIDE_STATS + ["Accuracy Reached or Not", "Err_message"]
-    elif pair.mode == "statistics" and _has_md5(pair):
+    elif pair.mode == "statistics" and has_md5(pair):
         cols = HEAD + ["NPU MD5", "BENCH MD5", "Result", "Err_message"]
     elif pair.mode == "statistics":
         cols = HEAD + STAT_DIFFS + SIDE_STATS + ["Result", "Err_message"]
@@ -89,11 +89,11 @@ def _value(pair: PairResult, row: Row, col: str) -> Any:
     side, _, what = col.partition(" ")
     summary = row.target if side == "NPU" else row.golden if side in ("Bench", "BENCH") else None
     if what in ("Dtype", "MD5"):
-        return _or_na(_side_value(summary, what))
+        return _or_na(side_value(summary, what))
     if what == "Tensor Shape":
-        return _or_na(_side_value(summary, "Shape"))
+        return _or_na(side_value(summary, "Shape"))
     if what in _STAT_OF:
-        return _or_na(_side_value(summary, _STAT_OF[what]))
+        return _or_na(side_value(summary, _STAT_OF[what]))
     if col == "Requires_grad Consistent":
         return _requires_grad(row)
     if col == "EucDist":
@@ -112,7 +112,7 @@ def _value(pair: PairResult, row: Row, col: str) -> Any:
     if col == "NPU_Stack_Info":
         return "\n".join(pair.target.stack.get(row.target_record or "", [])) or N_A
     if col == "Data_name":
-        return str([_side_value(row.target, "Data Name") or N_A, _side_value(row.golden, "Data Name") or N_A])
+        return str([side_value(row.target, "Data Name") or N_A, side_value(row.golden, "Data Name") or N_A])
     return _or_na(row.metrics.get(col))
 
 

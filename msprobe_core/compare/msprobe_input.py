@@ -26,9 +26,9 @@ from typing import Any, Optional
 
 from msprobe_core.dump.config import read_json_object
 from msprobe_core.errors import ConfigError, UnknownKeyError
+from msprobe_core.files.step_recorder import JSON_NAMES
 
 KEYS = ("npu_path", "bench_path", "stack_path", "is_print_compare_log")
-DUMP_FILES = ("dump.json", "debug.json")
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ def _path(raw: dict, key: str, base: Path, source: str, required: bool = True) -
 def _dump_folder(path: Path, key: str, source: str) -> Path:
     if path.is_dir():
         return path
-    if path.name not in DUMP_FILES:
+    if path.name not in JSON_NAMES:
         raise ConfigError(key, str(path), "a dump.json (or debug.json) or a folder holding dumps", source)
     return path.parent
 

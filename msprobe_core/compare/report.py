@@ -1,11 +1,7 @@
 """Writing a comparison: one CSV and one .xlsx per rank pair, compare_summary.json, and terminal text.
 
-Columns: ``Index`` (position in execution order), target/golden name, dtype and shape, then the
-metrics of the mode (tensor: Cosine, RMSE, MaxAbsErr, MaxRelativeErr, One Thousandth Err Ratio,
-One Ten-Thousandth Err Ratio; statistics: Max/Min/Mean/Norm diff and RelDiff; md5 dumps add both
-digests), both sides' Max/Min/Mean/Norm, ``Result`` (pass/warning/error/unmatched), ``Message``, and
-for tensor dumps the data file names. These follow msprobe's compare columns with NPU/Bench renamed
-Target/Golden. In the workbook, error rows are red, warnings yellow and unmatched records grey.
+The columns are ``columns``' (the default) or ``msprobe_columns``' (``--msprobe-columns``). In the
+workbook, error rows are red, warnings yellow and unmatched records grey.
 """
 
 from __future__ import annotations
@@ -15,78 +11,14 @@ import json
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from msprobe_core.compare import columns as default_layout
+from msprobe_core.compare import msprobe_columns as msprobe_columns_layout
+from msprobe_core.compare.columns import row_values
 from msprobe_core.compare.engine import CompareResult, Divergence, PairResult
-from msprobe_core.compare.rows import STAT_DIFFS, TENSOR_METRICS, Row
-from msprobe_core.compare.thresholds import ERROR, PASS, STAT_KEYS, UNMATCHED, WARNING
+from msprobe_core.compare.thresholds import ERROR, PASS, UNMATCHED, WARNING
 
 FILLS = {ERROR: "FFC7CE", WARNING: "FFEB9C", UNMATCHED: "D9D9D9"}
 STACK_LINES = 6
-
-
-def columns(pair: PairResult, with_stack: bool = False) -> list[str]:
-    """The header of a pair's result table."""
-    cols = ["Index", "Target Name", "Golden Name", "Target Dtype", "Golden Dtype", "Target Shape", "Golden Shape"]
-    if pair.mode == "tensor":
-        cols += list(TENSOR_METRICS)
-    elif pair.mode == "statistics":
-        cols += list(STAT_DIFFS)
-    if _has_md5(pair):
-        cols += ["Target MD5", "Golden MD5"]
-    if pair.mode != "structure":
-        cols += [f"Target {k}" for k in STAT_KEYS] + [f"Golden {k}" for k in STAT_KEYS]
-    cols += ["Result", "Message"]
-    if pair.mode == "tensor":
-        cols += ["Target Data Name", "Golden Data Name"]
-    if with_stack:
-        cols += ["Target Stack"]
-    return cols
-
-
-def _has_md5(pair: PairResult) -> bool:
-    return any((r.target or {}).get("md5") is not None or (r.golden or {}).get("md5") is not None
-               for r in pair.rows[:200])
-
-
-def _side_value(summary: Optional[dict], key: str) -> Any:
-    if not summary:
-        return None
-    if key == "Dtype":
-        return summary.get("dtype", summary.get("type"))
-    if key == "Shape":
-        shape = summary.get("shape")
-        return str(list(shape)) if isinstance(shape, (list, tuple)) else None
-    if key == "Max" and "value" in summary and "dtype" not in summary:
-        value = summary.get("value")
-        return value if isinstance(value, (int, float)) and not isinstance(value, bool) else json.dumps(value)
-    if key in ("MD5", "Data Name"):
-        return summary.get("md5" if key == "MD5" else "data_name")
-    return summary.get(key)
-
-
-def row_values(pair: PairResult, row: Row, cols: list[str]) -> list[Any]:
-    """The cells of ``row`` under the header ``cols``."""
-    out: list[Any] = []
-    for col in cols:
-        if col == "Index":
-            out.append(row.order)
-        elif col == "Target Name":
-            out.append(row.name("target"))
-        elif col == "Golden Name":
-            out.append(row.name("golden"))
-        elif col == "Result":
-            out.append(row.verdict)
-        elif col == "Message":
-            out.append("; ".join(row.messages))
-        elif col == "Target Stack":
-            stack = pair.target.stack.get(row.target_record or "", [])
-            out.append("\n".join(stack))
-        elif col.startswith("Target "):
-            out.append(_side_value(row.target, col[len("Target "):]))
-        elif col.startswith("Golden "):
-            out.append(_side_value(row.golden, col[len("Golden "):]))
-        else:
-            out.append(row.metrics.get(col))
-    return out
 
 
 def _csv_cell(value: Any) -> Any:
@@ -127,12 +59,8 @@ def write_pair_outputs(pair: PairResult, output_dir: Path, single: bool, xlsx: b
     """Write one pair's CSV (and .xlsx) into ``output_dir``; ``single`` drops the step/rank suffix;
     ``msprobe_columns``: under msprobe's column names (``msprobe_columns``)."""
     output_dir.mkdir(parents=True, exist_ok=True)
-    values: Callable = row_values
-    if msprobe_columns:
-        from msprobe_core.compare import msprobe_columns as layout
-        cols, values = layout.columns(pair, with_stack), layout.row_values
-    else:
-        cols = columns(pair, with_stack)
+    layout = msprobe_columns_layout if msprobe_columns else default_layout
+    cols, values = layout.columns(pair, with_stack), layout.row_values
     stem = output_stem(pair, single)
     csv_path = output_dir / f"{stem}.csv"
     write_csv(csv_path, pair, cols, values)

@@ -12,18 +12,17 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
-from msprobe_core.compare.dumpdir import RankDump
 from msprobe_core.compare.framework_map import cross_framework, same_dtype
-from msprobe_core.compare.records import Leaf, flatten_record, record_problem
 from msprobe_core.compare.thresholds import (ERROR, PASS, STAT_KEYS, UNMATCHED, WARNING, Thresholds,
                                              worst)
+from msprobe_core.dumpdir.rank_dump import RankDump
+from msprobe_core.dumpdir.record_leaves import Leaf, flatten_record, is_tensor_summary, record_problem
 from msprobe_core.errors import DumpInputError
 from msprobe_core.files.safe_names import is_plain_file_name
 
 TENSOR_METRICS = ("Cosine", "RMSE", "MaxAbsErr", "MaxRelativeErr",
                   "One Thousandth Err Ratio", "One Ten-Thousandth Err Ratio")
 STAT_DIFFS = tuple(f"{k} diff" for k in STAT_KEYS) + tuple(f"{k} RelDiff" for k in STAT_KEYS)
-MODES = ("tensor", "statistics", "structure")
 
 
 @dataclass(frozen=True)
@@ -140,7 +139,7 @@ def record_distance(target_record: Any, golden_record: Any) -> float:
         t, g = t_leaves.get(path), g_leaves.get(path)
         if t is None or g is None or t.get("shape") != g.get("shape") or t.get("type") != g.get("type"):
             cost += 1.0
-        elif not _is_tensor(t):
+        elif not is_tensor_summary(t):
             cost += 0.0 if t.get("value") == g.get("value") else 1.0
         elif t.get("md5") is not None and t.get("md5") == g.get("md5"):
             continue
@@ -166,10 +165,6 @@ def number(value: Any) -> Optional[float]:
         return None
 
 
-def _is_tensor(summary: dict) -> bool:
-    return Leaf("", summary).is_tensor
-
-
 def _data_file(directory: str, summary: dict) -> Optional[str]:
     name = summary.get("data_name")
     if is_plain_file_name(name) and name.endswith((".pt", ".npy")):  # never a path out of the tensor folder
@@ -183,7 +178,7 @@ def _compare_leaf(order: int, t_name: str, g_name: str, path: str, t: Optional[d
     if t is None or g is None:
         row.judge(WARNING, [f"{path} only in the {'target' if g is None else 'golden'} run"])
         return row
-    t_tensor, g_tensor = _is_tensor(t), _is_tensor(g)
+    t_tensor, g_tensor = is_tensor_summary(t), is_tensor_summary(g)
     if not t_tensor and not g_tensor:
         if t.get("type") != g.get("type") or t.get("value") != g.get("value"):
             row.judge(WARNING, [f"value {t.get('value')!r} vs {g.get('value')!r}"])

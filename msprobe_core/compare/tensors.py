@@ -26,7 +26,7 @@ from typing import Iterable, Optional, Sequence
 
 import numpy as np
 
-from msprobe_core.compare.ptfile import ArrayTensor, load_array
+from msprobe_core.dumpdir.tensor_reader import ArrayTensor, load_array
 from msprobe_core.errors import DumpInputError
 
 PARALLEL_MIN_BYTES = 64 << 20

@@ -21,6 +21,8 @@ import sysconfig
 import threading
 from typing import Any, Callable
 
+from msprobe_core.common.patch import PatchHandle, mark, marked, patch
+
 TORCH_FUNCTIONS = {
     "torch": ["manual_seed", "seed", "rand", "randn", "randint", "randperm", "rand_like", "randn_like", "randint_like",
               "normal", "bernoulli", "multinomial", "poisson"],
@@ -126,7 +128,7 @@ class RandomRecorder:
 
 
 RECORDER = RandomRecorder()
-_PATCHES: list[tuple[Any, str, Any, bool, Any]] = []  # owner, name, original, owner had it itself, wrapper
+_PATCHES: list[PatchHandle] = []
 _PATCH_LOCK = threading.Lock()
 
 
@@ -141,18 +143,14 @@ def _wrap(api: str, original: Callable, method: bool = False) -> Callable:
         functools.update_wrapper(wrapper, original)
     except (AttributeError, TypeError):
         pass
-    wrapper.__msprobe_random_patch__ = True
-    return wrapper
+    return mark(wrapper, "random_patch", original)
 
 
 def _patch(owner: Any, name: str, api: str, method: bool = False) -> None:
     original = getattr(owner, name, None)
-    if original is None or getattr(original, "__msprobe_random_patch__", False):
+    if original is None or marked(original, "random_patch"):
         return
-    had_own = name in getattr(owner, "__dict__", {})
-    wrapper = _wrap(api, original, method)
-    setattr(owner, name, wrapper)
-    _PATCHES.append((owner, name, original, had_own, wrapper))
+    _PATCHES.append(patch(owner, name, lambda found: _wrap(api, found, method)))
 
 
 def _patch_modules(table: dict[str, list[str]], import_missing: bool) -> None:
@@ -192,13 +190,7 @@ def remove_patches() -> None:
     with _PATCH_LOCK:
         RECORDER.enabled = False
         while _PATCHES:
-            owner, name, original, had_own, wrapper = _PATCHES.pop()
-            if owner.__dict__.get(name) is not wrapper:
-                continue  # wrapped again by someone else: ours stays, inert
-            if had_own:
-                setattr(owner, name, original)
-            else:
-                delattr(owner, name)
+            _PATCHES.pop().remove()  # wrapped again by someone else: ours stays, inert
 
 
 def patched() -> bool:

@@ -12,6 +12,7 @@ import functools
 import logging
 from typing import Any, Callable, Iterable
 
+from msprobe_core.common.patch import mark, marked
 from msprobe_core.common.yaml_file import read_yaml_mapping
 from msprobe_core.errors import ConfigError
 
@@ -56,5 +57,9 @@ def make_wrapper(original: Callable, prefix: str, api: str, handler: ApiHandler,
         functools.update_wrapper(wrapper, original)
     except (AttributeError, TypeError):
         pass
-    wrapper.__msprobe_original__ = original  # type: ignore[attr-defined]
-    return wrapper
+    return mark(wrapper, "api", original)
+
+
+def is_api_wrapper(fn: Any) -> bool:
+    """True for a wrapper ``make_wrapper`` made (its ``__wrapped__`` is the API it wraps)."""
+    return marked(fn, "api")

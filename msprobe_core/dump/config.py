@@ -92,14 +92,6 @@ class DumpConfig:
     """msprobe's dynamic switch: None when the file has no ``dump_enable`` key (dumping as configured);
     True/False when it has one: the file is then re-read at every ``step()`` and dumping follows it."""
 
-    @property
-    def saves_tensors(self) -> bool:
-        return self.task == "tensor"
-
-    @property
-    def computes_statistics(self) -> bool:
-        return self.task != "structure"
-
     def with_overrides(self, **overrides: Any) -> "DumpConfig":
         """A copy with constructor arguments (task, dump_path, level, step) applied and validated."""
         given = {k: v for k, v in overrides.items() if v is not None}

@@ -25,7 +25,7 @@ def matches(name: str, entries: Iterable[str]) -> bool:
     return False
 
 
-class Selection:
+class RecordSelection:
     """The config's record filters, evaluated in execution order (``scope`` is stateful)."""
 
     def __init__(self, cfg: DumpConfig):

@@ -28,7 +28,7 @@ from msprobe_core.common.tool_guard import TOOL
 from msprobe_core.dump.call_records import Call, CallRecords
 from msprobe_core.dump.config import DumpConfig, validate_token_range
 from msprobe_core.dump.framework_hooks import FrameworkHooks
-from msprobe_core.dump.selection import Selection
+from msprobe_core.dump.selection import RecordSelection
 from msprobe_core.dump.user_api import UserApi
 from msprobe_core.errors import ConfigError
 from msprobe_core.files.step_recorder import StepRecorder
@@ -70,7 +70,7 @@ class DumpServiceBase(CallRecords, UserApi, FrameworkHooks):
 
     def __init__(self, cfg: DumpConfig):
         self.cfg = cfg
-        self.selection = Selection(cfg)
+        self.selection = RecordSelection(cfg)
         self.current_step = 0
         self.finished = False
         self.patcher: Any = None

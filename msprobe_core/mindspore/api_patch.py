@@ -20,7 +20,7 @@ import os
 from typing import Any, Callable, Optional
 
 from msprobe_core.common.patch import PatchHandle, patch
-from msprobe_core.dump.api_wrap import ApiHandler, load_wrap_list, make_wrapper
+from msprobe_core.dump.api_wrap import ApiHandler, is_api_wrapper, load_wrap_list, make_wrapper
 from msprobe_core.mindspore.runtime import MINDTORCH
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -82,7 +82,7 @@ class ApiPatcher:
                 for name in dict.fromkeys(names):
                     original = getattr(owner, name, None)
                     if not callable(original) or isinstance(original, type) \
-                            or getattr(original, "__msprobe_original__", None) is not None:
+                            or is_api_wrapper(original):
                         continue  # absent in this version, a class, or already ours
                     plan.append((owner, name, make_wrapper(original, prefix, name, self._handler,
                                                            self._should_record)))

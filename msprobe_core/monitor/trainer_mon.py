@@ -150,7 +150,7 @@ class TrainerMon:
                 self.pre_optimizer_step()
                 return label
 
-            def after(label: int | None) -> None:
+            def after(label: int | None, _result: Any) -> None:
                 self.post_optimizer_step(label, skipped=step_skipped() if step_skipped is not None else None)
 
             self._patch = wrap(optimizer, "step", before=before, after=after, where="monitor: optimizer.step",

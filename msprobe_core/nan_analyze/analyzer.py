@@ -26,12 +26,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from msprobe_core.compare.dumpdir import DumpUnit, RankDump, discover, load_rank_dump
-from msprobe_core.compare.engine import is_descendant
-from msprobe_core.compare.records import Leaf, flatten_record
+from msprobe_core.dumpdir.layout import DumpUnit, discover
+from msprobe_core.dumpdir.rank_dump import RankDump, data_file, load_rank_dump
+from msprobe_core.dumpdir.record_info import is_descendant, parent_chain, record_stack, tensor_file_summary
+from msprobe_core.dumpdir.record_leaves import Leaf, flatten_record
 from msprobe_core.nan_analyze import comm
-from msprobe_core.nan_analyze.values import data_file, leaf_is_bad, signature
-from msprobe_core.parse.record_info import parent_chain, record_stack, tensor_file_summary
+from msprobe_core.nan_analyze.values import leaf_is_bad, signature
 
 COMPUTED = "computed"          # outputs NaN/Inf from finite inputs
 FROM_OUTSIDE = "from_outside"  # inputs already NaN/Inf and nothing on the rank made or brought it

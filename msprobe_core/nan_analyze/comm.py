@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional
 
-from msprobe_core.compare.records import Leaf
+from msprobe_core.dumpdir.record_leaves import Leaf
 
 COMM_PREFIX = "Distributed."
 RANK_NUMBER = re.compile(r"^rank(\d+)$")

@@ -9,12 +9,11 @@ summary without usable Max/Min (an md5-only summary, a dump written by another t
 from __future__ import annotations
 
 import math
-import os
 from typing import Any, Optional
 
-from msprobe_core.compare.records import Leaf
-from msprobe_core.files.safe_names import is_plain_file_name
-from msprobe_core.parse.record_info import tensor_file_summary
+from msprobe_core.dumpdir.rank_dump import data_file
+from msprobe_core.dumpdir.record_info import tensor_file_summary
+from msprobe_core.dumpdir.record_leaves import Leaf
 
 STAT_KEYS = ("Max", "Min")
 
@@ -43,15 +42,6 @@ def stats_state(summary: dict) -> Optional[bool]:
             return True
         seen = True
     return False if seen else None
-
-
-def data_file(summary: dict, tensor_dir: Optional[str]) -> Optional[str]:
-    """The tensor file a summary names, when it exists."""
-    name = summary.get("data_name")
-    if not tensor_dir or not is_plain_file_name(name):  # never a path out of the tensor folder
-        return None
-    path = os.path.join(tensor_dir, name)
-    return path if os.path.isfile(path) else None
 
 
 def leaf_is_bad(leaf: Leaf, tensor_dir: Optional[str]) -> bool:

@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 from typing import Any, Optional
 
-from msprobe_core.compare.dumpdir import RankDump, discover, load_rank_dump
-from msprobe_core.compare.records import flatten_record
+from msprobe_core.dumpdir.layout import discover
+from msprobe_core.dumpdir.rank_dump import RankDump, data_file, load_rank_dump
+from msprobe_core.dumpdir.record_info import nearest_names, parent_chain, record_stack, tensor_file_summary
+from msprobe_core.dumpdir.record_leaves import flatten_record
 from msprobe_core.errors import DumpInputError
-from msprobe_core.files.safe_names import is_plain_file_name
-from msprobe_core.parse.record_info import nearest_names, parent_chain, record_stack, tensor_file_summary
 
 STATS = ("Max", "Min", "Mean", "Norm")
 
@@ -71,8 +70,8 @@ def record_summary(dump: RankDump, record: str, only: Optional[str] = None) -> d
             for key in ("md5", "data_name"):
                 if s.get(key):
                     entry[key] = s[key]
-            file = os.path.join(tensor_dir, s["data_name"]) if is_plain_file_name(s.get("data_name")) else None
-            if file and os.path.isfile(file):
+            file = data_file(s, tensor_dir)
+            if file:
                 entry["from_file"] = tensor_file_summary(file)
         else:
             entry.update(type=s.get("type"), value=s.get("value"))

@@ -155,15 +155,15 @@ class ApiPatcher:
                     if func is not None:
                         self._dunders.setdefault(func, (prefix, name))
                     continue
-                if not callable(original) or getattr(original, "__msprobe_original__", None) is not None:
+                if not callable(original) or api_wrap.is_api_wrapper(original):
                     continue
                 slots.append(PatchSlot(owner, name, own_dict.get(name, original), name in own_dict,
                                        make_wrapper(original, prefix, name, self._handler, self._should_record)))
         # An operator reaches the mode as the *current* torch.Tensor attribute of the method it dispatches to:
         # our wrapper when that method is patched too (``a + b`` -> the ``add`` wrapper), so key it as well.
         for slot in slots:
-            if slot.owner is torch.Tensor and getattr(slot.wrapper, "__msprobe_original__", None) in self._dunders:
-                self._dunders.setdefault(slot.wrapper, self._dunders[slot.wrapper.__msprobe_original__])
+            if slot.owner is torch.Tensor and slot.wrapper.__wrapped__ in self._dunders:
+                self._dunders.setdefault(slot.wrapper, self._dunders[slot.wrapper.__wrapped__])
         if self._silence is not None:
             for owner_name, name in SILENT:
                 owner = getattr(torch, owner_name)

@@ -7,7 +7,7 @@ import random
 
 import torch
 
-from msprobe_core.common.patch import PatchHandle, patch
+from msprobe_core.common.patch import PatchHandle, mark, marked, patch
 from msprobe_core.errors import ConfigError
 
 _DROPOUT_FUNCS = ("dropout", "dropout2d", "dropout3d")
@@ -69,22 +69,20 @@ def _remove_dropout() -> None:
         def dropout(input, p=0.5, training=True, inplace=False):
             return original(input, 0.0, training, inplace)
 
-        dropout.__msprobe_no_dropout__ = True  # type: ignore[attr-defined]
-        return dropout
+        return mark(dropout, "no_dropout", original)
 
     def no_dropout_init(original):
         def init(self, p=0.5, inplace=False):
             original(self, 0.0, inplace)
 
-        init.__msprobe_no_dropout__ = True  # type: ignore[attr-defined]
-        return init
+        return mark(init, "no_dropout", original)
 
     for name in _DROPOUT_FUNCS:
-        if not getattr(getattr(F, name), "__msprobe_no_dropout__", False):
+        if not marked(getattr(F, name), "no_dropout"):
             PATCHES.append(patch(F, name, no_dropout))
     for name in _DROPOUT_MODULES:
         cls = getattr(torch.nn, name)
-        if not getattr(cls.__init__, "__msprobe_no_dropout__", False):
+        if not marked(cls.__init__, "no_dropout"):
             PATCHES.append(patch(cls, "__init__", no_dropout_init))
 
 
@@ -130,12 +128,10 @@ def _enhance(seed: int) -> None:
                 pass
             return original(*args, **kwargs)
 
-        reseeded.__msprobe_enhanced__ = True  # type: ignore[attr-defined]
-        reseeded.__wrapped__ = original  # type: ignore[attr-defined]
-        return reseeded
+        return mark(reseeded, "reseed", original)
 
     for owner, names in _enhanced_owners():
         for name in names:
             current = getattr(owner, name, None)
-            if current is not None and not getattr(current, "__msprobe_enhanced__", False):
+            if current is not None and not marked(current, "reseed"):
                 PATCHES.append(patch(owner, name, reseeding))

@@ -8,7 +8,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
-from msprobe_core.compare.dumpdir import discover, load_rank_dump
+from msprobe_core.dumpdir.layout import discover
+from msprobe_core.dumpdir.rank_dump import load_rank_dump
 from msprobe_core.errors import DumpInputError, MsprobeError
 from msprobe_core.report.compare_data import compare_data, is_compare_dir
 from msprobe_core.report.dump_data import rank_tree

@@ -20,7 +20,8 @@ import re
 from pathlib import Path
 from typing import Any, Optional
 
-from msprobe_core.compare.dumpdir import discover, load_rank_dump
+from msprobe_core.dumpdir.layout import discover
+from msprobe_core.dumpdir.rank_dump import load_rank_dump
 from msprobe_core.errors import DumpInputError, MsprobeError
 from msprobe_core.report.dump_data import number, rank_tree
 

@@ -18,9 +18,9 @@ from __future__ import annotations
 import math
 from typing import Any, Optional
 
-from msprobe_core.compare.dumpdir import RankDump
-from msprobe_core.compare.records import flatten_record
-from msprobe_core.parse.record_info import record_stack
+from msprobe_core.dumpdir.rank_dump import RankDump
+from msprobe_core.dumpdir.record_info import record_stack
+from msprobe_core.dumpdir.record_leaves import flatten_record
 
 STAT_KEYS = ("Max", "Min", "Mean", "Norm")
 _NOT_FINITE = ("NaN", "Inf", "-Inf")

@@ -65,6 +65,6 @@ undo handle and the "never break training" guard come with it.
 
 from msprobe_core.pytorch.shutdown import finish_distributed
 from msprobe_core.session.engine_followers import register_engine_follower
-from msprobe_core.session.probe_session import ProbeSession
+from msprobe_core.session.probe_session import ConfigLike, ProbeSession
 
-__all__ = ["ProbeSession", "finish_distributed", "register_engine_follower"]
+__all__ = ["ConfigLike", "ProbeSession", "finish_distributed", "register_engine_follower"]

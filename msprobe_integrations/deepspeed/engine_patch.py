@@ -9,21 +9,18 @@ is reported as a skipped step. Each patch is an instance-level ``msprobe_core.co
 from __future__ import annotations
 
 import logging
-import os
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Optional
 
 from msprobe_core.common.patch import PatchHandle, wrap
 from msprobe_core.errors import ConfigError
 from msprobe_core.monitor.state_readers import StateReader
-from msprobe_core.session import ProbeSession
+from msprobe_core.session import ConfigLike, ProbeSession
 from msprobe_integrations.deepspeed.engine import (DeepSpeedIntegrationError, is_engine, skipped_since, skipped_steps,
                                                   zero_stage)
 from msprobe_integrations.deepspeed.hyperparameters import engine_hyperparameters
 from msprobe_integrations.deepspeed.zero_readers import make_state_reader
 
 logger = logging.getLogger("msprobe_core.deepspeed")
-
-ConfigLike = Union[str, os.PathLike, Mapping[str, Any], None]
 
 PATCH_ATTR = "_msprobe_patch"
 """The engine attribute holding its ``EnginePatch`` while patched."""
@@ -57,7 +54,7 @@ class EnginePatch:
             self.session.begin_step(int(self.engine.global_steps))
             self.in_window = True
 
-    def _close_window(self, boundary: bool) -> None:
+    def _close_window(self, boundary: bool, _result: Any = None) -> None:
         if boundary and self.in_window:
             self.in_window = False
             self.session.end_step()
@@ -67,7 +64,7 @@ class EnginePatch:
         self.session.before_optimizer_step()
         return label, skipped_steps(self.engine)
 
-    def _after_update(self, token: Optional[tuple[int, int]]) -> None:
+    def _after_update(self, token: Optional[tuple[int, int]], _result: Any = None) -> None:
         label, skipped_before = token if token is not None else (None, None)
         skipped = None if skipped_before is None else skipped_since(self.engine, skipped_before)
         self.session.after_optimizer_step(label, skipped=skipped)

@@ -50,7 +50,7 @@ def follow_trainer_engine(session: ProbeSession, current_step: Callable[[], int]
         session.before_optimizer_step()
         return engine, skipped_steps(engine)
 
-    def after(followed: Optional[tuple[Any, int]]) -> None:
+    def after(followed: Optional[tuple[Any, int]], _result: Any) -> None:
         if followed is not None:
             engine, skipped_before = followed
             session.after_optimizer_step(int(current_step()), skipped=skipped_since(engine, skipped_before))

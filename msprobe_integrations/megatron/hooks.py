@@ -23,7 +23,7 @@ import logging
 import sys
 from typing import Any, Callable, Optional
 
-from msprobe_core.common.patch import PatchHandle, patch
+from msprobe_core.common.patch import PatchHandle, mark, marked, patch
 from msprobe_core.errors import MsprobeError
 from msprobe_integrations.megatron.args import with_msprobe_args
 from msprobe_integrations.megatron.probe import ConfigLike, MegatronProbe
@@ -32,7 +32,6 @@ logger = logging.getLogger("msprobe_core.megatron")
 
 TRAINING_MODULE = "megatron.training.training"
 ARGUMENTS_MODULE = "megatron.training.arguments"
-_MARK = "__msprobe_wrapped__"
 
 
 class MegatronIntegrationError(MsprobeError, RuntimeError):
@@ -106,7 +105,7 @@ class MegatronHooks:
     # ------------------------------------------------------------------------------ decorators
     def parse_args_wrapper(self, fn: Callable) -> Callable:
         """``parse_args(extra_args_provider=None, ...)`` with ``add_args`` composed into the provider."""
-        if getattr(fn, _MARK, False):
+        if marked(fn, "megatron"):
             return fn
         signature = _signature(fn)
 
@@ -118,12 +117,11 @@ class MegatronHooks:
                 return fn(*bound.args, **bound.kwargs)
             return fn(*args, **kwargs)
 
-        setattr(parse_args, _MARK, True)
-        return parse_args
+        return mark(parse_args, "megatron")
 
     def setup_model_and_optimizer_wrapper(self, fn: Callable) -> Callable:
         """Attach the probe once ``setup_model_and_optimizer`` returned (model, optimizer, scheduler)."""
-        if getattr(fn, _MARK, False):
+        if marked(fn, "megatron"):
             return fn
 
         @functools.wraps(fn)
@@ -135,14 +133,13 @@ class MegatronHooks:
                 probe.setup(result[0], result[1], scheduler, self.args())
             return result
 
-        setattr(setup_model_and_optimizer, _MARK, True)
-        return setup_model_and_optimizer
+        return mark(setup_model_and_optimizer, "megatron")
 
     def train_step_wrapper(self, fn: Callable) -> Callable:
         """Dump iteration ``iteration + 1`` around ``train_step`` (all its micro-batches); the monitor runs
         at the optimizer step inside. Sets the probe up on first call if ``setup_model_and_optimizer``
         was not wrapped (MindSpeed, custom loops)."""
-        if getattr(fn, _MARK, False):
+        if marked(fn, "megatron"):
             return fn
         signature = _signature(fn)
 
@@ -165,8 +162,7 @@ class MegatronHooks:
             finally:
                 probe.end_iteration()
 
-        setattr(train_step, _MARK, True)
-        return train_step
+        return mark(train_step, "megatron")
 
     # ------------------------------------------------------------------------------ patching
     def patch(self, module: Any, name: str, decorator: Callable[[Callable], Callable], required: bool = True) -> bool:
@@ -177,7 +173,7 @@ class MegatronHooks:
             if required:
                 raise MegatronIntegrationError(f"{getattr(module, '__name__', module)} has no '{name}' to wrap")
             return False
-        if getattr(original, _MARK, False):
+        if marked(original, "megatron"):
             return False
         wrapped = decorator(original)
         holders = [module] + [m for m in list(sys.modules.values())

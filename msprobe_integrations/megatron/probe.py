@@ -27,8 +27,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import os
-from typing import Any, Mapping, Optional, Sequence, Union
+from typing import Any, Optional, Sequence, Union
 
 import torch
 
@@ -37,12 +36,10 @@ from msprobe_core.common.exit_close import cancel_close_at_exit, close_at_exit
 from msprobe_core.common.patch import PatchHandle, patch
 from msprobe_core.errors import ConfigError
 from msprobe_core.pytorch.ranks import dist_ready, group_size
-from msprobe_core.session import ProbeSession
+from msprobe_core.session import ConfigLike, ProbeSession
 from msprobe_integrations.megatron.state_reader import MegatronStateReader, leaf_optimizers
 
 logger = logging.getLogger("msprobe_core.megatron")
-
-ConfigLike = Union[str, os.PathLike, Mapping[str, Any], None]
 
 _WRAPPERS = ("DistributedDataParallel", "Float16Module", "FullyShardedDataParallel", "TorchFullyShardedDataParallel",
              "DataParallel")

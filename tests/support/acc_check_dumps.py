@@ -12,7 +12,7 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
-from msprobe_core.acc_check.records import LOW_PRECISION, normalize_dtype
+from msprobe_core.acc_check.api_calls import LOW_PRECISION, normalize_dtype
 from msprobe_core.acc_check.runner import RunSummary
 from msprobe_core.acc_check.standards import ERROR
 from msprobe_core.pytorch import PrecisionDebugger

@@ -15,11 +15,11 @@ import torch.nn.functional as F
 
 from acc_check_dumps import check_only_failure, dump_step, gpt_step, perturbed
 from msprobe_core.acc_check import acc_check
-from msprobe_core.acc_check.records import load_dump
+from msprobe_core.acc_check.api_calls import load_dump
 from msprobe_core.acc_check.results import DETAILS_HEADER, RESULT_HEADER
 from msprobe_core.acc_check.standards import ERROR, PASS, judge, round_to
 from msprobe_core.cli import main
-from msprobe_core.compare.ptfile import ArrayTensor
+from msprobe_core.dumpdir.tensor_reader import ArrayTensor
 from msprobe_core.errors import DumpInputError
 
 pytestmark = pytest.mark.slow

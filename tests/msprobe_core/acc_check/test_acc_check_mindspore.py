@@ -19,7 +19,7 @@ from mindspore import mint, nn, ops  # noqa: E402
 
 from acc_check_dumps import check_only_failure, perturbed  # noqa: E402
 from msprobe_core.acc_check import acc_check, multi_acc_check  # noqa: E402
-from msprobe_core.acc_check.records import load_dump  # noqa: E402
+from msprobe_core.acc_check.api_calls import load_dump  # noqa: E402
 from msprobe_core.acc_check.standards import PASS, SKIP  # noqa: E402
 
 pytestmark = pytest.mark.slow

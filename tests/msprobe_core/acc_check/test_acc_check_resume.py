@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from acc_check_dumps import dump_step, gpt_step
-from msprobe_core.acc_check.records import load_dump
+from msprobe_core.acc_check.api_calls import load_dump
 from small_gpt import GPTConfig
 
 pytestmark = pytest.mark.slow

@@ -9,7 +9,7 @@ import types
 import pytest
 import torch
 
-from msprobe_core.common.patch import patch, wrap
+from msprobe_core.common.patch import MARKER, mark, marked, patch, wrap
 
 
 class Base:
@@ -24,7 +24,7 @@ class Child(Base):
 def test_instance_wrap_calls_around_the_original_and_remove_restores_the_class_method():
     obj, calls = Base(), []
     handle = wrap(obj, "run", before=lambda x: calls.append(("before", x)) or x,
-                  after=lambda t: calls.append(("after", t)))
+                  after=lambda t, result: calls.append(("after", t)))
     assert "run" in vars(obj) and obj.run(1) == 2
     assert calls == [("before", 1), ("after", 1)]
     handle.remove()
@@ -33,8 +33,31 @@ def test_instance_wrap_calls_around_the_original_and_remove_restores_the_class_m
     assert not handle.active and calls == [("before", 1), ("after", 1)]
 
 
+def test_after_gets_the_originals_result_and_cannot_change_it():
+    obj, seen = Base(), []
+    with wrap(obj, "run", before=lambda x: "token", after=lambda token, result: seen.append((token, result)) or 99):
+        assert obj.run(1) == 2
+    assert seen == [("token", 2)]
+
+
+def test_one_marker_names_the_patch_and_wrapped_is_the_original():
+    handle = wrap(Child, "run", before=lambda *_: None)
+    try:
+        assert marked(Child.run, "wrap") and not marked(Child.run, "random_patch")
+        assert Child.run.__wrapped__ is Base.run
+        assert not [name for name in vars(Child.run) if name.startswith("__msprobe") and name != MARKER]
+    finally:
+        handle.remove()
+
+    def replacement():
+        pass
+
+    assert mark(replacement, "api", original=len) is replacement
+    assert marked(replacement, "api") and replacement.__wrapped__ is len and not marked(len, "api")
+
+
 def test_class_patch_of_an_inherited_attribute_is_deleted_again():
-    with wrap(Child, "run", after=lambda _: None) as handle:
+    with wrap(Child, "run", after=lambda *_: None) as handle:
         assert "run" in vars(Child) and Child().run(2) == 3
         assert handle.installed
     assert "run" not in vars(Child) and Child.run is Base.run

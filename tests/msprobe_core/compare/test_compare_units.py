@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from msprobe_core.compare.align import _myers, align_records
-from msprobe_core.compare.ptfile import ArrayTensor, load_array
-from msprobe_core.compare.records import flatten_record, normalize_name
+from msprobe_core.dumpdir.tensor_reader import ArrayTensor, load_array
+from msprobe_core.dumpdir.record_leaves import flatten_record, normalize_name
 from msprobe_core.compare.tensors import compare_arrays, run_jobs
 from msprobe_core.compare.thresholds import ERROR, PASS, WARNING, Thresholds
 from msprobe_core.compare.xlsx import column_letter, write_xlsx

@@ -32,7 +32,7 @@ def test_round_trip(tmp_path, t):
 
 
 def test_compare_reader_reads_it(tmp_path):
-    from msprobe_core.compare.ptfile import load_array
+    from msprobe_core.dumpdir.tensor_reader import load_array
 
     t = torch.randn(4, 5)
     path = tmp_path / "x.pt"

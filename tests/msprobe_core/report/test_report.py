@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from compare_fixtures import DumpBuilder, mlp_run
-from msprobe_core.compare.dumpdir import load_rank_dump
+from msprobe_core.dumpdir.rank_dump import load_rank_dump
 from msprobe_core.errors import DumpInputError
 from msprobe_core.report import build
 from msprobe_core.report import cli as report_cli

@@ -17,11 +17,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from msprobe_core.compare.dumpdir import TENSOR_DIR_NAME, _read_json, check_finished
-from msprobe_core.compare.records import TENSOR_TYPES, is_module
+from msprobe_core.dumpdir.layout import check_finished
+from msprobe_core.dumpdir.rank_dump import read_dump_json, tensor_dir
+from msprobe_core.dumpdir.record_leaves import is_module, is_tensor_summary
 from msprobe_core.errors import DumpInputError
 
-FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 LOW_PRECISION = ("float16", "bfloat16")
 _MS_DTYPES = {"float": "float32", "half": "float16", "double": "float64", "bfloat": "bfloat16"}
 
@@ -150,10 +150,6 @@ class DumpFile:
 _PLAIN = {"int": int, "float": float, "bool": bool, "str": str}
 
 
-def _is_tensor(summary: dict) -> bool:
-    return summary.get("type") in TENSOR_TYPES or ("dtype" in summary and "shape" in summary)
-
-
 class _Parser:
     def __init__(self, tensor_dir: Optional[Path]):
         self.tensor_dir = tensor_dir
@@ -164,7 +160,7 @@ class _Parser:
             return [self.value(v) for v in node]
         if not isinstance(node, dict):
             return node
-        if _is_tensor(node):
+        if is_tensor_summary(node):
             return self.tensor(node)
         if "type" in node and "value" in node and len(node) <= 3:
             return _typed(str(node["type"]), node["value"])
@@ -222,14 +218,9 @@ def resolve_dump_json(path: Union[str, Path]) -> Path:
 def load_dump(path: Union[str, Path]) -> DumpFile:
     """Parse dump.json into ``ApiCall`` objects; ``DumpInputError`` naming the file when it is not a dump."""
     json_path = resolve_dump_json(path)
-    raw = _read_json(json_path, "dump.json")
-    if not isinstance(raw, dict) or not isinstance(raw.get("data"), dict):
-        raise DumpInputError(f"{json_path}: not a dump.json (expected an object with a 'data' object)")
-    tensor_dir = json_path.parent / TENSOR_DIR_NAME
-    recorded_dir = raw.get("dump_data_dir")
-    if not tensor_dir.is_dir() and recorded_dir and Path(recorded_dir).is_dir():
-        tensor_dir = Path(recorded_dir)
-    parser = _Parser(tensor_dir)
+    raw = read_dump_json(json_path)
+    tensors = tensor_dir(json_path.parent, raw.get("dump_data_dir"))
+    parser = _Parser(tensors)
     data: dict = raw["data"]
     calls: list[ApiCall] = []
     skipped = 0
@@ -258,7 +249,7 @@ def load_dump(path: Union[str, Path]) -> DumpFile:
             calls.append(ApiCall(call_name, prefix, api, [], {}, [], problem=f"unreadable record: {e}"))
     framework = str(raw.get("framework") or _guess_framework(prefixes))
     return DumpFile(json_path, str(raw.get("task") or "statistics"), str(raw.get("level") or ""), framework,
-                    calls, skipped, tensor_dir if tensor_dir.is_dir() else None, prefixes)
+                    calls, skipped, tensors if tensors.is_dir() else None, prefixes)
 
 
 def _mark_grad_inputs(call: ApiCall, input_grads: list) -> None:

@@ -32,7 +32,7 @@ class Leaf:
     @property
     def is_tensor(self) -> bool:
         """True for tensor summaries (they carry dtype/shape), False for plain values."""
-        return _is_tensor(self.summary)
+        return is_tensor_summary(self.summary)
 
     @property
     def role(self) -> str:
@@ -41,7 +41,8 @@ class Leaf:
         return head if head in ("input", "output", "parameters") else "parameters_grad"
 
 
-def _is_tensor(summary: dict) -> bool:
+def is_tensor_summary(summary: dict) -> bool:
+    """True for a tensor's summary (a tensor type, or a dtype and a shape), False for a plain value's."""
     return summary.get("type") in TENSOR_TYPES or ("dtype" in summary and "shape" in summary)
 
 
@@ -96,7 +97,7 @@ def _walk(path: str, arg: Any) -> Iterator[Leaf]:
         for i, item in enumerate(arg):
             yield from _walk(_join(path, i), item)
     elif isinstance(arg, dict):
-        if "type" in arg or _is_tensor(arg):
+        if "type" in arg or is_tensor_summary(arg):
             yield Leaf(path, arg)
         else:
             for key, item in arg.items():
@@ -104,7 +105,7 @@ def _walk(path: str, arg: Any) -> Iterator[Leaf]:
 
 
 def _section(prefix: str, value: Any) -> Iterator[Leaf]:
-    if isinstance(value, dict) and ("type" in value or _is_tensor(value)):
+    if isinstance(value, dict) and ("type" in value or is_tensor_summary(value)):
         yield from _walk(f"{prefix}.0", value)
     elif isinstance(value, dict):
         for key, item in value.items():
@@ -128,7 +129,7 @@ def record_problem(record: Any) -> Optional[str]:
         return f"{_json_type(record)} where a record object is expected"
     if not record:
         return "an empty object: none of its fields (input_args, input_kwargs, output, input, parameters)"
-    if not ("type" in record or _is_tensor(record)):
+    if not ("type" in record or is_tensor_summary(record)):
         present = [k for k in SECTIONS if k in record] or list(record)
         bad = [k for k in present if record[k] is not None and not isinstance(record[k], (list, dict))]
         if bad:
@@ -153,7 +154,8 @@ def flatten_record(record: Any) -> list[Leaf]:
 
     A record that is itself a value (``save()``'s ``{name}.{n}.debug`` records) is one leaf with path ''.
     """
-    if isinstance(record, (list, tuple)) or (isinstance(record, dict) and ("type" in record or _is_tensor(record))):
+    if isinstance(record, (list, tuple)) or (isinstance(record, dict)
+                                             and ("type" in record or is_tensor_summary(record))):
         return list(_walk("", record))
     if not isinstance(record, dict):
         return []

@@ -1,7 +1,7 @@
 """One record of a rank folder: its tensors, its stack, its parent chain, and the names nearest a missing one.
 
-Shared by ``parse`` (prints it), ``nan_analyze`` (names where a NaN started) and ``report`` (the detail
-panel). Nothing here imports torch.
+Shared by ``parse`` (prints it), ``nan_analyze`` (names where a NaN started), ``report`` (the detail
+panel) and ``compare`` (the divergence). Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -9,9 +9,8 @@ from __future__ import annotations
 import difflib
 from typing import Any, Mapping, Optional
 
-from msprobe_core.compare.engine import record_stack
-
-__all__ = ["parent_chain", "record_stack", "nearest_names", "tensor_file_summary"]
+from msprobe_core.dumpdir.rank_dump import RankDump
+from msprobe_core.dumpdir.record_leaves import direction
 
 MAX_DEPTH = 10_000
 
@@ -24,6 +23,27 @@ def parent_chain(name: str, construct: Mapping[str, Optional[str]]) -> list[str]
         chain.append(parent)
         parent = construct.get(parent)
     return chain
+
+
+def is_descendant(name: str, ancestor: str, construct: Mapping[str, Optional[str]]) -> bool:
+    """True when ``ancestor`` encloses ``name`` in construct.json's hierarchy."""
+    return ancestor in parent_chain(name, construct)
+
+
+def record_stack(dump: RankDump, name: str) -> tuple[list[str], str]:
+    """``(frames, note)``: a record's stack from stack.json (innermost frame last).
+
+    Backward records and parameter gradients have no stack of their own in msprobe's format; the stack of
+    their forward call is returned with a note saying so.
+    """
+    stacks = dump.stack
+    if name in stacks:
+        return stacks[name], ""
+    if direction(name) in ("backward", "parameters_grad"):
+        forward = name.replace(".backward", ".forward").replace(".parameters_grad", ".forward")
+        if forward in stacks:
+            return stacks[forward], f"stack of {forward}"
+    return [], ""
 
 
 def nearest_names(name: str, names: list[str], n: int = 5) -> list[str]:
@@ -39,7 +59,7 @@ def tensor_file_summary(path: str) -> dict[str, Any]:
     """Statistics of a dumped tensor file: numel, Max, Min, Mean, Norm (NaN when it holds NaN), nan, inf."""
     import numpy as np
 
-    from msprobe_core.compare.ptfile import load_array
+    from msprobe_core.dumpdir.tensor_reader import load_array
 
     tensor = load_array(path)
     values = tensor.values()
