@@ -191,8 +191,8 @@ class CallRecords:
                 continue
             prefix = f"{idx}." if indexed else ""
             for path, module in named:
-                if module is not root:
-                    self.hook_module(module, f"{self.module_prefix}.{prefix}{path}.{type(module).__name__}")
+                if path and module is not root:  # a wrapped root (FSDP1, compile) is named "" as well
+                    self.hook_module(module, f"{self.module_prefix}.{prefix}{path}.{self._class_name(module)}")
         self._hooked_models.extend(models)
 
     def hook_module(self, module: Any, base: str, exclusive: bool = False) -> list[Any]:

@@ -28,10 +28,13 @@ from msprobe_core.files.call_stack import StackCapture
 from msprobe_core.pytorch.api_patch import ApiPatcher
 from msprobe_core.pytorch.backward_capture import InputEdges, capture
 from msprobe_core.pytorch.inplace_comm import written_tensors
+from msprobe_core.pytorch.native_shards import is_dtensor, local_view
 from msprobe_core.pytorch.pt_writer import TensorFiles
 from msprobe_core.pytorch.ranks import current_rank
+from msprobe_core.pytorch.sharded_grads import FullStats, ShardedGrads, every_rank_dumps
 from msprobe_core.pytorch.summarize import Summarizer, tensors_in
 from msprobe_core.pytorch.tensor_stats import has_inf_or_nan
+from msprobe_core.pytorch.wrapper_names import unwrapped_class_name, unwrapped_modules
 
 _graph_task_id = torch._C._current_graph_task_id
 _is_grad_enabled = torch._C.is_grad_enabled
@@ -87,6 +90,7 @@ class DumpService(DumpServiceBase):
             self.patcher.prepare()  # a bad wrap list fails here, not mid-training
         self.files = TensorFiles() if self.saves_files else None
         self.summarizer = Summarizer(statistics=cfg.task != "structure", md5=cfg.summary_mode == "md5", files=self.files)
+        self.sharded_grads = ShardedGrads(self._deliver_sharded_grad, every_rank_dumps(cfg.rank))
 
     # ================================================================== framework hooks
     def should_record(self) -> bool:
@@ -106,7 +110,16 @@ class DumpService(DumpServiceBase):
         return isinstance(obj, torch.nn.Module)
 
     def _named_modules(self, root: torch.nn.Module):
-        return root.named_modules()
+        return unwrapped_modules(root)  # named as in the model without FSDP1 / checkpoint / compile wrappers
+
+    def _class_name(self, module: torch.nn.Module) -> str:
+        return unwrapped_class_name(module)  # FSDP2's FSDPLinear is a Linear
+
+    def _before_hooking(self, modules: list) -> None:
+        for module in modules:  # FSDP2 units: sharded gradients are recorded after FSDP's end of backward
+            state = getattr(module, "_get_fsdp_state", None)
+            if state is not None and hasattr(state(), "_root_post_backward_final_callback"):
+                self.sharded_grads.after_fsdp_backward(state())
 
     def _own_parameters(self, module: torch.nn.Module) -> list[tuple[str, Any]]:
         return [(k, v) for k, v in module._parameters.items() if v is not None]  # without named_parameters' generator
@@ -114,7 +127,18 @@ class DumpService(DumpServiceBase):
     def _hook_param_grad(self, param: torch.Tensor, hook: Callable) -> None:
         # a lazy module's parameter is not a tensor yet (hooked from the next start() on)
         if param.requires_grad and not isinstance(param, _Uninitialized):
+            if is_dtensor(param):  # sharded: the full gradient's statistics at the end of backward
+                self._step_handles.append(self.sharded_grads.add(param, hook))
+                hook = self.sharded_grads.arm
             self._step_handles.append(param.register_hook(hook))
+
+    def _deliver_sharded_grad(self, hook: Callable, grad: torch.Tensor, stats: Optional[FullStats]) -> None:
+        if stats is not None:
+            self.summarizer.combined[id(grad)] = stats
+        try:
+            hook(grad)
+        finally:
+            self.summarizer.combined.pop(id(grad), None)
 
     def _hook_tensor_grad(self, t: torch.Tensor, hook: Callable) -> None:
         # removed when the step ends (a leaf's hook outlives the graph; a backward run after step()
@@ -137,7 +161,7 @@ class DumpService(DumpServiceBase):
         return bool(tensors) and not tensors[0].is_cpu
 
     def _overflow_flag(self, t: torch.Tensor) -> torch.Tensor:
-        return has_inf_or_nan(t)
+        return has_inf_or_nan(local_view(t))
 
     def _any_overflow(self, flags: list) -> bool:
         return bool(torch.stack([f.to("cpu") for f in flags]).any())

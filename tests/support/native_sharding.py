@@ -61,15 +61,16 @@ def local_batch(step: int, setup: str) -> tuple[torch.Tensor, torch.Tensor]:
     return x, y
 
 
-def train(model: nn.Module, setup: str, steps: int = STEPS, attach=None, after_step=None) -> list[float]:
+def train(model: nn.Module, setup: str, steps: int = STEPS, attach=None, after_step=None,
+          replicated_batch: bool = False) -> list[float]:
     """AdamW steps on ``model``; the losses (of this rank's batch). ``attach(optimizer)`` once before
-    training, ``after_step(step)`` after each update."""
+    training, ``after_step(step)`` after each update; ``replicated_batch``: see ``dump_run``."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     if attach is not None:
         attach(opt)
     losses = []
     for step in range(steps):
-        x, y = local_batch(step, setup)
+        x, y = global_batch(step) if replicated_batch else local_batch(step, setup)
         opt.zero_grad()
         loss = (model(x) - y).pow(2).mean()
         loss.backward()
@@ -101,3 +102,26 @@ def reference(steps: int = STEPS) -> list[dict[str, dict[str, dict[str, float]]]
             rec[kind] = {n: stats(opt.state[p][kind]) for n, p in model.named_parameters()}
         out.append(rec)
     return out
+
+
+def dump_run(dump_path: str, model: nn.Module, setup: str, level: str = "L0", steps: int = 2,
+             replicated_batch: bool = True) -> list[float]:
+    """``steps`` training steps of ``model`` under a fresh ``PrecisionDebugger`` (``level``) dumping into
+    ``dump_path``; the losses. ``replicated_batch``: every rank feeds the whole global batch (so each rank's
+    activations are the single-device run's and its averaged gradients too)."""
+    from msprobe_core.pytorch import PrecisionDebugger
+
+    dbg = PrecisionDebugger({"dump_path": dump_path, "task": "statistics", "level": level})
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses = []
+    for step in range(steps):
+        x, y = global_batch(step) if replicated_batch else local_batch(step, setup)
+        dbg.start(model)
+        opt.zero_grad()
+        loss = (model(x) - y).pow(2).mean()
+        loss.backward()
+        opt.step()
+        dbg.stop()
+        dbg.step()
+        losses.append(float(loss.detach()))
+    return losses
