@@ -199,8 +199,8 @@ class CallRecords:
         """Record ``module``'s forward, backward and parameter gradients under ``base``; returns the
         forward hook handles (also removed by stop())."""
         handles = [
-            module.register_forward_pre_hook(partial(self._module_pre, base, exclusive), with_kwargs=True),
-            module.register_forward_hook(partial(self._module_post, base), with_kwargs=True),
+            module.register_forward_pre_hook(self._opaque(partial(self._module_pre, base, exclusive)), with_kwargs=True),
+            module.register_forward_hook(self._opaque(partial(self._module_post, base)), with_kwargs=True),
         ]
         self._forward_handles.extend(handles)
         if self.selection.backward:

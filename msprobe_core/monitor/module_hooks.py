@@ -28,7 +28,7 @@ from msprobe_core.monitor.config import IOSpec
 from msprobe_core.monitor.records import ACTV, ACTV_GRAD
 from msprobe_core.common.tool_guard import tool_work
 from msprobe_core.pytorch.native_shards import local_view
-from msprobe_core.pytorch.wrapper_names import unwrapped_modules
+from msprobe_core.pytorch.wrapper_names import is_compiled, opaque_to_compiler, unwrapped_modules
 
 logger = logging.getLogger("msprobe_core.monitor")
 
@@ -110,6 +110,7 @@ class ActivationHooks:
         self.remove()
         self._micro = [-1] * len(chunks)
         multi = len(chunks) > 1
+        compiled = is_compiled(chunks)  # hooks inside compiled code run eagerly (no recompiles for the tool)
         for c, chunk in enumerate(chunks):
             self._handles.append(chunk.register_forward_pre_hook(partial(self._on_chunk_start, c)))
             for name, module in unwrapped_modules(chunk):
@@ -118,6 +119,8 @@ class ActivationHooks:
                 if spec is None:
                     continue
                 hook = partial(self._on_forward, qualified, spec, c)
+                if compiled:
+                    hook = opaque_to_compiler(hook)
                 self._handles.append(module.register_forward_hook(hook, with_kwargs=True))
                 self.module_names.append(qualified)
         return list(self.module_names)

@@ -34,7 +34,7 @@ from msprobe_core.pytorch.ranks import current_rank
 from msprobe_core.pytorch.sharded_grads import FullStats, ShardedGrads, every_rank_dumps
 from msprobe_core.pytorch.summarize import Summarizer, tensors_in
 from msprobe_core.pytorch.tensor_stats import has_inf_or_nan
-from msprobe_core.pytorch.wrapper_names import unwrapped_class_name, unwrapped_modules
+from msprobe_core.pytorch.wrapper_names import is_compiled, opaque_to_compiler, unwrapped_class_name, unwrapped_modules
 
 _graph_task_id = torch._C._current_graph_task_id
 _is_grad_enabled = torch._C.is_grad_enabled
@@ -90,6 +90,7 @@ class DumpService(DumpServiceBase):
             self.patcher.prepare()  # a bad wrap list fails here, not mid-training
         self.files = TensorFiles() if self.saves_files else None
         self.summarizer = Summarizer(statistics=cfg.task != "structure", md5=cfg.summary_mode == "md5", files=self.files)
+        self._compiled = False
         self.sharded_grads = ShardedGrads(self._deliver_sharded_grad, every_rank_dumps(cfg.rank))
 
     # ================================================================== framework hooks
@@ -110,10 +111,15 @@ class DumpService(DumpServiceBase):
         return isinstance(obj, torch.nn.Module)
 
     def _named_modules(self, root: torch.nn.Module):
+        self._compiled = is_compiled([root])  # decided per model, before its hooks are installed
         return unwrapped_modules(root)  # named as in the model without FSDP1 / checkpoint / compile wrappers
 
     def _class_name(self, module: torch.nn.Module) -> str:
         return unwrapped_class_name(module)  # FSDP2's FSDPLinear is a Linear
+
+    def _opaque(self, hook: Callable) -> Callable:
+        # hooks inside compiled code run eagerly: no recompiles for the tool's state
+        return opaque_to_compiler(hook) if self._compiled else hook
 
     def _before_hooking(self, modules: list) -> None:
         for module in modules:  # FSDP2 units: sharded gradients are recorded after FSDP's end of backward

@@ -1,4 +1,4 @@
-"""Module and parameter names as in the model without PyTorch's wrappers.
+"""Module and parameter names as in the model without PyTorch's wrappers; hooks on compiled models.
 
 FSDP1 (``FullyShardedDataParallel``) puts each wrapped unit under ``_fsdp_wrapped_module.``, activation
 checkpointing's ``CheckpointWrapper`` under ``_checkpoint_wrapped_module.``, ``torch.compile``'s
@@ -9,8 +9,9 @@ unwrapped model does, so a sharded or compiled run pairs with a single-device ea
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Callable, Iterable, Iterator
 
+import torch
 from torch import nn
 
 WRAPPER_PARTS = frozenset({"_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_orig_mod"})
@@ -82,3 +83,21 @@ def unwrapped_modules(root: nn.Module) -> Iterator[tuple[str, nn.Module]]:
     for name, module in root.named_modules():
         if not is_wrapper(module):
             yield unwrapped_name(name), module
+
+
+def is_compiled(modules: Iterable[nn.Module]) -> bool:
+    """Whether any of ``modules`` (or a submodule) runs under ``torch.compile`` (an ``OptimizedModule``
+    wrapper, or ``Module.compile()`` in place)."""
+    try:
+        from torch._dynamo.eval_frame import OptimizedModule
+    except Exception:  # pragma: no cover
+        return False
+    return any(isinstance(m, OptimizedModule) or getattr(m, "_compiled_call_impl", None) is not None
+               for root in modules for m in root.modules())
+
+
+def opaque_to_compiler(fn: Callable) -> Callable:
+    """``fn`` run eagerly when called from code ``torch.compile`` traces: one graph break where it is
+    called, and none of the tool's state (counters, step flags) in the compiled code's guards, so the tool
+    never makes Dynamo recompile. Installed only on compiled models (it costs a few microseconds a call)."""
+    return torch._dynamo.disable(fn, recursive=True)
