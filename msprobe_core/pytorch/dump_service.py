@@ -84,7 +84,8 @@ class DumpService(DumpServiceBase):
 
     def __init__(self, cfg: DumpConfig, wrap_list: Optional[str] = None):
         super().__init__(cfg)
-        self.patcher = ApiPatcher(self._on_api_call, self.should_record, wrap_list,
+        self._api_handler: Callable = self._on_api_call  # opaque to torch.compile on a compiled model
+        self.patcher = ApiPatcher(self._api_entry, self.should_record, wrap_list,
                                   silence=self._silenced) if self._uses_l1 else None
         if self.patcher is not None:
             self.patcher.prepare()  # a bad wrap list fails here, not mid-training
@@ -110,8 +111,13 @@ class DumpService(DumpServiceBase):
     def _is_model(self, obj: Any) -> bool:
         return isinstance(obj, torch.nn.Module)
 
+    def _api_entry(self, original: Callable, prefix: str, api: str, args: tuple, kwargs: dict) -> Any:
+        return self._api_handler(original, prefix, api, args, kwargs)
+
     def _named_modules(self, root: torch.nn.Module):
         self._compiled = is_compiled([root])  # decided per model, before its hooks are installed
+        if self._compiled and self._api_handler == self._on_api_call:
+            self._api_handler = opaque_to_compiler(self._on_api_call)
         return unwrapped_modules(root)  # named as in the model without FSDP1 / checkpoint / compile wrappers
 
     def _class_name(self, module: torch.nn.Module) -> str:
