@@ -204,7 +204,7 @@ class CallRecords:
         ]
         self._forward_handles.extend(handles)
         if self.selection.backward:
-            for pname, p in self._own_parameters(module):
+            for pname, p in self._grad_parameters(module):
                 self._hook_param_grad(p, partial(self._on_param_grad, base, pname))
         return handles
 

@@ -28,10 +28,10 @@ from msprobe_core.files.call_stack import StackCapture
 from msprobe_core.pytorch.api_patch import ApiPatcher
 from msprobe_core.pytorch.backward_capture import InputEdges, capture
 from msprobe_core.pytorch.inplace_comm import written_tensors
-from msprobe_core.pytorch.native_shards import is_dtensor, local_view
+from msprobe_core.pytorch.native_shards import FlatSlot, fsdp1_slots, is_dtensor, local_view
 from msprobe_core.pytorch.pt_writer import TensorFiles
 from msprobe_core.pytorch.ranks import current_rank
-from msprobe_core.pytorch.sharded_grads import FullStats, ShardedGrads, every_rank_dumps
+from msprobe_core.pytorch.sharded_grads import Combined, ShardedGrads, every_rank_dumps
 from msprobe_core.pytorch.summarize import Summarizer, tensors_in
 from msprobe_core.pytorch.tensor_stats import has_inf_or_nan
 from msprobe_core.pytorch.wrapper_names import is_compiled, opaque_to_compiler, unwrapped_class_name, unwrapped_modules
@@ -92,6 +92,7 @@ class DumpService(DumpServiceBase):
         self.files = TensorFiles() if self.saves_files else None
         self.summarizer = Summarizer(statistics=cfg.task != "structure", md5=cfg.summary_mode == "md5", files=self.files)
         self._compiled = False
+        self._fsdp1: dict[int, list[tuple[str, FlatSlot]]] = {}  # id(module) -> its original parameters in FSDP1 units
         self.sharded_grads = ShardedGrads(self._deliver_sharded_grad, every_rank_dumps(cfg.rank))
 
     # ================================================================== framework hooks
@@ -118,7 +119,20 @@ class DumpService(DumpServiceBase):
         self._compiled = is_compiled([root])  # decided per model, before its hooks are installed
         if self._compiled and self._api_handler == self._on_api_call:
             self._api_handler = opaque_to_compiler(self._on_api_call)
-        return unwrapped_modules(root)  # named as in the model without FSDP1 / checkpoint / compile wrappers
+        named = list(unwrapped_modules(root))  # named as in the model without FSDP1 / checkpoint / compile wrappers
+        paths = dict(named)
+        for name, slot in fsdp1_slots(root):  # FSDP1: autograd sees the flat parameters, not the original ones
+            owner, _, pname = name.rpartition(".")
+            if owner in paths:
+                self._fsdp1.setdefault(id(paths[owner]), []).append((pname, slot))
+        return named
+
+    def _grad_parameters(self, module: torch.nn.Module) -> list[tuple[str, Any]]:
+        slots = self._fsdp1.get(id(module))
+        if not slots:
+            return self._own_parameters(module)
+        sliced = {pname for pname, _ in slots}
+        return [(k, v) for k, v in self._own_parameters(module) if k not in sliced] + list(slots)
 
     def _class_name(self, module: torch.nn.Module) -> str:
         return unwrapped_class_name(module)  # FSDP2's FSDPLinear is a Linear
@@ -138,15 +152,18 @@ class DumpService(DumpServiceBase):
 
     def _hook_param_grad(self, param: torch.Tensor, hook: Callable) -> None:
         # a lazy module's parameter is not a tensor yet (hooked from the next start() on)
-        if param.requires_grad and not isinstance(param, _Uninitialized):
+        if isinstance(param, FlatSlot):  # the full gradient's statistics at the end of backward
+            self._step_handles.append(self.sharded_grads.add(param, hook))
+            self._step_handles.append(param.flat.register_hook(self.sharded_grads.arm))
+        elif param.requires_grad and not isinstance(param, _Uninitialized):
             if is_dtensor(param):  # sharded: the full gradient's statistics at the end of backward
                 self._step_handles.append(self.sharded_grads.add(param, hook))
                 hook = self.sharded_grads.arm
             self._step_handles.append(param.register_hook(hook))
 
-    def _deliver_sharded_grad(self, hook: Callable, grad: torch.Tensor, stats: Optional[FullStats]) -> None:
-        if stats is not None:
-            self.summarizer.combined[id(grad)] = stats
+    def _deliver_sharded_grad(self, hook: Callable, grad: torch.Tensor, combined: Optional[Combined]) -> None:
+        if combined is not None:
+            self.summarizer.combined[id(grad)] = combined
         try:
             hook(grad)
         finally:

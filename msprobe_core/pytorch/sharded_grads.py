@@ -20,13 +20,15 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from msprobe_core.pytorch.native_shards import LocalPiece, piece_of
+from msprobe_core.pytorch.native_shards import FlatSlot, LocalPiece, piece_of
 from msprobe_core.pytorch.ranks import group_ranks
 
 logger = logging.getLogger("msprobe_core.dump")
 
 FullStats = tuple[float, float, float, float, int]
 """Max, Min, Mean, Norm of the full tensor and the number of ranks whose shards were combined."""
+Combined = tuple[FullStats, list[int]]
+"""Full statistics and the full tensor's shape."""
 
 
 @torch.no_grad()
@@ -68,7 +70,7 @@ def full_statistics(pieces: Sequence[LocalPiece]) -> list[FullStats]:
 class ShardedGrads:
     """The step's DTensor parameters and their record hooks (see the module docstring)."""
 
-    def __init__(self, deliver: Callable[[Callable, torch.Tensor, FullStats | None], None],
+    def __init__(self, deliver: Callable[[Callable, torch.Tensor, Combined | None], None],
                  all_ranks_dump: Callable[[Any], bool]):
         self._deliver = deliver
         self._all_ranks_dump = all_ranks_dump
@@ -76,8 +78,9 @@ class ShardedGrads:
         self._queued = False
         self._warned: set[str] = set()
 
-    def add(self, param: torch.Tensor, hook: Callable) -> "_Entry":
-        """Record ``param``'s gradient with ``hook`` at the end of each backward; returns a removable handle."""
+    def add(self, param: "torch.Tensor | FlatSlot", hook: Callable) -> "_Entry":
+        """Record the gradient of ``param`` (a DTensor parameter, or an FSDP1 original parameter's slot) with
+        ``hook`` at the end of each backward; returns a removable handle."""
         entry = _Entry(self, param, hook)
         self._params.append(entry)
         return entry
@@ -103,19 +106,18 @@ class ShardedGrads:
 
     def flush(self) -> None:
         self._queued = False
-        todo = [(e.param, e.hook, e.param.grad) for e in self._params if e.param.grad is not None]
+        todo = [found for found in (e.read() for e in self._params) if found is not None]
         if not todo:
             return
-        pieces: list[LocalPiece | None] = [piece_of(g) for _, _, g in todo]
-        readable = [i for i, piece in enumerate(pieces) if piece is not None
+        readable = [i for i, (_, _, piece, _) in enumerate(todo) if piece is not None
                     and (not piece.sharded or self._all_ranks_dump(piece.group))]
         try:
-            stats = dict(zip(readable, full_statistics([pieces[i] for i in readable])))  # type: ignore[misc]
+            stats = dict(zip(readable, full_statistics([todo[i][2] for i in readable])))  # type: ignore[misc]
         except Exception as e:  # never break the backward pass
             logger.warning("msprobe: combining sharded gradient statistics failed (%r); local shards recorded", e)
             stats = {}
-        for i, (_, hook, grad) in enumerate(todo):
-            self._deliver(hook, grad, stats.get(i))
+        for i, (hook, grad, _, shape) in enumerate(todo):
+            self._deliver(hook, grad, (stats[i], shape) if i in stats else None)
 
     def discard(self, entry: "_Entry") -> None:
         self._params = [e for e in self._params if e is not entry]
@@ -124,10 +126,22 @@ class ShardedGrads:
 class _Entry:
     """Removable handle of one parameter in ``ShardedGrads`` (removed with the step's gradient hooks)."""
 
-    def __init__(self, owner: ShardedGrads, param: torch.Tensor, hook: Callable):
+    def __init__(self, owner: ShardedGrads, param: "torch.Tensor | FlatSlot", hook: Callable):
         self.owner = owner
         self.param = param
         self.hook = hook
+
+    def read(self) -> tuple[Callable, torch.Tensor, LocalPiece | None, list[int]] | None:
+        """(hook, what the hook gets, this rank's piece or None where unreadable, full shape), or None
+        without a gradient (the same on every rank)."""
+        if isinstance(self.param, FlatSlot):
+            grad = self.param.flat.grad
+            if grad is None:
+                return None
+            piece = self.param.cut(grad)
+            return self.hook, piece.tensor, piece, list(self.param.flat._shapes[self.param.index])
+        grad = self.param.grad
+        return None if grad is None else (self.hook, grad, piece_of(grad), list(grad.shape))
 
     def remove(self) -> None:
         self.owner.discard(self)
