@@ -22,7 +22,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,7 +37,7 @@ def worker(setup: str, monitored: bool, steps: int, warmup: int, layers: int, ou
     import torch
     import torch.distributed as dist
 
-    from benchmarks.small_gpt import GPTConfig, build, train
+    from benchmarks.small_gpt import GPTConfig, build, timed_train
 
     dist.init_process_group("gloo")
     model, _, data = build(cfg=GPTConfig(layers=layers))
@@ -55,18 +54,10 @@ def worker(setup: str, monitored: bool, steps: int, warmup: int, layers: int, ou
         from msprobe_core.monitor.trainer_mon import TrainerMon
         mon = TrainerMon(EVERYTHING, output_dir=str(Path(out_dir) / f"{setup}_mon"))
         mon.set_monitor(model, 1, opt)
-    stamps: list[tuple[float, float]] = []
-
-    def stamp(_: int = 0) -> None:
-        stamps.append((time.perf_counter(), time.process_time()))
-
-    losses, _ = train(model, opt, data, steps=warmup + steps, before_step=stamp)
-    stamp()
+    losses, times, cpu = timed_train(model, opt, data, steps, warmup)
     if mon is not None:
         mon.close()
     if dist.get_rank() == 0:
-        times = [b[0] - a[0] for a, b in zip(stamps[warmup:], stamps[warmup + 1:])]
-        cpu = [b[1] - a[1] for a, b in zip(stamps[warmup:], stamps[warmup + 1:])]
         print("RESULT " + json.dumps({"times": times, "cpu": cpu, "losses": losses}), flush=True)
     dist.barrier()
     dist.destroy_process_group()

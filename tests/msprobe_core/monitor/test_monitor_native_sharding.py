@@ -65,4 +65,4 @@ def test_monitor_gives_single_device_statistics(tmp_path, setup):
     for result in results:
         assert_single_device_statistics(result)
     assert results[0]["got"][-1]["grad"] == results[1]["got"][-1]["grad"]
-    assert (tmp_path / "out" / "rank1" / "grad_0-0.csv").exists() or any((tmp_path / "out" / "rank1").glob("grad*.csv"))
+    assert any((tmp_path / "out" / "rank1").glob("grad*.csv"))
