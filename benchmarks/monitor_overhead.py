@@ -29,7 +29,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,7 +53,7 @@ def worker(name: str, steps: int, warmup: int, fmt: str, out_dir: str, ops: list
     if threads > 0:
         torch.set_num_threads(threads)
 
-    from benchmarks.small_gpt import build, train
+    from benchmarks.small_gpt import build, timed_train
 
     model, opt, data = build()
     mon = None
@@ -67,17 +66,9 @@ def worker(name: str, steps: int, warmup: int, fmt: str, out_dir: str, ops: list
         path.write_text(json.dumps(cfg))
         mon = TrainerMon(str(path), output_dir=str(Path(out_dir) / name))
         mon.set_monitor(model, 1, opt)
-    stamps: list[tuple[float, float]] = []
-
-    def stamp(_: int = 0) -> None:
-        stamps.append((time.perf_counter(), time.process_time()))
-
-    losses, _ = train(model, opt, data, steps=warmup + steps, before_step=stamp)
-    stamp()
+    losses, times, cpu = timed_train(model, opt, data, steps, warmup)
     if mon is not None:
         mon.close()
-    times = [b[0] - a[0] for a, b in zip(stamps[warmup:], stamps[warmup + 1:])]
-    cpu = [b[1] - a[1] for a, b in zip(stamps[warmup:], stamps[warmup + 1:])]
     return {"name": name, "times": times, "cpu": cpu, "losses": losses, "threads": torch.get_num_threads(),
             "anomalies": len(mon.anomalies) if mon is not None else 0}
 

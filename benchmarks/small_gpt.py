@@ -120,3 +120,19 @@ def train(model: nn.Module, opt: torch.optim.Optimizer, data, steps: int = 5,
             after_step(i)
         losses.append(loss.item())
     return losses, time.perf_counter() - t0
+
+
+def timed_train(model: nn.Module, opt: torch.optim.Optimizer, data, steps: int,
+                warmup: int) -> tuple[list[float], list[float], list[float]]:
+    """``warmup + steps`` training steps; (losses, wall-clock and process CPU seconds of each step after the
+    warmup)."""
+    stamps: list[tuple[float, float]] = []
+
+    def stamp(_: int = 0) -> None:
+        stamps.append((time.perf_counter(), time.process_time()))
+
+    losses, _ = train(model, opt, data, steps=warmup + steps, before_step=stamp)
+    stamp()
+    times = [b[0] - a[0] for a, b in zip(stamps[warmup:], stamps[warmup + 1:])]
+    cpu = [b[1] - a[1] for a, b in zip(stamps[warmup:], stamps[warmup + 1:])]
+    return losses, times, cpu

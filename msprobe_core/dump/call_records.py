@@ -191,20 +191,20 @@ class CallRecords:
                 continue
             prefix = f"{idx}." if indexed else ""
             for path, module in named:
-                if module is not root:
-                    self.hook_module(module, f"{self.module_prefix}.{prefix}{path}.{type(module).__name__}")
+                if path and module is not root:  # a wrapped root (FSDP1, compile) is named "" as well
+                    self.hook_module(module, f"{self.module_prefix}.{prefix}{path}.{self._class_name(module)}")
         self._hooked_models.extend(models)
 
     def hook_module(self, module: Any, base: str, exclusive: bool = False) -> list[Any]:
         """Record ``module``'s forward, backward and parameter gradients under ``base``; returns the
         forward hook handles (also removed by stop())."""
         handles = [
-            module.register_forward_pre_hook(partial(self._module_pre, base, exclusive), with_kwargs=True),
-            module.register_forward_hook(partial(self._module_post, base), with_kwargs=True),
+            module.register_forward_pre_hook(self._opaque(partial(self._module_pre, base, exclusive)), with_kwargs=True),
+            module.register_forward_hook(self._opaque(partial(self._module_post, base)), with_kwargs=True),
         ]
         self._forward_handles.extend(handles)
         if self.selection.backward:
-            for pname, p in self._own_parameters(module):
+            for pname, p in self._grad_parameters(module):
                 self._hook_param_grad(p, partial(self._on_param_grad, base, pname))
         return handles
 

@@ -18,7 +18,7 @@ class FrameworkHooks:
     ``_hook_tensor_grad``, ``_wants_grad``, ``_tensors_in``, ``_overflow_flag``, ``_any_overflow``,
     ``_quiet``, ``_capture_stack``; optionally ``_prepare_backward``, ``_call_inputs``,
     ``_collective_result``, ``_before_hooking``, ``_unpatch``, ``_grad_recording``, ``_on_device``,
-    ``_hook_saved_tensor``, ``_may_record_exclusive`` (and ``should_record``, the hot path)."""
+    ``_hook_saved_tensor``, ``_may_record_exclusive``, ``_class_name``, ``_opaque``, ``_grad_parameters`` (and ``should_record``, the hot path)."""
 
     framework = ""
     model_kind = "a model"
@@ -87,6 +87,18 @@ class FrameworkHooks:
     def _collective_result(self, name: str, api: str, original: Callable, args: tuple, kwargs: dict, out: Any) -> Any:
         """What a ``Distributed`` call's record shows as output (default: its return value)."""
         return out
+
+    def _grad_parameters(self, module: Any) -> list[tuple[str, Any]]:
+        """The parameters whose gradients a module's ``parameters_grad`` records hold (default: its own)."""
+        return self._own_parameters(module)
+
+    def _class_name(self, module: Any) -> str:
+        """The class name in a module's record name (a framework strips its wrappers' generated classes)."""
+        return type(module).__name__
+
+    def _opaque(self, hook: Callable) -> Callable:
+        """A module hook as installed (a framework may shield it from its graph compiler)."""
+        return hook
 
     def _before_hooking(self, modules: list) -> None:
         """Called with the modules of each model given to start(), before any is hooked."""

@@ -63,7 +63,7 @@ class StackCapture:
     def __init__(self, skip_dirs: tuple[str, ...], skip_suffixes: tuple[str, ...]):
         self._skip_dirs = skip_dirs
         self._skip_suffixes = skip_suffixes
-        self._keep: dict[Any, bool] = {}
+        self._keep: dict[int, tuple[Any, bool]] = {}  # id(code) -> (code, kept?)
         # key (code ids and offsets) -> CallStack; the codes are held in _keep, so their ids stay unique
         self._interned: dict[tuple, CallStack] = {}
         self._made = 0
@@ -90,10 +90,13 @@ class StackCapture:
         keep = self._keep
         while f is not None:
             code = f.f_code
-            kept = keep.get(code)
-            if kept is None:
+            # by id: a code object hashes its constants, and torch.compile's generated code holds slices
+            # (unhashable before Python 3.12); the code is kept in the entry, so its id stays unique
+            entry = keep.get(id(code))
+            if entry is None:
                 fn = code.co_filename
-                kept = keep[code] = not fn.startswith(self._skip_dirs) and not fn.endswith(self._skip_suffixes)
+                entry = keep[id(code)] = (code, not fn.startswith(self._skip_dirs) and not fn.endswith(self._skip_suffixes))
+            kept = entry[1]
             if kept:
                 frames.append((code.co_filename, f.f_lineno, code.co_name))
             f = f.f_back

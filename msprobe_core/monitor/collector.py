@@ -14,6 +14,7 @@ import torch
 
 from msprobe_core.monitor.records import MetricRow
 from msprobe_core.monitor.stats import StatsEngine
+from msprobe_core.pytorch.native_shards import local_view
 
 
 @dataclass
@@ -39,7 +40,9 @@ class StepCollector:
         return len(self._entries)
 
     def compute(self, tensors: Sequence[torch.Tensor]) -> list[tuple[torch.device, int]]:
-        """Statistics of ``tensors`` (any devices); returns the (device, row) of each, in order."""
+        """Statistics of ``tensors`` (any devices); returns the (device, row) of each, in order. A DTensor
+        (a tensor-parallel activation) is summarised by this rank's local tensor."""
+        tensors = [local_view(t) for t in tensors]
         by_device: dict[torch.device, list[int]] = {}
         for i, t in enumerate(tensors):
             by_device.setdefault(t.device, []).append(i)

@@ -27,6 +27,8 @@ from msprobe_core.monitor.collector import StepCollector
 from msprobe_core.monitor.config import IOSpec
 from msprobe_core.monitor.records import ACTV, ACTV_GRAD
 from msprobe_core.common.tool_guard import tool_work
+from msprobe_core.pytorch.native_shards import local_view
+from msprobe_core.pytorch.wrapper_names import is_compiled, opaque_to_compiler, unwrapped_modules
 
 logger = logging.getLogger("msprobe_core.monitor")
 
@@ -63,7 +65,8 @@ def tensor_leaves(obj: Any, prefix: str = "", depth: int = 0) -> list[tuple[str,
 
 def _identity(t: torch.Tensor) -> tuple[int, int, int]:
     """Same object, same version, same storage: the values cannot have changed in between."""
-    return id(t), t._version, t.data_ptr()
+    local = local_view(t)
+    return id(t), local._version, local.data_ptr()
 
 
 def _select(leaves: list[tuple[str, torch.Tensor]], index: int | None) -> list[tuple[str, torch.Tensor]]:
@@ -107,14 +110,17 @@ class ActivationHooks:
         self.remove()
         self._micro = [-1] * len(chunks)
         multi = len(chunks) > 1
+        compiled = is_compiled(chunks)  # hooks inside compiled code run eagerly (no recompiles for the tool)
         for c, chunk in enumerate(chunks):
             self._handles.append(chunk.register_forward_pre_hook(partial(self._on_chunk_start, c)))
-            for name, module in chunk.named_modules():
+            for name, module in unwrapped_modules(chunk):
                 qualified = (f"{c}:" if multi else "") + (name or ROOT_NAME)
                 spec = select(qualified)
                 if spec is None:
                     continue
                 hook = partial(self._on_forward, qualified, spec, c)
+                if compiled:
+                    hook = opaque_to_compiler(hook)
                 self._handles.append(module.register_forward_hook(hook, with_kwargs=True))
                 self.module_names.append(qualified)
         return list(self.module_names)

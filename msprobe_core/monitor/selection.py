@@ -15,6 +15,7 @@ from torch import nn
 
 from msprobe_core.monitor.config import ALL_IO, IOSpec, MonitorConfig
 from msprobe_core.monitor.module_hooks import ROOT_NAME
+from msprobe_core.pytorch.wrapper_names import unwrapped_modules, unwrapped_name
 
 logger = logging.getLogger("msprobe_core.monitor")
 
@@ -60,7 +61,7 @@ class Selection:
 
 
 def named_parameters(chunks: Sequence[nn.Module]) -> dict[str, nn.Parameter]:
-    """Every trainable parameter of the chunks under its qualified name (shared ones once)."""
+    """Every trainable parameter of the chunks under its qualified, unwrapped name (shared ones once)."""
     multi = len(chunks) > 1
     seen: set[int] = set()
     out: dict[str, nn.Parameter] = {}
@@ -69,14 +70,14 @@ def named_parameters(chunks: Sequence[nn.Module]) -> dict[str, nn.Parameter]:
             if not p.requires_grad or id(p) in seen:
                 continue
             seen.add(id(p))
-            out[(f"{c}:" if multi else "") + name] = p
+            out[(f"{c}:" if multi else "") + unwrapped_name(name)] = p
     return out
 
 
 def module_names(chunks: Sequence[nn.Module]) -> list[str]:
     multi = len(chunks) > 1
     return [(f"{c}:" if multi else "") + (name or ROOT_NAME) for c, chunk in enumerate(chunks)
-            for name, _ in chunk.named_modules()]
+            for name, _ in unwrapped_modules(chunk)]
 
 
 def owner_module(param_name: str) -> str:
@@ -93,7 +94,7 @@ def model_structure(chunks: Sequence[nn.Module]) -> dict[str, dict]:
     multi = len(chunks) > 1
     out: dict[str, dict] = {}
     for c, chunk in enumerate(chunks):
-        for name, m in chunk.named_modules():
+        for name, m in unwrapped_modules(chunk):
             qualified = (f"{c}:" if multi else "") + (name or ROOT_NAME)
             out[qualified] = {"class": type(m).__name__,
                               "params": {p: list(t.shape) for p, t in m.named_parameters(recurse=False)}}

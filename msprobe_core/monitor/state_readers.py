@@ -19,11 +19,15 @@ no piece); rows are combined in sorted-name order.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import torch
+from torch import nn
 
 from msprobe_core.monitor.records import EXP_AVG, EXP_AVG_SQ
+from msprobe_core.monitor.selection import named_parameters
+from msprobe_core.monitor.shard_stats import combine_partials, shard_partials
+from msprobe_core.monitor.stats import StatsEngine
 
 # optimizer.state key -> monitor kind
 STATE_KINDS: dict[str, str] = {"exp_avg": EXP_AVG, "exp_avg_sq": EXP_AVG_SQ, "momentum_buffer": EXP_AVG}
@@ -48,6 +52,20 @@ class StateReader(ABC):
     def weights(self, params: Mapping[str, torch.nn.Parameter]) -> dict[str, torch.Tensor]:
         """``{name: weight}``; the default returns the parameters themselves."""
         return dict(params)
+
+    def named_parameters(self, chunks: Sequence[nn.Module]) -> dict[str, nn.Parameter]:
+        """The monitored parameters under their (unwrapped, qualified) names, before ``targets`` select."""
+        return named_parameters(chunks)
+
+    def full_numel(self, name: str, param: Any) -> int:
+        """The element count of the full tensor named ``name`` (a shard's reader knows it)."""
+        return int(getattr(param, "ds_numel", 0) or (param.numel() if param is not None else 0))
+
+    def combined_partials(self, engine: StatsEngine, names: Sequence[str], tensors: Mapping[str, Any],
+                          group: Any) -> torch.Tensor:
+        """Full-tensor partial statistics (``shard_stats``) of this rank's ``tensors`` in ``names`` order,
+        combined over ``group``; every rank of the group calls it with the same names."""
+        return combine_partials(shard_partials(engine, [tensors[n] for n in names]), group)
 
 
 class TorchStateReader(StateReader):

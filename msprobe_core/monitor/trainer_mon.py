@@ -39,13 +39,14 @@ from msprobe_core.monitor.detector import BACKWARD_STAGES, AnomalyDetector, Skip
 from msprobe_core.monitor.collector import StepCollector
 from msprobe_core.monitor.config import AlertConfig, MonitorConfig, load_monitor_config
 from msprobe_core.monitor.module_hooks import ActivationHooks, in_backward
+from msprobe_core.monitor.native_reader import NativeShardReader, uses_native_sharding
 from msprobe_core.monitor.records import ACTV, ACTV_GRAD, EXP_AVG, EXP_AVG_SQ, GRAD, PARAM
 from msprobe_core.monitor.rules.learning_rate import learning_rates
 from msprobe_core.monitor.shard_agreement import contributes
 from msprobe_core.monitor.schedule import CollectionSchedule, ConfigWatcher, dynamic_requested
-from msprobe_core.monitor.selection import Selection, model_structure, module_names, named_parameters, owner_module
+from msprobe_core.monitor.selection import Selection, model_structure, module_names, owner_module
 from msprobe_core.monitor.state_readers import StateReader, TorchStateReader
-from msprobe_core.monitor.shard_stats import combine_partials, partials_to_ops, shard_partials
+from msprobe_core.monitor.shard_stats import partials_to_ops
 from msprobe_core.monitor.stats import StatsEngine
 from msprobe_core.monitor.writers import ApiWriter, MetricWriter, WriterContext, make_writers
 from msprobe_core.pytorch.ranks import current_rank, rank_in
@@ -79,6 +80,7 @@ class TrainerMon:
         self.process_group = process_group
         self.params_have_main_grad = params_have_main_grad
         self.reader: StateReader = state_reader or TorchStateReader(params_have_main_grad)
+        self._own_reader = state_reader is None  # replaced by NativeShardReader for FSDP / DTensor models
         self.rank = current_rank() or 0
         self.pp_stage = rank_in(process_group) if process_group is not None else 0
         self.output_dir = Path(output_dir if output_dir is not None else os.environ.get(OUTPUT_DIR_ENV, DEFAULT_OUTPUT_DIR))
@@ -139,6 +141,8 @@ class TrainerMon:
         check_output_dir(self.output_dir, OUTPUT_DIR_ENV)  # a file or an unwritable place fails here, not mid-training
         self._uninstall()
         self._chunks = chunks
+        if self._own_reader and uses_native_sharding(chunks):
+            self.reader = NativeShardReader(chunks)
         self._skip_hook = chunks[0].register_forward_pre_hook(self._on_forward_start, prepend=True)
         self.grad_acc_steps = grad_acc_steps
         self.dp_group, self.tp_group = dp_group, tp_group
@@ -171,6 +175,7 @@ class TrainerMon:
         """Read gradients, weights and optimizer states through ``reader`` from now on (an integration that
         finds the engine only once training runs); ``dp_group`` replaces the data-parallel group."""
         self.reader = reader
+        self._own_reader = False
         if dp_group is not None:
             self.dp_group = dp_group
 
@@ -196,7 +201,7 @@ class TrainerMon:
             self._hooks.remove()
             self._hooks = None
         selection = Selection(self.config, len(self._chunks))
-        self._params = {n: p for n, p in named_parameters(self._chunks).items() if selection.selects_param(n)}
+        self._params = {n: p for n, p in self.reader.named_parameters(self._chunks).items() if selection.selects_param(n)}
         if self._chunks:
             selection.warn_unmatched(module_names(self._chunks))
         self._selection = selection
@@ -415,15 +420,13 @@ class TrainerMon:
 
     def _record_sharded(self, kind: str, tensors: Mapping[str, torch.Tensor]) -> None:
         names = sorted(tensors)
-        partials = shard_partials(self.engine, [tensors[n] for n in names])
-        combined = combine_partials(partials, self._shard_group())
+        combined = self.reader.combined_partials(self.engine, names, tensors, self._shard_group())
         if not self._collecting:  # contributing only: the all-reduces are made, nothing is recorded
             return
         block = partials_to_ops(combined, self.config.ops)
         base = self.collector.add_block(block)
         for i, name in enumerate(names):
-            p = self._params.get(name)
-            numel = int(getattr(p, "ds_numel", 0) or (p.numel() if p is not None else 0))
+            numel = self.reader.full_numel(name, self._params.get(name))
             self.collector.add_entry(kind, name, owner_module(name), None, numel, (block.device, base + i))
 
     def _ensure_writers(self) -> list[MetricWriter]:

@@ -28,10 +28,13 @@ from msprobe_core.files.call_stack import StackCapture
 from msprobe_core.pytorch.api_patch import ApiPatcher
 from msprobe_core.pytorch.backward_capture import InputEdges, capture
 from msprobe_core.pytorch.inplace_comm import written_tensors
+from msprobe_core.pytorch.native_shards import FlatSlot, fsdp1_slots, is_dtensor, local_view
 from msprobe_core.pytorch.pt_writer import TensorFiles
 from msprobe_core.pytorch.ranks import current_rank
+from msprobe_core.pytorch.sharded_grads import Combined, ShardedGrads, every_rank_dumps
 from msprobe_core.pytorch.summarize import Summarizer, tensors_in
 from msprobe_core.pytorch.tensor_stats import has_inf_or_nan
+from msprobe_core.pytorch.wrapper_names import is_compiled, opaque_to_compiler, unwrapped_class_name, unwrapped_modules
 
 _graph_task_id = torch._C._current_graph_task_id
 _is_grad_enabled = torch._C.is_grad_enabled
@@ -81,12 +84,16 @@ class DumpService(DumpServiceBase):
 
     def __init__(self, cfg: DumpConfig, wrap_list: Optional[str] = None):
         super().__init__(cfg)
-        self.patcher = ApiPatcher(self._on_api_call, self.should_record, wrap_list,
+        self._api_handler: Callable = self._on_api_call  # opaque to torch.compile on a compiled model
+        self.patcher = ApiPatcher(self._api_entry, self.should_record, wrap_list,
                                   silence=self._silenced) if self._uses_l1 else None
         if self.patcher is not None:
             self.patcher.prepare()  # a bad wrap list fails here, not mid-training
         self.files = TensorFiles() if self.saves_files else None
         self.summarizer = Summarizer(statistics=cfg.task != "structure", md5=cfg.summary_mode == "md5", files=self.files)
+        self._compiled = False
+        self._fsdp1: dict[int, list[tuple[str, FlatSlot]]] = {}  # id(module) -> its original parameters in FSDP1 units
+        self.sharded_grads = ShardedGrads(self._deliver_sharded_grad, every_rank_dumps(cfg.rank))
 
     # ================================================================== framework hooks
     def should_record(self) -> bool:
@@ -105,16 +112,62 @@ class DumpService(DumpServiceBase):
     def _is_model(self, obj: Any) -> bool:
         return isinstance(obj, torch.nn.Module)
 
+    def _api_entry(self, original: Callable, prefix: str, api: str, args: tuple, kwargs: dict) -> Any:
+        return self._api_handler(original, prefix, api, args, kwargs)
+
     def _named_modules(self, root: torch.nn.Module):
-        return root.named_modules()
+        self._compiled = is_compiled([root])  # decided per model, before its hooks are installed
+        if self._compiled and self._api_handler == self._on_api_call:
+            self._api_handler = opaque_to_compiler(self._on_api_call)
+        named = list(unwrapped_modules(root))  # named as in the model without FSDP1 / checkpoint / compile wrappers
+        paths = dict(named)
+        for name, slot in fsdp1_slots(root):  # FSDP1: autograd sees the flat parameters, not the original ones
+            owner, _, pname = name.rpartition(".")
+            if owner in paths:
+                self._fsdp1.setdefault(id(paths[owner]), []).append((pname, slot))
+        return named
+
+    def _grad_parameters(self, module: torch.nn.Module) -> list[tuple[str, Any]]:
+        slots = self._fsdp1.get(id(module))
+        if not slots:
+            return self._own_parameters(module)
+        sliced = {pname for pname, _ in slots}
+        return [(k, v) for k, v in self._own_parameters(module) if k not in sliced] + list(slots)
+
+    def _class_name(self, module: torch.nn.Module) -> str:
+        return unwrapped_class_name(module)  # FSDP2's FSDPLinear is a Linear
+
+    def _opaque(self, hook: Callable) -> Callable:
+        # hooks inside compiled code run eagerly: no recompiles for the tool's state
+        return opaque_to_compiler(hook) if self._compiled else hook
+
+    def _before_hooking(self, modules: list) -> None:
+        for module in modules:  # FSDP2 units: sharded gradients are recorded after FSDP's end of backward
+            state = getattr(module, "_get_fsdp_state", None)
+            if state is not None and hasattr(state(), "_root_post_backward_final_callback"):
+                self.sharded_grads.after_fsdp_backward(state())
 
     def _own_parameters(self, module: torch.nn.Module) -> list[tuple[str, Any]]:
         return [(k, v) for k, v in module._parameters.items() if v is not None]  # without named_parameters' generator
 
     def _hook_param_grad(self, param: torch.Tensor, hook: Callable) -> None:
         # a lazy module's parameter is not a tensor yet (hooked from the next start() on)
-        if param.requires_grad and not isinstance(param, _Uninitialized):
+        if isinstance(param, FlatSlot):  # the full gradient's statistics at the end of backward
+            self._step_handles.append(self.sharded_grads.add(param, hook))
+            self._step_handles.append(param.flat.register_hook(self.sharded_grads.arm))
+        elif param.requires_grad and not isinstance(param, _Uninitialized):
+            if is_dtensor(param):  # sharded: the full gradient's statistics at the end of backward
+                self._step_handles.append(self.sharded_grads.add(param, hook))
+                hook = self.sharded_grads.arm
             self._step_handles.append(param.register_hook(hook))
+
+    def _deliver_sharded_grad(self, hook: Callable, grad: torch.Tensor, combined: Optional[Combined]) -> None:
+        if combined is not None:
+            self.summarizer.combined[id(grad)] = combined
+        try:
+            hook(grad)
+        finally:
+            self.summarizer.combined.pop(id(grad), None)
 
     def _hook_tensor_grad(self, t: torch.Tensor, hook: Callable) -> None:
         # removed when the step ends (a leaf's hook outlives the graph; a backward run after step()
@@ -137,7 +190,7 @@ class DumpService(DumpServiceBase):
         return bool(tensors) and not tensors[0].is_cpu
 
     def _overflow_flag(self, t: torch.Tensor) -> torch.Tensor:
-        return has_inf_or_nan(t)
+        return has_inf_or_nan(local_view(t))
 
     def _any_overflow(self, flags: list) -> bool:
         return bool(torch.stack([f.to("cpu") for f in flags]).any())

@@ -18,6 +18,7 @@ import torch
 from msprobe_core.dump import summarize as core
 from msprobe_core.dump.summarize import SummarizerBase, fill, plain_value
 from msprobe_core.pytorch import tensor_stats
+from msprobe_core.pytorch.native_shards import is_dtensor
 from msprobe_core.pytorch.odd_tensors import PLAIN_TYPES, QUANTIZED_DTYPES, known_shape, unsupported_reason
 from msprobe_core.pytorch.pt_writer import TensorFiles
 from msprobe_core.pytorch.tensor_crc import tensor_crc32
@@ -56,6 +57,9 @@ class Summarizer(SummarizerBase):
     def __init__(self, statistics: bool, md5: bool, files: Optional[TensorFiles] = None):
         super().__init__(statistics, md5, files)
         self._cache: dict[int, _Entry] = {}
+        self.combined: dict[int, tuple] = {}
+        """id(tensor) -> ((Max, Min, Mean, Norm, shards), shape) of the full tensor a DTensor or an FSDP1 piece
+        belongs to (``sharded_grads``), while the piece is recorded."""
 
     def reset(self) -> None:
         self._cache.clear()
@@ -83,6 +87,8 @@ class Summarizer(SummarizerBase):
         name = _DTYPE_NAMES.get(dtype)
         if name is None:
             name = _DTYPE_NAMES[dtype] = str(dtype)
+        if self.combined and id(t) in self.combined:
+            return self._combined(t, name, *self.combined[id(t)])
         # a tensor the dump cannot read (odd_tensors): nothing reads its memory, the record says why
         if type(t) in PLAIN_TYPES and t.layout is _strided and dtype not in QUANTIZED_DTYPES and (t.is_cpu or t.is_cuda):
             try:
@@ -90,6 +96,8 @@ class Summarizer(SummarizerBase):
             except RuntimeError:  # a nested tensor has no shape
                 return self._unsupported(t, name, unsupported_reason(t) or "tensor without a shape")
         else:
+            if is_dtensor(t):
+                return self._dtensor(t, file_base, save)
             reason = unsupported_reason(t)
             if reason is not None:
                 return self._unsupported(t, name, reason)
@@ -140,6 +148,25 @@ class Summarizer(SummarizerBase):
                     summary["summary"] = f"unsupported: no checksum ({type(e).__name__})"
         if data_name is not None:
             summary["data_name"] = data_name
+        return summary
+
+    def _dtensor(self, t: torch.Tensor, file_base: Optional[str], save: bool) -> dict:
+        """A DTensor (not combined from the shards, see ``_combined``): its local tensor's statistics, marked
+        ``"local_shard"`` when the local tensor is only a piece (a replicated DTensor's is the full one)."""
+        summary = self.tensor(t._local_tensor, file_base, save)
+        summary["shape"] = list(t.shape)
+        summary["requires_grad"] = bool(t.requires_grad)
+        if not all(p.is_replicate() for p in t.placements):
+            summary["local_shard"] = True
+        return summary
+
+    def _combined(self, t: torch.Tensor, dtype_name: str, full: tuple, shape: list) -> dict:
+        """The record of a full tensor whose statistics were combined from every rank's piece."""
+        summary: dict[str, Any] = {"type": "torch.Tensor", "dtype": dtype_name, "shape": list(shape),
+                                   "Max": full[0], "Min": full[1], "Mean": full[2], "Norm": full[3],
+                                   "requires_grad": bool(t.requires_grad), "combined_from_shards": full[4]}
+        if self.md5:
+            summary["md5"] = None
         return summary
 
     def _checksum(self, t: torch.Tensor, data: torch.Tensor, entry: Optional[_Entry], summary: dict) -> None:

@@ -1,0 +1,103 @@
+"""Module and parameter names as in the model without PyTorch's wrappers; hooks on compiled models.
+
+FSDP1 (``FullyShardedDataParallel``) puts each wrapped unit under ``_fsdp_wrapped_module.``, activation
+checkpointing's ``CheckpointWrapper`` under ``_checkpoint_wrapped_module.``, ``torch.compile``'s
+``OptimizedModule`` under ``_orig_mod.``; FSDP2 (``fully_shard``) keeps the names but swaps each module's
+class for a generated ``FSDP<Name>``. The dump and the monitor name modules and parameters as the
+unwrapped model does, so a sharded or compiled run pairs with a single-device eager one in ``compare``.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable, Iterator
+
+import torch
+from torch import nn
+
+WRAPPER_PARTS = frozenset({"_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_orig_mod"})
+"""Name components the wrappers insert; they are dropped from every name."""
+
+_FSDP2_PREFIX = "FSDP"
+
+
+def unwrapped_name(name: str) -> str:
+    """``name`` without the wrappers' components (``_fsdp_wrapped_module.0.weight`` -> ``0.weight``)."""
+    if "_" not in name:
+        return name
+    parts = name.split(".")
+    if not WRAPPER_PARTS.intersection(parts):
+        return name
+    return ".".join(p for p in parts if p not in WRAPPER_PARTS)
+
+
+def _wrapper_types() -> tuple[type, ...]:
+    found: list[type] = []
+    try:
+        from torch._dynamo.eval_frame import OptimizedModule
+        found.append(OptimizedModule)
+    except Exception:  # pragma: no cover - torch without dynamo
+        pass
+    try:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+        found.append(FullyShardedDataParallel)
+    except Exception:  # pragma: no cover - torch without distributed
+        pass
+    try:
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import ActivationWrapper
+        found.append(ActivationWrapper)
+    except Exception:  # pragma: no cover
+        pass
+    return tuple(found)
+
+
+_WRAPPERS: tuple[type, ...] | None = None
+
+
+def is_wrapper(module: nn.Module) -> bool:
+    """Whether ``module`` only wraps another (FSDP1 unit, checkpoint wrapper, compiled module)."""
+    global _WRAPPERS
+    if _WRAPPERS is None:
+        _WRAPPERS = _wrapper_types()
+    return isinstance(module, _WRAPPERS)
+
+
+def unwrapped_class_name(module: nn.Module) -> str:
+    """The module's class name; for FSDP2's generated ``FSDP<Name>`` class, ``Name``'s."""
+    cls = type(module)
+    name = cls.__name__
+    if name.startswith(_FSDP2_PREFIX) and len(cls.__bases__) > 1:
+        try:
+            from torch.distributed.fsdp import FSDPModule
+        except Exception:  # pragma: no cover
+            return name
+        if FSDPModule in cls.__bases__:
+            for base in cls.__bases__:
+                if base is not FSDPModule and not issubclass(base, FSDPModule):
+                    return base.__name__
+    return name
+
+
+def unwrapped_modules(root: nn.Module) -> Iterator[tuple[str, nn.Module]]:
+    """``root.named_modules()`` under unwrapped names, wrapper modules left out (the wrapped module takes
+    the wrapper's name; the root's is ``""``)."""
+    for name, module in root.named_modules():
+        if not is_wrapper(module):
+            yield unwrapped_name(name), module
+
+
+def is_compiled(modules: Iterable[nn.Module]) -> bool:
+    """Whether any of ``modules`` (or a submodule) runs under ``torch.compile`` (an ``OptimizedModule``
+    wrapper, or ``Module.compile()`` in place)."""
+    try:
+        from torch._dynamo.eval_frame import OptimizedModule
+    except Exception:  # pragma: no cover
+        return False
+    return any(isinstance(m, OptimizedModule) or getattr(m, "_compiled_call_impl", None) is not None
+               for root in modules for m in root.modules())
+
+
+def opaque_to_compiler(fn: Callable) -> Callable:
+    """``fn`` run eagerly when called from code ``torch.compile`` traces: one graph break where it is
+    called, and none of the tool's state (counters, step flags) in the compiled code's guards, so the tool
+    never makes Dynamo recompile. Installed only on compiled models (it costs a few microseconds a call)."""
+    return torch._dynamo.disable(fn, recursive=True)
