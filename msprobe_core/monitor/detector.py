@@ -117,10 +117,12 @@ class AnomalyDetector:
                 found.append(self._make(rank, step, row, finding.metric, finding.value, finding.limit, NAN_RULE))
             bad.add(key)
         self._bad = (self._bad - {(r.kind, r.name) for r in good}) | bad
+        followed: set[tuple[str, str]] = set()  # series that jumped after a cascade's origin: they join its event
         if self._turbulence is not None:
             judged = [r for r in good if self._turbulence.judges(r)]
             for jump in self._turbulence.check(judged):
                 found.append(self._make(rank, step, jump.row, jump.metric, jump.value, jump.baseline, TURBULENCE_RULE))
+                followed.update((jump.row.kind, name) for name in jump.followers)
         if self._lr is not None and lrs and not skipped:
             for jump in self._lr.check(lrs):
                 found.append(Anomaly(rank=rank, step=step, micro_step=None, stage=STAGE_OPTIMIZER, call_id=-1,
@@ -128,7 +130,7 @@ class AnomalyDetector:
                                      metric="lr", value=jump.value, baseline=jump.previous, rule=TURBULENCE_RULE,
                                      pp_stage=self.pp_stage))
         found.sort(key=order_key)
-        verdict.opened, verdict.grew = self._events.add(step, found, bad)
+        verdict.opened, verdict.grew = self._events.add(step, found, bad, followed)
         return verdict
 
     def _skip(self, rank: int, step: int, rows: list[MetricRow],
