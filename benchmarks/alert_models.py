@@ -1,7 +1,8 @@
 """A zoo of small, varied training workloads for judging the monitor's alerts (built from configs, no downloads).
 
 Each workload is a model, its optimizer and LR schedule, and the training loop habits that make healthy
-statistics move: masks holding -inf or ``finfo.min``, Hugging Face Llama and GPT-2 from tiny configs,
+statistics move: masks holding -inf or ``finfo.min``, the smallest GPT a new user tries (``tiny_gpt``: 2
+layers, hidden 64, AdamW, no schedule), Hugging Face Llama and GPT-2 from tiny configs,
 BatchNorm and Dropout on SGD with momentum, LR warm-up and decay, gradient clipping, gradient accumulation,
 autocast fp16/bf16 with a dynamic loss scaler (``torch.amp.GradScaler`` on CPU; the fp16 one starts at a
 scale that overflows, so the scaler skips steps), small noisy batches.

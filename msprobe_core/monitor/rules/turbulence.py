@@ -29,7 +29,8 @@ order: forward order for activations, backward order for gradients): the first s
 its own noise and beyond ``STEP_SPREAD_SIGMAS`` x the spread of the series **before** it (which stayed
 within their noise) is where the jump starts. If that is the kind's first series (``INPUT_SERIES``: the
 input moved, a hard batch, a rare token) the step is excused as before. Otherwise, once one series of the
-cascade goes beyond the kind's tail (known once it holds ``MIN_GROUP`` jumps, so the first steps after
+cascade goes beyond the kind's tail (``CASCADE_TAIL_FACTOR`` x it for activations; known once it holds
+``MIN_GROUP`` jumps, so the first steps after
 warm-up are judged too), the origin is reported once; the series after it that jumped are its
 ``followers`` (counted in the event's ``reached``), and all of them are re-based.
 
@@ -69,6 +70,11 @@ STEP_SPREAD_SIGMAS = 4.0
 STEP_SPREAD_QUANTILE = 0.8
 KIND_TAIL_FACTOR = 4.0
 KIND_TAIL_QUANTILE = 0.99
+CASCADE_TAIL_FACTOR = {ACTV: 2.5}
+"""For a cascade in these kinds (its origin stands out of a calm upstream), the tail factor instead of
+``KIND_TAIL_FACTOR``: on the healthy zoo (10 models, 3 seeds) no activation cascade passes the upstream
+spread at all; a weight x50 passes it at 2.7-17x the kind's tail. Gradients keep ``KIND_TAIL_FACTOR``
+(their heavy tail: healthy cascades there reach 2x the tail)."""
 MIN_GROUP = 4
 """Series of a kind needed for a common mode and a spread (fewer: judged on their own)."""
 INPUT_SERIES = 1
@@ -96,6 +102,8 @@ class Jump:
     baseline: float
     followers: tuple[str, ...] = ()
     """Series of the same kind after it (in data order) that jumped with it: a cascade, judged at its origin."""
+    cascade: bool = False
+    """The origin of a cascade (found in data order, see ``TurbulenceRule._cascade``)."""
 
 
 @dataclass
@@ -264,7 +272,8 @@ class TurbulenceRule:
         center = level[judged] - z
         bound = np.maximum(self.floor, OWN_SIGMAS * win.sigmas(r, center))
         order = np.argsort(plan.first_call[tensors[judged]], kind="stable")
-        tail = KIND_TAIL_FACTOR * sorted_quantile(pooled, KIND_TAIL_QUANTILE) if len(pooled) >= MIN_GROUP else math.inf
+        factor = CASCADE_TAIL_FACTOR.get(plan.kind, KIND_TAIL_FACTOR)
+        tail = factor * sorted_quantile(pooled, KIND_TAIL_QUANTILE) if len(pooled) >= MIN_GROUP else math.inf
         origin = None
         for at in np.flatnonzero(z[order] > bound[order]):
             if at < INPUT_SERIES:
@@ -288,7 +297,7 @@ class TurbulenceRule:
             calm[j] = False
         row = self._largest(plan, rows, norm, tensors[judged[k]])
         names = tuple(self._largest(plan, rows, norm, tensors[judged[j]]).name for j in followed)
-        return Jump(row, "norm", row.values[self._norm], math.exp(center[k] + offset), names)
+        return Jump(row, "norm", row.values[self._norm], math.exp(center[k] + offset), names, cascade=True)
 
     @staticmethod
     def _largest(plan: _Plan, rows: Sequence[MetricRow], norm: np.ndarray, tensor: int) -> MetricRow:
