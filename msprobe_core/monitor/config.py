@@ -386,24 +386,26 @@ def _alert(value: Any, source: str | None) -> AlertConfig:
                        inform=_inform(value.get("inform"), source))
 
 
-def _on_anomaly(value: Any, source: str | None) -> CaptureConfig | None:
-    """``on_anomaly``: None/absent, or {"dump": {"task": "statistics", "level": "L1", "steps": 1, "max_captures": 3}}."""
+def _object(value: Any, field: str, keys: tuple[str, ...], allowed: str, source: str | None) -> Mapping | None:
+    """A section of the config: None/absent stays None; anything but an object, or a key not in ``keys``, is
+    an error naming ``field``."""
     if value is None:
         return None
-    allowed = '{"dump": {"task": "statistics", "level": "L1", "steps": 1, "max_captures": 3}}'
     if not isinstance(value, Mapping):
-        raise ConfigError("on_anomaly", value, allowed, source)
+        raise ConfigError(field, value, allowed, source)
     for key in value:
-        if key != "dump":
-            raise UnknownKeyError(f"on_anomaly.{key}", ["on_anomaly.dump"], source)
-    dump = value.get("dump")
+        if key not in keys:
+            raise UnknownKeyError(f"{field}.{key}", [f"{field}.{k}" for k in keys], source)
+    return value
+
+
+def _on_anomaly(value: Any, source: str | None) -> CaptureConfig | None:
+    """``on_anomaly``: None/absent, or {"dump": {"task": "statistics", "level": "L1", "steps": 1, "max_captures": 3}}."""
+    allowed = '{"dump": {"task": "statistics", "level": "L1", "steps": 1, "max_captures": 3}}'
+    section = _object(value, "on_anomaly", ("dump",), allowed, source)
+    dump = _object(section.get("dump"), "on_anomaly.dump", CAPTURE_KEYS, allowed, source) if section else None
     if dump is None:
         return None
-    if not isinstance(dump, Mapping):
-        raise ConfigError("on_anomaly.dump", dump, allowed, source)
-    for key in dump:
-        if key not in CAPTURE_KEYS:
-            raise UnknownKeyError(f"on_anomaly.dump.{key}", [f"on_anomaly.dump.{k}" for k in CAPTURE_KEYS], source)
     default = CaptureConfig()
     task, level = check_task_and_level(dump.get("task", default.task), dump.get("level", default.level),
                                        "on_anomaly.dump.", source)
@@ -415,14 +417,10 @@ def _on_anomaly(value: Any, source: str | None) -> CaptureConfig | None:
 
 def _inform(value: Any, source: str | None) -> InformConfig | None:
     """``alert.inform``: None/absent, or {"recipient": "database", "connection_str": "sqlite:///path.db"}."""
+    allowed = '{"recipient": "database", "connection_str": "sqlite:///path/to/anomalies.db"}'
+    value = _object(value, "alert.inform", _INFORM_KEYS, allowed, source)
     if value is None:
         return None
-    allowed = '{"recipient": "database", "connection_str": "sqlite:///path/to/anomalies.db"}'
-    if not isinstance(value, Mapping):
-        raise ConfigError("alert.inform", value, allowed, source)
-    for key in value:
-        if key not in _INFORM_KEYS:
-            raise UnknownKeyError(f"alert.inform.{key}", [f"alert.inform.{k}" for k in _INFORM_KEYS], source)
     recipient = value.get("recipient")
     if recipient not in INFORM_RECIPIENTS:
         raise ConfigError("alert.inform.recipient", recipient,
