@@ -30,9 +30,9 @@ its own noise and beyond ``STEP_SPREAD_SIGMAS`` x the spread of the series **bef
 within their noise) is where the jump starts. If that is the kind's first series (``INPUT_SERIES``: the
 input moved, a hard batch, a rare token) the step is excused as before. Otherwise, once one series of the
 cascade goes beyond the kind's tail (``CASCADE_TAIL_FACTOR`` x it for activations; known once it holds
-``MIN_GROUP`` jumps, so the first steps after
-warm-up are judged too), the origin is reported once; the series after it that jumped are its
-``followers`` (counted in the event's ``reached``), and all of them are re-based.
+``MIN_GROUP`` jumps, so the first steps after warm-up are judged too), the origin is reported once; the
+series after it that jumped are its ``followers`` (counted in the event's ``reached``), and all of them
+are re-based.
 
 The noise can excuse a jump of up to ``EXPLOSION`` (x1000) at most; ``threshold`` stays a floor above it.
 The jump must also be sudden: the step from the previous level, less the series' median step, exceeds the
@@ -261,12 +261,13 @@ class TurbulenceRule:
     def _cascade(self, plan: _Plan, rows: Sequence[MetricRow], norm: np.ndarray, tensors: np.ndarray,
                  judged: np.ndarray, level: np.ndarray, z: np.ndarray, offset: float, pooled: np.ndarray,
                  calm: np.ndarray) -> Jump | None:
-        """Where a jump of many series of one step starts (see ``_check_norms``): in the order the data was
-        produced (forward order for activations, backward order for gradients), the first series that jumped
-        beyond its own noise, the floor, ``STEP_SPREAD_SIGMAS`` x the spread of the series before it and
-        the kind's tail. A jump that starts within the first ``INPUT_SERIES`` series is the input moving (a
-        hard batch, a rare token): excused. The series after the origin that jumped beyond their own noise
-        are its ``followers``; they are re-based with it (a lasting shift is reported once)."""
+        """Where a jump of many series of one step starts (see the module docstring): in the order the data
+        was produced (forward order for activations, backward order for gradients), the first series that
+        jumped beyond its own noise, the floor and ``STEP_SPREAD_SIGMAS`` x the spread of the series before
+        it; reported when it, or a series after it, also goes beyond the kind's tail. A jump that starts
+        within the first ``INPUT_SERIES`` series is the input moving (a hard batch, a rare token): excused.
+        The series after the origin that jumped beyond their own noise are its ``followers``; they are
+        re-based with it (a lasting shift is reported once)."""
         win = plan.state.norms
         r = plan.norm_rows[tensors[judged]]
         center = level[judged] - z
