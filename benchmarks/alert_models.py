@@ -1,7 +1,8 @@
 """A zoo of small, varied training workloads for judging the monitor's alerts (built from configs, no downloads).
 
 Each workload is a model, its optimizer and LR schedule, and the training loop habits that make healthy
-statistics move: masks holding -inf or ``finfo.min``, Hugging Face Llama and GPT-2 from tiny configs,
+statistics move: masks holding -inf or ``finfo.min``, the smallest GPT a new user tries (``tiny_gpt``: 2
+layers, hidden 64, AdamW, no schedule), Hugging Face Llama and GPT-2 from tiny configs,
 BatchNorm and Dropout on SGD with momentum, LR warm-up and decay, gradient clipping, gradient accumulation,
 autocast fp16/bf16 with a dynamic loss scaler (``torch.amp.GradScaler`` on CPU; the fp16 one starts at a
 scale that overflows, so the scaler skips steps), small noisy batches.
@@ -114,6 +115,44 @@ class MHAGPT(nn.Module):
         return self.head(self.ln_f(x))
 
 
+class TinyBlock(nn.Module):
+    """Pre-LN transformer block whose MLP is ``fc1`` -> GELU -> ``fc2``."""
+
+    def __init__(self, hidden: int, heads: int):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(hidden)
+        self.attn = nn.MultiheadAttention(hidden, heads, batch_first=True)
+        self.ln2 = nn.LayerNorm(hidden)
+        self.fc1 = nn.Linear(hidden, 4 * hidden)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(4 * hidden, hidden)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        h = self.ln1(x)
+        x = x + self.attn(h, h, h, attn_mask=mask, need_weights=False)[0]
+        return x + self.fc2(self.act(self.fc1(self.ln2(x))))
+
+
+class TinyGPT(nn.Module):
+    """The smallest GPT a new user tries first: 2 layers, hidden 64, 4 heads, sequence 32, vocabulary 256."""
+
+    def __init__(self, vocab: int = 256, hidden: int = 64, heads: int = 4, layers: int = 2, seq: int = 32):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, hidden)
+        self.pos = nn.Embedding(seq, hidden)
+        self.blocks = nn.ModuleList(TinyBlock(hidden, heads) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(hidden)
+        self.head = nn.Linear(hidden, vocab, bias=False)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        t = idx.shape[1]
+        x = self.tok(idx) + self.pos(torch.arange(t))
+        mask = nn.Transformer.generate_square_subsequent_mask(t)
+        for block in self.blocks:
+            x = block(x, mask)
+        return self.head(self.ln_f(x))
+
+
 class SmallCNN(nn.Module):
     """Conv-BatchNorm-ReLU twice, Dropout, a linear classifier."""
 
@@ -189,6 +228,14 @@ def _mha(mask_kind: str, seed: int) -> Workload:
     return Workload(f"mha_{mask_kind}_mask", model, opt, _token_batches(128, 8, 16, seed), _lm_loss(model),
                     "blocks.1.fc.weight", scheduler=warmup_decay(opt), clip=1.0,
                     notes=f"nn.MultiheadAttention GPT, {mask_kind} causal mask, AdamW, warm-up + cosine, clip 1.0")
+
+
+def _tiny_gpt(seed: int) -> Workload:
+    torch.manual_seed(seed)
+    model = TinyGPT()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    return Workload("tiny_gpt", model, opt, _token_batches(256, 8, 32, seed), _lm_loss(model),
+                    "blocks.0.fc1.weight", notes="TinyGPT (2 layers, hidden 64), AdamW, no schedule, no clipping")
 
 
 def _hf_llama(seed: int) -> Workload:
@@ -274,6 +321,7 @@ BUILDERS: dict[str, Callable[[int], Workload]] = {
     "mha_neginf_mask": lambda seed: _mha("neginf", seed),
     "mha_finfo_mask": lambda seed: _mha("finfo", seed),
     "mha_bool_mask": lambda seed: _mha("bool", seed),
+    "tiny_gpt": _tiny_gpt,
     "hf_llama": _hf_llama,
     "hf_gpt2": _hf_gpt2,
     "cnn_bn_sgd": _cnn,

@@ -1,6 +1,7 @@
 """Can a user trust the monitor's alerts? False alerts on healthy runs and faults caught, over a model zoo.
 
-The workloads are ``benchmarks.alert_models``: transformers with -inf, ``finfo.min`` and boolean masks,
+The workloads are ``benchmarks.alert_models``: transformers with -inf, ``finfo.min`` and boolean masks, a
+TinyGPT (2 layers, hidden 64),
 Hugging Face Llama and GPT-2 from tiny configs, a CNN with BatchNorm and Dropout on SGD with momentum, a
 noisy small-batch MLP, autocast fp16/bf16 with a dynamic loss scaler; LR warm-up and decay, gradient
 clipping, gradient accumulation. Every metric is on (``xy``, ``wg``, ``mv``, ``param``, all six ops) with

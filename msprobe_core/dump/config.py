@@ -249,14 +249,20 @@ def parse_int_filter(name: str, value: Any, source: str | None = None) -> StepFi
     return StepFilter(frozenset(singles), tuple(ranges))
 
 
-def _check_task(value: Any, source: str | None) -> str:
+def check_task_and_level(task: Any, level: Any, prefix: str = "", source: str | None = None) -> tuple[str, str]:
+    """A ``task`` and a ``level`` as the dump config accepts them (an alias gives the task it names), for
+    another config that starts a dump; a ``ConfigError`` names ``{prefix}task`` / ``{prefix}level``."""
+    return _check_task(task, source, f"{prefix}task"), _check_choice(f"{prefix}level", level, LEVELS, source)
+
+
+def _check_task(value: Any, source: str | None, name: str = "task") -> str:
     """A task name (an alias such as msprobe 26's ``nan_check`` gives the task it names)."""
     if isinstance(value, str) and value in UNSUPPORTED_TASKS:
-        raise ConfigError("task", value, f"{', '.join((*TASKS, *TASK_ALIASES))} ('{value}' is an msprobe task this "
+        raise ConfigError(name, value, f"{', '.join((*TASKS, *TASK_ALIASES))} ('{value}' is an msprobe task this "
                                          "tool does not run)", source)
     if isinstance(value, str) and value in TASK_ALIASES:
         return TASK_ALIASES[value]
-    return _check_choice("task", value, (*TASKS, *TASK_ALIASES), source)
+    return _check_choice(name, value, (*TASKS, *TASK_ALIASES), source)
 
 
 def _check_choice(name: str, value: Any, choices: Iterable[str], source: str | None) -> str:

@@ -80,7 +80,8 @@ class DumpServiceBase(CallRecords, UserApi, FrameworkHooks):
         self._collecting = False       # between start() and stop()
         self._token_ok = True          # inside token_range (or no token_range)
         self._exclusive: Any = None    # module_dump() window
-        self._recording = False        # the conjunction of the three above, kept current
+        self._inside = True            # inside the module given to limit_to() (or no such module)
+        self._recording = False        # the conjunction of the four above, kept current
         self._rank_id: Optional[int] = None
         self._checked_dirs: set[str] = set()
         self.recorder: Optional[StepRecorder] = None
@@ -115,7 +116,7 @@ class DumpServiceBase(CallRecords, UserApi, FrameworkHooks):
 
     # ================================================================== life cycle
     def _update_recording(self) -> None:
-        self._recording = self._collecting and self._token_ok and self._exclusive is None
+        self._recording = self._collecting and self._token_ok and self._exclusive is None and self._inside
 
     def should_record(self) -> bool:
         """Hot path of every wrapped API: record this call? Only the dumping thread's calls are recorded
@@ -198,6 +199,7 @@ class DumpServiceBase(CallRecords, UserApi, FrameworkHooks):
         self._forward_handles.clear()
         self._hooked_models.clear()
         self._token_ok = True  # the token window (if any) ends with its hooks
+        self._inside = True  # and so does limit_to()'s
         self._sync(force=True)
         if self._backward_ran():
             try:

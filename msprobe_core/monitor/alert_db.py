@@ -5,7 +5,8 @@ Standard library only (``sqlite3``). Every rank opens the same file; the databas
 anomalies are written in one short transaction, so a crash loses at most the step in flight. Tables::
 
     anomalies(id, run, session, rank, event, step, micro_step, stage, call_id, kind, name, module, metric,
-              value, baseline, rule, pp_stage, reached, last_step, description, created_at, updated_at)
+              value, baseline, rule, pp_stage, reached, last_step, description, created_at, updated_at,
+              capture)
     skipped_steps(id, run, session, rank, step, origin, overflowed, created_at)
 
 ``run`` groups the ranks of one training run (``TORCHELASTIC_RUN_ID`` under torchrun, else the monitor's
@@ -56,7 +57,9 @@ _SCHEMA = (
 )
 _COLUMNS = ("run", "session", "rank", "event", "step", "micro_step", "stage", "call_id", "kind", "name", "module",
             "metric", "value", "baseline", "rule", "pp_stage", "reached", "last_step", "description",
-            "created_at", "updated_at")
+            "created_at", "updated_at", "capture")
+_ADDED_COLUMNS = {"capture": "TEXT"}
+"""Columns added after the first schema: a database written by an older version gets them when opened."""
 
 
 def _now() -> str:
@@ -89,6 +92,10 @@ class AnomalyDatabase:
             with self._transaction():
                 for statement in _SCHEMA:
                     self._conn.execute(statement)
+                have = {r[1] for r in self._conn.execute("PRAGMA table_info(anomalies)")}
+                for column, sql_type in _ADDED_COLUMNS.items():
+                    if column not in have:
+                        self._conn.execute(f"ALTER TABLE anomalies ADD COLUMN {column} {sql_type}")
         except (OSError, sqlite3.Error) as e:
             raise ConfigError("alert.inform.connection_str", connection_str or str(path),
                               f"an SQLite database file this process can create and write ({e})") from None
@@ -115,7 +122,7 @@ class AnomalyDatabase:
                 for a in opened:
                     row = (self.run, self.session, a.rank, a.event, a.step, a.micro_step, a.stage, a.call_id, a.kind,
                            a.name, a.module, a.metric, _real(a.value), _real(a.baseline), a.rule, a.pp_stage,
-                           a.reached, a.last_step, a.describe(), now, now)
+                           a.reached, a.last_step, a.describe(), now, now, a.capture)
                     conn.execute(f"INSERT OR REPLACE INTO anomalies ({', '.join(_COLUMNS)}) "
                                  f"VALUES ({', '.join('?' * len(_COLUMNS))})", row)
                 for a in grew:
@@ -147,6 +154,8 @@ def read_anomalies(path: str | os.PathLike) -> list[Anomaly]:
     try:
         con = sqlite3.connect(f"file:{Path(path).resolve()}?mode=ro", uri=True, timeout=BUSY_TIMEOUT_S)
         try:
+            if "capture" in {r[1] for r in con.execute("PRAGMA table_info(anomalies)")}:
+                fields += ("capture",)
             rows = con.execute(f"SELECT {', '.join(fields)} FROM anomalies ORDER BY id").fetchall()
         finally:
             con.close()

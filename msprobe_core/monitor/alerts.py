@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
@@ -37,6 +38,8 @@ class AlertCenter:
         self.events = EventTracker()
         """Shared by every detector of this rank (a configuration change does not split a spreading fault)."""
         self.callbacks: list[AnomalyCallback] = []
+        self.evidence: Callable[[Anomaly], str | None] | None = None
+        """Asked once per new event: the folder its evidence will be captured in (``on_anomaly.dump``), or None."""
         self.skipped_steps: list[SkippedStep] = []
         self._anomalies: list[Anomaly] = []
         self._file: AnomalyFileWriter | None = None
@@ -76,6 +79,9 @@ class AlertCenter:
                         "overflow%s); a skipped step, not an anomaly", self.rank, skip.step, where)
         if not verdict.opened and not verdict.grew and skip is None:
             return
+        if self.evidence is not None:
+            verdict.opened = [replace(a, capture=self.evidence(a)) for a in verdict.opened]
+        verdict.grew = [replace(a, capture=self._anomalies[a.event].capture) for a in verdict.grew]
         for a in verdict.opened:
             self._anomalies.append(a)
             logger.warning("monitor: %s", a.describe())

@@ -45,6 +45,8 @@ class Anomaly:
     event, so not part of its identity: the callback's copy equals the later, grown one)."""
     last_step: int | None = field(default=None, compare=False)
     """The last step the fault was seen at (NaN still there, or more jumps in the following step)."""
+    capture: str | None = field(default=None, compare=False)
+    """The dump folder (``dump.json``) of the evidence captured after it (``on_anomaly.dump``), or None."""
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -77,8 +79,9 @@ class Anomaly:
             later = self.last_step is not None and self.last_step != self.step
             until = f" through step {self.last_step}" if later else ""
             spread = f"; reached {self.reached} tensors{until}"
+        evidence = f"; evidence: {self.capture}" if self.capture else ""
         return (f"anomaly rank {self.rank} step {self.step}{micro} [{self.stage} #{self.call_id}] "
-                f"{self.kind} {self.name}: {how} ({self.rule}{spread})")
+                f"{self.kind} {self.name}: {how} ({self.rule}{spread}){evidence}")
 
 
 _STAGE_RANK = {STAGE_PARAM: 0, STAGE_FORWARD: 1, STAGE_BACKWARD: 1, STAGE_GRADIENT: 2, STAGE_OPTIMIZER: 3}

@@ -94,6 +94,8 @@ def _checked(anomaly: Anomaly) -> Anomaly:
     for key in _STR_FIELDS:
         if not isinstance(getattr(anomaly, key), str):
             raise TypeError(f"field '{key}' = {getattr(anomaly, key)!r} is not a string")
+    if anomaly.capture is not None and not isinstance(anomaly.capture, str):
+        raise TypeError(f"field 'capture' = {anomaly.capture!r} is not a string")
     return anomaly
 
 

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from msprobe_core.dump.config import read_json_object
+from msprobe_core.dump.config import check_task_and_level, read_json_object
 from msprobe_core.errors import ConfigError, UnknownKeyError
 
 logger = logging.getLogger("msprobe_core.monitor")
@@ -41,7 +41,7 @@ KNOWN_KEYS = (
     "targets", "xy_distribution", "all_xy", "forward_only", "backward_only", "wg_distribution",
     "mv_distribution", "param_distribution", "ops", "eps", "format", "ndigits", "start_step",
     "step_interval", "collect_times", "step_count_per_record", "print_struct", "dynamic_on", "alert",
-    "module_ranks",
+    "module_ranks", "on_anomaly",
 )
 # msprobe monitor keys this tool accepts and does not implement (a warning is logged when one is on).
 IGNORED_KEYS = frozenset({
@@ -116,6 +116,22 @@ class AlertConfig:
 
 
 @dataclass(frozen=True)
+class CaptureConfig:
+    """``on_anomaly.dump``: when an alert fires at step s, dump steps s+1 .. s+``steps`` with the dump core
+    (``task``, ``level`` as in the dump config), scoped to the alerted module, at most ``max_captures``
+    times per rank (see ``msprobe_core.monitor.capture``)."""
+
+    task: str = "statistics"
+    level: str = "L1"
+    steps: int = 1
+    max_captures: int = 3
+
+
+CAPTURE_KEYS = ("task", "level", "steps", "max_captures")
+MAX_CAPTURE_STEPS = 100
+
+
+@dataclass(frozen=True)
 class MonitorConfig:
     """A validated monitor configuration. Build it with ``load_monitor_config``."""
 
@@ -140,6 +156,8 @@ class MonitorConfig:
     has_dynamic_on: bool = False
     alert: AlertConfig = field(default_factory=AlertConfig)
     module_ranks: tuple[int, ...] = ()
+    on_anomaly: CaptureConfig | None = None
+    """``on_anomaly.dump``: evidence captured when an alert fires (None: off)."""
     source: str | None = None
 
     @property
@@ -214,6 +232,7 @@ def parse_monitor_config(raw: Mapping[str, Any], source: str | None = None) -> M
         has_dynamic_on="dynamic_on" in raw,
         alert=_alert(raw.get("alert"), source),
         module_ranks=_ranks(raw.get("module_ranks", []), source),
+        on_anomaly=_on_anomaly(raw.get("on_anomaly"), source),
         source=source,
     )
 
@@ -246,11 +265,12 @@ def _bool(raw: Mapping[str, Any], key: str, default: bool, source: str | None) -
     return value
 
 
-def _int(raw: Mapping[str, Any], key: str, default: int, lo: int, hi: int | None, source: str | None) -> int:
+def _int(raw: Mapping[str, Any], key: str, default: int, lo: int, hi: int | None, source: str | None,
+         prefix: str = "") -> int:
     value = raw.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int) or value < lo or (hi is not None and value > hi):
         allowed = f"an int >= {lo}" + (f" and <= {hi}" if hi is not None else "")
-        raise ConfigError(key, value, allowed, source)
+        raise ConfigError(prefix + key, value, allowed, source)
     return value
 
 
@@ -366,16 +386,41 @@ def _alert(value: Any, source: str | None) -> AlertConfig:
                        inform=_inform(value.get("inform"), source))
 
 
-def _inform(value: Any, source: str | None) -> InformConfig | None:
-    """``alert.inform``: None/absent, or {"recipient": "database", "connection_str": "sqlite:///path.db"}."""
+def _object(value: Any, field: str, keys: tuple[str, ...], allowed: str, source: str | None) -> Mapping | None:
+    """A section of the config: None/absent stays None; anything but an object, or a key not in ``keys``, is
+    an error naming ``field``."""
     if value is None:
         return None
-    allowed = '{"recipient": "database", "connection_str": "sqlite:///path/to/anomalies.db"}'
     if not isinstance(value, Mapping):
-        raise ConfigError("alert.inform", value, allowed, source)
+        raise ConfigError(field, value, allowed, source)
     for key in value:
-        if key not in _INFORM_KEYS:
-            raise UnknownKeyError(f"alert.inform.{key}", [f"alert.inform.{k}" for k in _INFORM_KEYS], source)
+        if key not in keys:
+            raise UnknownKeyError(f"{field}.{key}", [f"{field}.{k}" for k in keys], source)
+    return value
+
+
+def _on_anomaly(value: Any, source: str | None) -> CaptureConfig | None:
+    """``on_anomaly``: None/absent, or {"dump": {"task": "statistics", "level": "L1", "steps": 1, "max_captures": 3}}."""
+    allowed = '{"dump": {"task": "statistics", "level": "L1", "steps": 1, "max_captures": 3}}'
+    section = _object(value, "on_anomaly", ("dump",), allowed, source)
+    dump = _object(section.get("dump"), "on_anomaly.dump", CAPTURE_KEYS, allowed, source) if section else None
+    if dump is None:
+        return None
+    default = CaptureConfig()
+    task, level = check_task_and_level(dump.get("task", default.task), dump.get("level", default.level),
+                                       "on_anomaly.dump.", source)
+    return CaptureConfig(task=task, level=level,
+                         steps=_int(dump, "steps", default.steps, 1, MAX_CAPTURE_STEPS, source, "on_anomaly.dump."),
+                         max_captures=_int(dump, "max_captures", default.max_captures, 1, None, source,
+                                           "on_anomaly.dump."))
+
+
+def _inform(value: Any, source: str | None) -> InformConfig | None:
+    """``alert.inform``: None/absent, or {"recipient": "database", "connection_str": "sqlite:///path.db"}."""
+    allowed = '{"recipient": "database", "connection_str": "sqlite:///path/to/anomalies.db"}'
+    value = _object(value, "alert.inform", _INFORM_KEYS, allowed, source)
+    if value is None:
+        return None
     recipient = value.get("recipient")
     if recipient not in INFORM_RECIPIENTS:
         raise ConfigError("alert.inform.recipient", recipient,

@@ -26,7 +26,8 @@ from typing import Iterable, Sequence
 from msprobe_core.monitor.anomaly import LR_KIND, NAN_RULE, TURBULENCE_RULE, Anomaly, order_key
 from msprobe_core.monitor.config import AlertConfig
 from msprobe_core.monitor.events import EventTracker
-from msprobe_core.monitor.records import GRAD, STAGE_BACKWARD, STAGE_GRADIENT, STAGE_OPTIMIZER, MetricRow
+from msprobe_core.monitor.records import (ACTV_GRAD, GRAD, STAGE_BACKWARD, STAGE_GRADIENT, STAGE_OPTIMIZER,
+                                          MetricRow)
 from msprobe_core.monitor.rules.learning_rate import LearningRateRule
 from msprobe_core.monitor.rules.nonfinite import NonFiniteRule
 from msprobe_core.monitor.rules.turbulence import TurbulenceRule
@@ -104,7 +105,7 @@ class AnomalyDetector:
             rows = [r for r in rows if r.stage not in BACKWARD_STAGES]
         else:
             self._skip_streak = 0
-        rows = [r for r in rows if not r.alias]
+        written, rows = rows, [r for r in rows if not r.alias]
         bad: set[tuple[str, str]] = set()
         good: list[MetricRow] = []
         for row in rows:
@@ -117,10 +118,13 @@ class AnomalyDetector:
                 found.append(self._make(rank, step, row, finding.metric, finding.value, finding.limit, NAN_RULE))
             bad.add(key)
         self._bad = (self._bad - {(r.kind, r.name) for r in good}) | bad
+        followed: set[tuple[str, str]] = set()  # series that jumped after a cascade's origin: they join its event
         if self._turbulence is not None:
             judged = [r for r in good if self._turbulence.judges(r)]
             for jump in self._turbulence.check(judged):
-                found.append(self._make(rank, step, jump.row, jump.metric, jump.value, jump.baseline, TURBULENCE_RULE))
+                row = _consumer_input(written, jump.row) if jump.cascade and jump.row.kind == ACTV_GRAD else jump.row
+                found.append(self._make(rank, step, row, jump.metric, jump.value, jump.baseline, TURBULENCE_RULE))
+                followed.update((jump.row.kind, name) for name in jump.followers)
         if self._lr is not None and lrs and not skipped:
             for jump in self._lr.check(lrs):
                 found.append(Anomaly(rank=rank, step=step, micro_step=None, stage=STAGE_OPTIMIZER, call_id=-1,
@@ -128,7 +132,7 @@ class AnomalyDetector:
                                      metric="lr", value=jump.value, baseline=jump.previous, rule=TURBULENCE_RULE,
                                      pp_stage=self.pp_stage))
         found.sort(key=order_key)
-        verdict.opened, verdict.grew = self._events.add(step, found, bad)
+        verdict.opened, verdict.grew = self._events.add(step, found, bad, followed)
         return verdict
 
     def _skip(self, rank: int, step: int, rows: list[MetricRow],
@@ -154,3 +158,13 @@ class AnomalyDetector:
                        kind=row.kind, name=row.name, module=row.module, metric=metric, value=float(value),
                        baseline=None if baseline is None or not math.isfinite(baseline) else float(baseline),
                        rule=rule, pp_stage=self.pp_stage)
+
+
+def _consumer_input(rows: Sequence[MetricRow], row: MetricRow) -> MetricRow:
+    """The gradient a backward cascade starts at, named by the module it entered: ``act1.output``'s gradient
+    is ``fc2.input``'s (the module whose fault made it jump), when the step wrote that alias row."""
+    for r in rows:
+        if (r.alias and r.kind == row.kind and r.micro_step == row.micro_step and r.call_id > row.call_id
+                and ".input" in r.name and list(r.values) == list(row.values)):
+            return r
+    return row

@@ -53,14 +53,15 @@ class EventTracker:
         self._events: list[_Event] = []
         self._judged: deque[int] = deque(maxlen=CASCADE_STEPS + 1)  # the steps judged last, this one included
 
-    def add(self, step: int, anomalies: Sequence[Anomaly],
-            bad: Iterable[SeriesKey]) -> tuple[list[Anomaly], list[Anomaly]]:
+    def add(self, step: int, anomalies: Sequence[Anomaly], bad: Iterable[SeriesKey],
+            followed: Iterable[SeriesKey] = ()) -> tuple[list[Anomaly], list[Anomaly]]:
         """Group a step's new ``anomalies``; ``bad`` are every series that holds NaN/Inf at this step (also the
-        ones reported earlier). Returns (events opened, events that grew or went on)."""
+        ones reported earlier); ``followed``: series that jumped after a cascade's origin (they count as
+        reached, they are not anomalies of their own). Returns (events opened, events that grew or went on)."""
         bad = set(bad)
         if not self._judged or self._judged[-1] != step:
             self._judged.append(step)
-        keys = {(a.kind, a.name) for a in anomalies}
+        keys = {(a.kind, a.name) for a in anomalies} | (set(followed) if anomalies else set())
         live = self._events[-1] if self._events else None
         if live is not None:
             before = (len(live.members), live.last_step)

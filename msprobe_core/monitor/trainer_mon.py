@@ -35,6 +35,7 @@ from msprobe_core.common.exit_close import cancel_close_at_exit, close_at_exit
 from msprobe_core.errors import ConfigError
 from msprobe_core.monitor.alerts import AlertCenter, AnomalyCallback
 from msprobe_core.monitor.anomaly import Anomaly
+from msprobe_core.monitor.capture import AnomalyCapture
 from msprobe_core.monitor.detector import BACKWARD_STAGES, AnomalyDetector, SkippedStep
 from msprobe_core.monitor.collector import StepCollector
 from msprobe_core.monitor.config import AlertConfig, MonitorConfig, load_monitor_config
@@ -98,6 +99,7 @@ class TrainerMon:
         self._hooks: ActivationHooks | None = None
         self._params: dict[str, nn.Parameter] = {}
         self.alerts = AlertCenter(self.rank, self.rank_dir, self.output_dir)
+        self.capture: AnomalyCapture | None = None
         self._lrs: list[float] = []
         self._forwards = 0  # training forwards of the first chunk since the last optimizer step
         self._skip_checked = False
@@ -187,6 +189,10 @@ class TrainerMon:
         self.schedule = CollectionSchedule.from_config(config, enabled=enabled, not_before=not_before)
         self.detector = AnomalyDetector(self._alert_config(), config.ops, self.pp_stage, events=self.alerts.events)
         self.alerts.configure(config.alert)
+        if self.capture is not None:
+            self.capture.close()
+        self.capture = AnomalyCapture(config.on_anomaly, self.output_dir, self.rank) if config.on_anomaly else None
+        self.alerts.evidence = self.capture.folder_for if self.capture is not None else None
         self._close_writers()
 
     def _alert_config(self) -> AlertConfig:
@@ -317,6 +323,8 @@ class TrainerMon:
         self.step_index += 1
         self._poll_config()
         self._begin_step()
+        if self.capture is not None:  # on_anomaly.dump: the step after an alert is dumped
+            self.capture.between_steps(self._chunks, self.step_index)
         return result
 
     def step(self, optimizer_step: int | None = None, skipped: bool | None = None) -> dict[str, Any] | None:
@@ -362,6 +370,8 @@ class TrainerMon:
             return
         self._closed = True
         self._collecting = False
+        if self.capture is not None:
+            self.capture.close()
         self._uninstall()
         self._close_writers()
         self.alerts.close()

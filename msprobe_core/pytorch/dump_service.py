@@ -95,6 +95,26 @@ class DumpService(DumpServiceBase):
         self._fsdp1: dict[int, list[tuple[str, FlatSlot]]] = {}  # id(module) -> its original parameters in FSDP1 units
         self.sharded_grads = ShardedGrads(self._deliver_sharded_grad, every_rank_dumps(cfg.rank))
 
+    def limit_to(self, module: torch.nn.Module) -> None:
+        """Until ``stop()``, record only while ``module`` runs forward: the module, its submodules and the
+        APIs it calls (their backward records follow their forward ones). Call it after ``start()``."""
+        depth = [0]
+
+        def enter(*_: Any) -> None:
+            depth[0] += 1
+            self._inside = True
+            self._update_recording()
+
+        def leave(*_: Any) -> None:
+            depth[0] -= 1
+            self._inside = depth[0] > 0
+            self._update_recording()
+
+        self._inside = False
+        self._update_recording()
+        self._forward_handles += [module.register_forward_pre_hook(enter, prepend=True),
+                                  module.register_forward_hook(leave)]
+
     # ================================================================== framework hooks
     def should_record(self) -> bool:
         """Hot path of every wrapped API: record this call? Not inside a backward pass, and only the

@@ -6,7 +6,8 @@
     build_report("dump_path", "report.html")
 
 Modules: ``dump_data`` (a rank folder as compact tree columns), ``compare_data`` (compare_summary.json and
-the result CSVs), ``monitor_data`` (CSV or TensorBoard scalars and anomalies.json), ``html`` (the page),
+the result CSVs), ``monitor_data`` (CSV or TensorBoard scalars and anomalies.json), ``monitor_glance`` (the monitor's heat map
+and each alert's related series), ``html`` (the page),
 ``build`` (what a folder holds; the reports of ``compare --report`` and ``nan_analyze --report``), ``cli``;
 ``assets/`` holds the viewer's script and style, inlined into every page.
 """

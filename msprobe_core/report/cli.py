@@ -12,8 +12,10 @@ The folder may be:
       statistics, API calls under their module, search by name, a node's stack on click;
   a compare output (holding compare_summary.json): both runs' trees side by side coloured by result, the
       first divergence highlighted and scrolled to on open, with its metrics and stack;
-  a monitor output (MONITOR_OUTPUT_DIR with rank*/ CSV or TensorBoard files and anomalies.json): one chart per
-      metric and module, steps on the x axis, anomalies marked, the first anomaly named at the top.
+  a monitor output (MONITOR_OUTPUT_DIR with rank*/ CSV or TensorBoard files and anomalies.json): the run at a
+      glance (a heat map, modules down and steps across, each cell how far the module's norms are from their
+      recent median, alerts marked), then each alert with its origin's and its neighbours' charts and the
+      folder of its on-anomaly capture, then every series behind a search box (drawn when opened).
 The page is one file with everything inline: open it in any browser, offline. Large trees expand lazily.
 """
 

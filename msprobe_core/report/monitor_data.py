@@ -7,7 +7,8 @@ anomalies`` orders them). Returns::
 
     {"charts": [{"name": "0.output", "metric": "actv_norm", "series": {"0": [[step, value], ...]}}],
      "anomalies": [{"rank", "step", "micro_step", "stage", "kind", "name", "metric", "value", "rule",
-                    "chart": index of its chart or -1}, ...]}
+                    "chart": index of its chart or -1, "row", "column", "related": [chart, ...]}, ...],
+     "glance": the heat map (``monitor_glance``)}
 
 Later micro-batches are their own series (``name:1``), as in the monitor's TensorBoard tags.
 """
@@ -21,6 +22,7 @@ from typing import Iterator, Optional
 
 from msprobe_core.errors import DumpInputError
 from msprobe_core.report.dump_data import number
+from msprobe_core.report.monitor_glance import glance
 
 CSV_NAME = re.compile(r"^(?P<kind>.+)_(?P<first>\d+)-(?P<last>\d+)\.csv$")
 RANK_DIR = re.compile(r"^rank(\d+)$")
@@ -126,4 +128,5 @@ def monitor_data(root: Path) -> dict:
             a[field] = number(float(v) if isinstance(v, (int, str)) and not isinstance(v, bool) else v)
         a["chart"] = chart_of.get(key, -1)
         anomalies.append(a)
-    return {"charts": charts, "anomalies": anomalies}
+    seen = {key: i for i, key in enumerate(series)}  # first appearance: the CSV rows' order is the data's
+    return {"charts": charts, "anomalies": anomalies, "glance": glance(charts, anomalies, [seen[k] for k in keys])}

@@ -56,6 +56,9 @@ Options, for what the frameworks need:
   (``msprobe_core.monitor.state_readers.StateReader``: DeepSpeed ZeRO, Megatron's optimizers);
 - the folders it wrote: ``end_step()``, ``output_folders()``, ``dump_path``, ``dump_step``;
 - another integration's engine: ``follow_engine(kind, current_step)`` (``engine_followers``);
+- evidence on alert: the monitor config's ``"on_anomaly": {"dump": {...}}`` makes the monitor of each rank
+  that alerts at step s dump step s+1, scoped to the alerted module, under ``<monitor output>/captures/``
+  (``msprobe_core.monitor.capture``); it follows the optimizer-step events, so every integration has it;
 - ``ProbeSession(dump_path=...)`` overrides the dump config's ``dump_path``; ``attach(rank_id=...)`` names
   the dump's rank folder; ``on_anomaly(callback)``; ``write_hyperparameters(doc)``.
 

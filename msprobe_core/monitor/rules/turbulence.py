@@ -22,6 +22,18 @@ batch, a rare token, the loss scale of mixed precision training doubling or halv
   kind has done). A step whose common mode itself moved by more than the floor is left out of the tail:
   the step's spread judges its unevenness, and in the tail it would hide a later explosion for a window.
 
+**A cascade is one event at its origin.** A fault in the middle of the network (a weight multiplied by 50)
+moves every activation after it and every gradient before it in one step, so the step's spread excuses each
+of them. Before that, the kind's series are read in the order the data was produced (the monitor's call
+order: forward order for activations, backward order for gradients): the first series that jumped beyond
+its own noise and beyond ``STEP_SPREAD_SIGMAS`` x the spread of the series **before** it (which stayed
+within their noise) is where the jump starts. If that is the kind's first series (``INPUT_SERIES``: the
+input moved, a hard batch, a rare token) the step is excused as before. Otherwise, once one series of the
+cascade goes beyond the kind's tail (``CASCADE_TAIL_FACTOR`` x it for activations; known once it holds
+``MIN_GROUP`` jumps, so the first steps after warm-up are judged too), the origin is reported once; the
+series after it that jumped are its ``followers`` (counted in the event's ``reached``), and all of them
+are re-based.
+
 The noise can excuse a jump of up to ``EXPLOSION`` (x1000) at most; ``threshold`` stays a floor above it.
 The jump must also be sudden: the step from the previous level, less the series' median step, exceeds the
 floor too (a trend that started after a flat stretch is not a jump). A jump re-bases the series (its levels
@@ -58,8 +70,15 @@ STEP_SPREAD_SIGMAS = 4.0
 STEP_SPREAD_QUANTILE = 0.8
 KIND_TAIL_FACTOR = 4.0
 KIND_TAIL_QUANTILE = 0.99
+CASCADE_TAIL_FACTOR = {ACTV: 2.5}
+"""For a cascade in these kinds (its origin stands out of a calm upstream), the tail factor instead of
+``KIND_TAIL_FACTOR``: on the healthy zoo (10 models, 3 seeds) no activation cascade passes the upstream
+spread at all; a weight x50 passes it at 2.7-17x the kind's tail. Gradients keep ``KIND_TAIL_FACTOR``
+(their heavy tail: healthy cascades there reach 2x the tail)."""
 MIN_GROUP = 4
 """Series of a kind needed for a common mode and a spread (fewer: judged on their own)."""
+INPUT_SERIES = 1
+"""A cascade that starts within this many series of a kind (in data order) starts at the input: excused."""
 MIN_TAIL_SAMPLES = 40
 """Jumps of a kind seen before its tail is known; until then its common-mode series are not judged."""
 SIGN_NOISE = 4.0
@@ -81,6 +100,10 @@ class Jump:
     metric: str
     value: float
     baseline: float
+    followers: tuple[str, ...] = ()
+    """Series of the same kind after it (in data order) that jumped with it: a cascade, judged at its origin."""
+    cascade: bool = False
+    """The origin of a cascade (found in data order, see ``TurbulenceRule._cascade``)."""
 
 
 @dataclass
@@ -113,6 +136,8 @@ class _Plan:
     share_floor: np.ndarray
     """Per row, max(threshold, SIGN_NOISE / sqrt(numel))."""
     one_row_per_tensor: bool
+    first_call: np.ndarray
+    """Per tensor, the call order of its first row in the step (the order the data was produced)."""
 
 
 class TurbulenceRule:
@@ -136,7 +161,7 @@ class TurbulenceRule:
         """Judge one step's (or one skipped iteration's) good rows of the judged kinds, then learn from them."""
         if self._norm is None or not rows:
             return []
-        layout = [(r.kind, r.name, r.micro_step, r.numel) for r in rows]
+        layout = [(r.kind, r.name, r.micro_step, r.numel, r.call_id) for r in rows]
         if layout != self._layout:  # the same tensors every step, as a rule: plan once
             self._layout, self._plans = layout, self._plan(layout)
         values = np.array([r.values for r in rows], dtype=np.float64)
@@ -163,10 +188,12 @@ class TurbulenceRule:
             names: dict[str, int] = {}
             tensor = [names.setdefault(layout[i][1], len(names)) for i in at]
             numel = np.array([max(layout[i][3], 1) for i in at], dtype=np.float64)
+            first_call = np.full(len(names), np.iinfo(np.int64).max, dtype=np.int64)
+            np.minimum.at(first_call, np.array(tensor, dtype=np.int64), np.array([layout[i][4] for i in at]))
             plans.append(_Plan(kind, state, np.array(at, dtype=np.int64), np.array(tensor, dtype=np.int64),
                                state.norms.rows(list(names)), state.shares.rows([layout[i][1:3] for i in at]),
                                np.sqrt(numel), np.maximum(self.cfg.threshold, SIGN_NOISE / np.sqrt(numel)),
-                               len(names) == len(at)))
+                               len(names) == len(at), first_call))
         return plans
 
     # ------------------------------------------------------------------------------------------ norms
@@ -200,16 +227,21 @@ class TurbulenceRule:
         judged = np.flatnonzero(win.count[idx] >= self.cfg.warmup)
         z = level[judged] - win.medians(idx[judged])
         noise = 0.0  # what the kind's other series say about how far a healthy series may jump now
+        pooled = np.sort(np.concatenate(state.tail)) if grouped and state.tail else np.empty(0)
         if grouped and len(judged) >= MIN_GROUP:
             others = np.sort(np.abs(z))[:-1]  # the largest jump is the candidate, not the spread
-            pooled = np.sort(np.concatenate(state.tail)) if state.tail else np.empty(0)
             tail = sorted_quantile(pooled, KIND_TAIL_QUANTILE) if len(pooled) >= MIN_TAIL_SAMPLES else math.inf
             noise = max(STEP_SPREAD_SIGMAS * sorted_quantile(others, STEP_SPREAD_QUANTILE), KIND_TAIL_FACTOR * tail)
         elif grouped:
             noise = math.inf  # too few judged series to know the kind's spread yet
         found: list[Jump] = []
         calm = np.ones(len(judged), dtype=bool)
-        for k in np.flatnonzero(z > max(self.floor, min(noise, EXPLOSION_LOG))):  # own noise only where it matters
+        if grouped and len(judged) > MIN_GROUP and (z > self.floor).any():
+            cascade = self._cascade(plan, rows, norm, tensors, judged, level, z, offset, pooled, calm)
+            if cascade is not None:
+                found.append(cascade)
+                noise = math.inf  # the series that jumped with it follow it
+        for k in np.flatnonzero((z > max(self.floor, min(noise, EXPLOSION_LOG))) & calm):  # own noise where it matters
             i, zk = judged[k], float(z[k])
             r = idx[i]
             own = OWN_SIGMAS * win.sigma(r, level[i] - zk)
@@ -225,6 +257,48 @@ class TurbulenceRule:
                 sample = sample[np.round(np.linspace(0, len(sample) - 1, TAIL_POINTS_PER_STEP)).astype(np.int64)]
             state.tail.append(sample)
         return found
+
+    def _cascade(self, plan: _Plan, rows: Sequence[MetricRow], norm: np.ndarray, tensors: np.ndarray,
+                 judged: np.ndarray, level: np.ndarray, z: np.ndarray, offset: float, pooled: np.ndarray,
+                 calm: np.ndarray) -> Jump | None:
+        """Where a jump of many series of one step starts (see the module docstring): in the order the data
+        was produced (forward order for activations, backward order for gradients), the first series that
+        jumped beyond its own noise, the floor and ``STEP_SPREAD_SIGMAS`` x the spread of the series before
+        it; reported when it, or a series after it, also goes beyond the kind's tail. A jump that starts
+        within the first ``INPUT_SERIES`` series is the input moving (a hard batch, a rare token): excused.
+        The series after the origin that jumped beyond their own noise are its ``followers``; they are
+        re-based with it (a lasting shift is reported once)."""
+        win = plan.state.norms
+        r = plan.norm_rows[tensors[judged]]
+        center = level[judged] - z
+        bound = np.maximum(self.floor, OWN_SIGMAS * win.sigmas(r, center))
+        order = np.argsort(plan.first_call[tensors[judged]], kind="stable")
+        factor = CASCADE_TAIL_FACTOR.get(plan.kind, KIND_TAIL_FACTOR)
+        tail = factor * sorted_quantile(pooled, KIND_TAIL_QUANTILE) if len(pooled) >= MIN_GROUP else math.inf
+        origin = None
+        for at in np.flatnonzero(z[order] > bound[order]):
+            if at < INPUT_SERIES:
+                return None  # the jump starts at the input: the step was unusual
+            k = int(order[at])
+            spread = STEP_SPREAD_SIGMAS * sorted_quantile(np.sort(np.abs(z[order[:at]])), STEP_SPREAD_QUANTILE)
+            if z[k] <= min(spread, EXPLOSION_LOG) or not self._sudden(win, int(r[k]), float(level[judged[k]]), self.floor):
+                continue  # within the spread of the series before it
+            if origin is None:
+                origin = at
+            if z[k] > min(tail, EXPLOSION_LOG):
+                break  # the cascade goes beyond what the kind does in healthy steps: it starts at ``origin``
+        else:
+            return None
+        at = origin
+        k = int(order[at])
+        after = order[at + 1:]
+        followed = after[z[after] > bound[after]]
+        for j in (k, *followed):
+            win.shift(int(r[j]), float(z[j]))
+            calm[j] = False
+        row = self._largest(plan, rows, norm, tensors[judged[k]])
+        names = tuple(self._largest(plan, rows, norm, tensors[judged[j]]).name for j in followed)
+        return Jump(row, "norm", row.values[self._norm], math.exp(center[k] + offset), names, cascade=True)
 
     @staticmethod
     def _largest(plan: _Plan, rows: Sequence[MetricRow], norm: np.ndarray, tensor: int) -> MetricRow:

@@ -63,6 +63,16 @@ class Windows:
         """Robust standard deviation (1.4826 x MAD around ``center``) of one row's levels."""
         return float(MAD_TO_SIGMA * np.median(np.abs(self.filled(row) - center)))
 
+    def sigmas(self, rows: np.ndarray, centers: np.ndarray) -> np.ndarray:
+        """``sigma`` of many rows at once (distinct rows, each holding at least one level)."""
+        out = np.empty(len(rows))
+        counts = self.count[rows]
+        for c in np.unique(counts):
+            same = counts == c
+            dev = np.abs(self.levels[rows[same], self.window - int(c):] - centers[same, None])
+            out[same] = MAD_TO_SIGMA * row_medians(dev)
+        return out
+
     def typical_step(self, row: int) -> float:
         """The median step-to-step change of one row's levels (0 with fewer than two)."""
         filled = self.filled(row)

@@ -374,66 +374,108 @@
   }
 
   /* ------------------------------------------------------------------ monitor view */
+  /* First the run at a glance (a heat map: modules down, steps across, each cell how far the module's norms
+     are from their own medians, alerts marked), then each alert with the few series that matter (its origin
+     and its neighbours), then every series behind a search box, built only when opened. */
   function monitorView(R) {
-    var M = R.data, h = header(R.title, M.charts.length + " charts, " + M.anomalies.length + " anomalies");
-    var box = el("input"); box.type = "search"; box.placeholder = "filter charts by name or metric"; box.id = "search";
-    h.appendChild(box);
+    var M = R.data, G = M.glance, A = M.anomalies;
+    var h = header(R.title, M.charts.length + " series, " + G.modules.length + " modules, " + A.length + " alerts");
     var byChart = {};
-    M.anomalies.forEach(function (a) { if (a.chart >= 0) (byChart[a.chart] || (byChart[a.chart] = [])).push(a); });
-    var first = M.anomalies[0];
-    var cards = [];
+    A.forEach(function (a) { if (a.chart >= 0) (byChart[a.chart] || (byChart[a.chart] = [])).push(a); });
+    var first = A[0];
     if (first) {
-      var where = first.module ? "module '" + first.module + "'" : "the model";
-      var text = "step " + first.step + ", rank " + first.rank + ", " + first.stage + ", " + first.kind + " '" + first.name +
-        "' in " + where + ": " + first.metric + "=" + fmt(first.value) + " (" + first.rule + ")";
-      document.body.appendChild(banner({ title: "First anomaly", text: text, link: [first.chart, 0],
-        items: [{ text: M.anomalies.length + " anomalies in all (table below)" }] }, focusChart));
-      var wrap = el("details", "anomalies"), sum = el("summary", null, "Anomalies in order (" + M.anomalies.length + ")");
-      wrap.appendChild(sum);
-      wrap.appendChild(table(["#", "step", "rank", "micro", "stage", "kind", "name", "metric", "value", "rule"],
-        M.anomalies.slice(0, 500).map(function (a, k) {
-          return [k + 1, a.step, a.rank, a.micro_step, a.stage, a.kind, a.name, a.metric, a.value, a.rule];
-        }), 8));
-      document.body.appendChild(wrap);
+      document.body.appendChild(banner({ title: "First anomaly", text: describeAlert(first), link: [first.chart, 0],
+        items: [{ text: A.length + " alerts in all (below the heat map)" }] }, function (k) { focusChart(k); }));
     } else {
       document.body.appendChild(banner({ ok: true, title: "No anomalies", text: "no anomalies.json entries under this folder" }, function () {}));
     }
-    var host = el("div", "charts");
-    document.body.appendChild(host);
-    var groups = {}, order = [];
-    M.charts.forEach(function (c, k) {
-      if (!groups[c.name]) { groups[c.name] = []; order.push(c.name); }
-      groups[c.name].push(k);
-    });
-    var observer = "IntersectionObserver" in window ? new IntersectionObserver(function (entries) {
-      entries.forEach(function (e) { if (e.isIntersecting) { draw(e.target); observer.unobserve(e.target); } });
-    }, { root: host, rootMargin: "300px" }) : null;
-    order.forEach(function (name) {
-      var g = el("div", "group"), grid = el("div", "grid");
-      g.appendChild(el("h2", null, name));
-      g.appendChild(grid);
-      groups[name].forEach(function (k) {
-        var c = M.charts[k], card = el("div", "chart" + (byChart[k] ? " has-anomaly" : ""));
-        card.dataset.k = k;
-        card._text = (c.name + " " + c.metric).toLowerCase();
-        card.appendChild(el("div", "title", c.metric + (byChart[k] ? "  \u26a0 " + byChart[k].length : "")));
-        grid.appendChild(card);
-        cards[k] = card;
-        if (observer) observer.observe(card); else draw(card);
+    var page = el("div", "monitor");
+    document.body.appendChild(page);
+    var glance = el("section", "glance"); glance.id = "glance";
+    glance.appendChild(el("h2", null, "Run at a glance: how far each module's norms are from their median of the 20 steps before (\u00d7 factor); \u25c6 an alert"));
+    page.appendChild(glance);
+    heatmap(glance, G, A, function (k) { focusChart(k); });
+    var alerts = el("section", "alerts"); alerts.id = "alerts";
+    page.appendChild(alerts);
+    A.slice(0, 20).forEach(function (a, n) {
+      var card = el("div", "alert");
+      var head = el("div", "alert-head");
+      head.appendChild(el("b", null, "Alert " + (n + 1) + " \u00b7 step " + a.step + " \u00b7 rank " + a.rank + ": "));
+      head.appendChild(document.createTextNode(describeAlert(a)));
+      card.appendChild(head);
+      if (a.capture) card.appendChild(el("div", "capture", "evidence (dump of the next step, open with compare/parse/report): " + a.capture));
+      var grid = el("div", "grid");
+      (a.related || []).forEach(function (k) {
+        var c = M.charts[k], box = el("div", "chart" + (k === a.chart ? " origin" : ""));
+        box.appendChild(el("div", "title", c.name + "  " + c.metric + (k === a.chart ? "  (origin)" : "")));
+        box.appendChild(chartSvg(c, byChart[k] || []));
+        grid.appendChild(box);
       });
-      host.appendChild(g);
+      card.appendChild(grid);
+      alerts.appendChild(card);
     });
-    box.addEventListener("input", function () {
+    if (A.length > 20) alerts.appendChild(el("div", "meta", (A.length - 20) + " more alerts: see the table under all series"));
+    var all = el("details", "all"); all.id = "all-series";
+    var sum = el("summary", null, "All series (" + M.charts.length + " charts) ");
+    var box = el("input"); box.type = "search"; box.placeholder = "filter by name or metric"; box.id = "search";
+    sum.appendChild(box);
+    all.appendChild(sum);
+    page.appendChild(all);
+    var host = el("div", "charts"), cards = [], built = false, observer = null;
+    all.appendChild(host);
+    box.addEventListener("click", function (e) { e.stopPropagation(); });
+    box.addEventListener("keydown", function (e) { if (e.key === " ") e.stopPropagation(); });
+    box.addEventListener("input", function () { if (!all.open) all.open = true; build(); filter(); });
+    all.addEventListener("toggle", function () { if (all.open) build(); });
+    function build() {
+      if (built) return;
+      built = true;
+      if (A.length) {
+        var wrap = el("details", "anomalies"), s2 = el("summary", null, "Alerts in order (" + A.length + ")");
+        wrap.appendChild(s2);
+        wrap.appendChild(table(["#", "step", "rank", "micro", "stage", "kind", "name", "metric", "value", "rule", "evidence"],
+          A.slice(0, 500).map(function (a, k) {
+            return [k + 1, a.step, a.rank, a.micro_step, a.stage, a.kind, a.name, a.metric, a.value, a.rule, a.capture || ""];
+          }), 8));
+        host.appendChild(wrap);
+      }
+      var groups = {}, order = [];
+      M.charts.forEach(function (c, k) {
+        if (!groups[c.name]) { groups[c.name] = []; order.push(c.name); }
+        groups[c.name].push(k);
+      });
+      observer = "IntersectionObserver" in window ? new IntersectionObserver(function (entries) {
+        entries.forEach(function (e) { if (e.isIntersecting) { draw(e.target); observer.unobserve(e.target); } });
+      }, { root: page, rootMargin: "300px" }) : null;
+      order.forEach(function (name) {
+        var g = el("div", "group"), grid = el("div", "grid");
+        g.appendChild(el("h2", null, name));
+        g.appendChild(grid);
+        groups[name].forEach(function (k) {
+          var c = M.charts[k], card = el("div", "chart" + (byChart[k] ? " has-anomaly" : ""));
+          card.dataset.k = k;
+          card._text = (c.name + " " + c.metric).toLowerCase();
+          card.appendChild(el("div", "title", c.metric + (byChart[k] ? "  \u26a0 " + byChart[k].length : "")));
+          grid.appendChild(card);
+          cards[k] = card;
+          if (observer) observer.observe(card); else draw(card);
+        });
+        host.appendChild(g);
+      });
+    }
+    function filter() {
       var q = box.value.trim().toLowerCase();
       cards.forEach(function (card) { card.classList.toggle("hidden", q !== "" && card._text.indexOf(q) < 0); });
-      Array.prototype.forEach.call(host.children, function (g) {
+      Array.prototype.forEach.call(host.querySelectorAll(".group"), function (g) {
         g.classList.toggle("hidden", !g.querySelector(".chart:not(.hidden)"));
       });
-    });
+    }
     function focusChart(k) {
+      all.open = true;
+      build();
       var card = cards[k];
       if (!card) return;
-      box.value = ""; box.dispatchEvent(new Event("input"));
+      box.value = ""; filter();
       cards.forEach(function (c) { c.classList.remove("focus"); });
       card.classList.add("focus");
       draw(card);
@@ -444,6 +486,79 @@
       card._drawn = true;
       card.appendChild(chartSvg(M.charts[+card.dataset.k], byChart[+card.dataset.k] || []));
     }
+  }
+
+  function describeAlert(a) {
+    var where = a.module ? " in module '" + a.module + "'" : "";
+    var was = typeof a.baseline === "number" ? ", was " + fmt(a.baseline) : "";
+    var spread = a.reached > 1 ? "; reached " + a.reached + " tensors" + (a.last_step !== null && a.last_step !== undefined &&
+      a.last_step !== a.step ? " through step " + a.last_step : "") : "";
+    return a.stage + " " + a.kind + " '" + a.name + "'" + where + ": " + a.metric + "=" + fmt(a.value) + was +
+      " (" + a.rule + spread + ")";
+  }
+
+  var HEAT = [[255, 255, 255], [254, 240, 138], [251, 146, 60], [220, 38, 38], [127, 29, 29]];
+  function heatColor(d) {
+    if (d === null || d === undefined) return "#f3f4f6";
+    if (d < 0) return "#6b21a8";  /* NaN/Inf */
+    var t = Math.min(1, d / Math.log(100)) * (HEAT.length - 1), i = Math.min(HEAT.length - 2, Math.floor(t)), f = t - i;
+    var c = HEAT[i].map(function (v, j) { return Math.round(v + (HEAT[i + 1][j] - v) * f); });
+    return "rgb(" + c.join(",") + ")";
+  }
+  function heatmap(host, G, A, onPick) {
+    var rows = G.modules.length, cols = G.columns.length;
+    if (!rows || !cols) { host.appendChild(el("div", "meta", "no norm series to draw")); return; }
+    var LABEL = 190, AXIS = 16, width = Math.max(600, Math.min(host.clientWidth || 1200, 1600));
+    var rh = Math.max(3, Math.min(14, Math.floor(300 / rows))), cw = (width - LABEL) / cols;
+    var canvas = el("canvas"); canvas.id = "heatmap";
+    var ratio = window.devicePixelRatio || 1, height = rows * rh + AXIS;
+    canvas.width = width * ratio; canvas.height = height * ratio;
+    canvas.style.width = width + "px"; canvas.style.height = height + "px";
+    var g = canvas.getContext("2d");
+    g.scale(ratio, ratio);
+    g.font = Math.min(11, rh) + "px system-ui, sans-serif"; g.textBaseline = "middle"; g.textAlign = "right";
+    for (var r = 0; r < rows; r++) {
+      if (rh >= 8 || r % Math.ceil(8 / rh) === 0) { g.fillStyle = "#374151"; g.fillText(G.modules[r], LABEL - 4, r * rh + rh / 2); }
+      for (var c = 0; c < cols; c++) {
+        g.fillStyle = heatColor(G.cells[r][c]);
+        g.fillRect(LABEL + c * cw, r * rh, Math.ceil(cw), rh);
+      }
+    }
+    g.textAlign = "left"; g.fillStyle = "#6b7280"; g.font = "10px system-ui, sans-serif";
+    var every = Math.max(1, Math.ceil(60 / cw));
+    for (c = 0; c < cols; c += every) g.fillText("" + G.columns[c], LABEL + c * cw, rows * rh + AXIS / 2);
+    A.forEach(function (a) {
+      if (a.column < 0) return;
+      var x = LABEL + a.column * cw + cw / 2, y = a.row >= 0 ? a.row * rh + rh / 2 : rh / 2, s = Math.max(4, Math.min(7, rh / 2 + 2));
+      g.beginPath(); g.moveTo(x, y - s); g.lineTo(x + s, y); g.lineTo(x, y + s); g.lineTo(x - s, y); g.closePath();
+      g.fillStyle = "#111827"; g.fill(); g.strokeStyle = "#fff"; g.lineWidth = 1; g.stroke();
+    });
+    function cellAt(e) {
+      var b = canvas.getBoundingClientRect(), x = e.clientX - b.left - LABEL, y = e.clientY - b.top;
+      var c2 = Math.floor(x / cw), r2 = Math.floor(y / rh);
+      return (c2 >= 0 && c2 < cols && r2 >= 0 && r2 < rows) ? [r2, c2] : null;
+    }
+    canvas.addEventListener("mousemove", function (e) {
+      var at = cellAt(e);
+      if (!at) { canvas.title = ""; return; }
+      var d = G.cells[at[0]][at[1]], k = G.worst[at[0]][at[1]];
+      var how = d === null ? "no data" : d < 0 ? "NaN/Inf" : "\u00d7" + fmt(+Math.exp(d).toPrecision(3)) + " from its median";
+      canvas.title = G.modules[at[0]] + ", step " + G.columns[at[1]] + (G.per > 1 ? "+" : "") + ": " + how +
+        (k >= 0 ? " (" + k + ")" : "") + " \u2014 click for its chart";
+    });
+    canvas.addEventListener("click", function (e) {
+      var at = cellAt(e);
+      if (at && G.worst[at[0]][at[1]] >= 0) onPick(G.worst[at[0]][at[1]]);
+    });
+    host.appendChild(canvas);
+    var legend = el("div", "heat-legend");
+    [0, Math.log(1.5), Math.log(3), Math.log(10), Math.log(100)].forEach(function (d) {
+      var sw = el("span", "swatch"); sw.style.background = heatColor(d);
+      legend.appendChild(sw); legend.appendChild(document.createTextNode("\u00d7" + fmt(+Math.exp(d).toPrecision(2)) + " "));
+    });
+    var bad = el("span", "swatch"); bad.style.background = heatColor(-1);
+    legend.appendChild(bad); legend.appendChild(document.createTextNode("NaN/Inf"));
+    host.appendChild(legend);
   }
 
   var SVGNS = "http://www.w3.org/2000/svg";

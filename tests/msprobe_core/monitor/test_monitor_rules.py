@@ -95,6 +95,19 @@ def test_healthy_heavy_tails_small_batches_and_trends_stay_quiet():
     assert found == []
 
 
+def test_a_cascade_is_one_alert_at_its_origin_one_from_the_input_is_excused():
+    rng = random.Random(3)
+    d = detector()
+    found = []
+    for step in range(30):
+        hard = 3.0 if step == 14 else 1.0  # a hard batch: the jump starts at the input (layers 0..4 follow it)
+        fault = 200.0 if step >= 22 else 1.0  # layer 7's weight x200 from step 22: layers 8..11 follow it
+        rows = [row("actv", f"layer{i}.output", (1 + i) * (hard if i < 5 else 1.0) * (fault if i >= 7 else 1.0)
+                    * math.exp(rng.gauss(0, 0.05)), micro=0, call_id=i) for i in range(12)]
+        found += d.check(0, step, rows)
+    assert [(a.step, a.name, a.reached) for a in found] == [(22, "layer7.output", 5)]
+
+
 def test_means_are_judged_by_their_share_of_the_scale():
     rng = random.Random(2)
     d = detector()
@@ -283,6 +296,27 @@ def test_faults_are_caught_at_their_step_naming_their_origin(zoo, workload, faul
     r = zoo.fault_run(workload, fault)
     assert r.caught, r
     assert r.early_alerts == 0 and r.events == 1, r
+
+
+@pytest.mark.parametrize("workload, step", [("tiny_gpt", 9), ("tiny_gpt", 12), ("tiny_gpt", 16), ("tiny_gpt", 24),
+                                            ("hf_llama", 9), ("hf_gpt2", 9), ("cnn_bn_sgd", 9), ("mha_neginf_mask", 16),
+                                            ("amp_bf16_scaler", 24), ("noisy_mlp_b4", 12)])
+def test_a_weight_x50_mid_network_is_caught_at_its_origin_without_weight_statistics(zoo, workload, step):
+    from alert_models import MONITOR_CONFIG
+
+    off = dict(MONITOR_CONFIG, param_distribution=False)
+    r = zoo.fault_run(workload, "weight_x50", fault_step=step, config=off)
+    assert r.caught and r.early_alerts == 0 and r.events == 1, r
+    if workload == "tiny_gpt":
+        assert "actv blocks.0.fc1.output" in r.first and "reached" in r.first, r.first
+    if workload == "noisy_mlp_b4":  # its 6 activations are too noisy: the backward cascade names the gradient
+        assert "actv_grad fc2.input" in r.first, r.first  # entering fc2 (the same tensor as act1.output's)
+
+
+def test_the_tiny_gpt_stays_quiet_without_weight_statistics(zoo):
+    from alert_models import MONITOR_CONFIG
+
+    assert zoo.healthy_run("tiny_gpt", config=dict(MONITOR_CONFIG, param_distribution=False)).false_alerts == []
 
 
 @pytest.mark.slow

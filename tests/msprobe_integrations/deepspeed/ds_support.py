@@ -11,6 +11,7 @@ Modes:
   with ``module_ranks: [0]`` (rank 1 collects nothing yet must join the scalar all-reduces); each rank
   writes OUT.rank{R}.json.
 * ``hf``: the Hugging Face Trainer with a ZeRO-2 ds_config, without and with ``MsprobeCallback``.
+* ``capture``: ZeRO-2 with a NaN put into a weight, without and with the monitor's ``on_anomaly.dump``.
 * ``config_check``: ZeRO-2 without the tool, then three config_check packs (``config_check_path``): ``a`` and
   ``same`` from ``initialize`` at the first learning rate, ``lr`` from ``patch_engine`` at twice that.
 """
@@ -18,6 +19,7 @@ Modes:
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -356,9 +358,44 @@ def run_config_check(out: Path) -> dict:
     return result
 
 
+def run_capture(out: Path) -> dict:
+    """ZeRO-2 with the monitor's NaN alert, once without and once with ``on_anomaly.dump``: a NaN put into
+    ``2.weight`` before the third optimizer step; the losses (hex) and the alert's capture folder."""
+    import torch
+
+    from msprobe_integrations.deepspeed import get_patch, patch_engine, unpatch
+
+    single_process_env(29567)
+    init_distributed()
+    data = batches(5 * GAS, MICRO)
+    config = {"xy_distribution": True, "ops": ["min", "max", "norm", "nans"], "format": ["csv"],
+              "alert": {"rules": [{"rule_name": "AnomalyNan"}], "dump": True}}
+    result: dict[str, Any] = {}
+    for name, extra in (("ref", {}), ("capture", {"on_anomaly": {"dump": {"level": "mix"}}})):
+        engine = make_engine(2)
+        patch_engine(engine, monitor_config_path=dict(config, **extra), monitor_output_dir=str(out.parent / name))
+        monitor = get_patch(engine).session.monitor
+        losses = []
+        try:
+            for i, (x, y) in enumerate(data):
+                if i == 2 * GAS:
+                    with torch.no_grad():
+                        engine.module[2].weight.view(-1)[3] = math.nan
+                loss = torch.nn.functional.mse_loss(engine(x), y)
+                engine.backward(loss)
+                engine.step()
+                losses.append(float(loss.item()).hex())
+        finally:
+            unpatch(engine)
+        first = monitor.anomalies[0]
+        result[name] = {"losses": losses, "step": first.step, "module": first.module, "capture": first.capture}
+    return result
+
+
 def main(argv: list[str]) -> None:
     mode, out = argv[0], Path(argv[1])
-    result = {"matrix": run_matrix, "dist": run_dist, "hf": run_hf, "config_check": run_config_check}[mode](out)
+    result = {"matrix": run_matrix, "dist": run_dist, "hf": run_hf, "config_check": run_config_check,
+              "capture": run_capture}[mode](out)
     if mode == "dist":
         out = out.with_name(f"{out.stem}.rank{result['rank']}{out.suffix}")
     out.write_text(json.dumps(result))

@@ -249,6 +249,20 @@ def test_hf_trainer_with_deepspeed_zero2(hf_run):
     assert hp["ds_config"]["zero_optimization"]["stage"] == 2
 
 
+# --------------------------------------------------------------------------------------------- on-anomaly capture
+def test_an_alert_under_zero2_captures_the_next_step_of_its_module(tmp_path_factory):
+    from msprobe_core.compare.dumpdir import load_rank_dump
+
+    result, folder = _once(tmp_path_factory, "capture", lambda out: _single("capture", out))
+    ref, cap = result["ref"], result["capture"]
+    assert cap["losses"] == ref["losses"]  # the capture changes no number (NaN from the fault on, in both)
+    assert (cap["step"], cap["module"]) == (2, "2") and ref["capture"] is None
+    assert Path(cap["capture"]) == folder / "capture" / "captures" / "step2_2" / "step3" / "rank0"
+    dump = load_rank_dump(Path(cap["capture"]))  # the compare reader
+    assert dump.level == "mix" and "Module.2.Linear.forward.0" in dump.data
+    assert all(".2." in name or name.startswith("Functional.linear.") for name in dump.data)  # only module 2
+
+
 # --------------------------------------------------------------------------------------------- in process
 def test_patch_engine_refuses_what_it_cannot_patch():
     from deepspeed.runtime.engine import DeepSpeedEngine
