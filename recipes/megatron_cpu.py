@@ -126,3 +126,39 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def prepare_megatron_training(args: Any) -> CpuPatches:
+    """Megatron-LM's own training loop (``megatron.training``, shipped by megatron-core 0.17+) on the CPU.
+
+    Call after ``parse_and_validate_args`` and before ``pretrain``. Besides ``CpuPatches``:
+
+    5. ``megatron.training.training.initialize_megatron`` is called with ``allow_no_cuda=True`` (its own switch
+       for CPU-only use; ``pretrain`` passes none, so it would assert that CUDA is available).
+    6. The gloo process group and megatron-core's parallel groups are started here, from Megatron's args:
+       ``initialize_megatron`` keeps a process group that exists, and starts the parallel groups only when
+       ``torch.cuda.device_count() > 0``.
+    7. ``megatron.core.datasets.utils.compile_helpers`` (which ``initialize_megatron`` calls) runs ``make`` in
+       megatron-core's ``datasets`` folder and exits the process when that fails; the wheel ships the compiled
+       helpers (``helpers_cpp*.so``) and no Makefile, so there it does nothing. Not CPU-specific.
+    8. ``torch.cuda.Stream`` / ``current_stream`` / ``stream`` are torch's CPU streams (``torch.cpu``, the same
+       API): ``get_model`` wraps the chunks in DDP on a side stream of its own.
+    """
+    import megatron.training.training as training
+    from megatron.core import parallel_state
+
+    patches = CpuPatches().install()
+    patches._handles.append(patch(training, "initialize_megatron",
+                                  lambda original: functools.partial(original, allow_no_cuda=True)))
+    import megatron.core.datasets.utils as dataset_utils
+
+    if not os.path.exists(os.path.join(os.path.dirname(dataset_utils.__file__), "Makefile")):
+        patches._handles.append(patch(dataset_utils, "compile_helpers", lambda _original: lambda: None))
+    for attr in ("Stream", "current_stream", "stream"):
+        patches._handles.append(patch(torch.cuda, attr, lambda _original, cpu=getattr(torch.cpu, attr): cpu))
+    init_distributed(args.rank, args.world_size)
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(
+            args.tensor_model_parallel_size, args.pipeline_model_parallel_size,
+            virtual_pipeline_model_parallel_size=args.virtual_pipeline_model_parallel_size)
+    return patches
