@@ -1,7 +1,8 @@
 """Real megatron-core on a machine without CUDA: the CPU stand-ins for its CUDA-only pieces, and gloo.
 
-megatron-core 0.16.1 (the newest for Python 3.11) runs on the CPU with a tiny ``GPTModel`` once the few
-pieces that hard-code CUDA are redirected. Everything that does so lives here, documented, and is undone
+megatron-core 0.16.1 (the newest for Python 3.11) and 0.19.2 (Python 3.12) run on the CPU with a tiny
+``GPTModel`` once the few pieces that hard-code CUDA are redirected; ``prepare_megatron_training`` adds the
+three that Megatron-LM's own training loop (``megatron.training``, in megatron-core 0.17+) needs. Everything that does so lives here, documented, and is undone
 by ``CpuPatches.remove()`` (each is a ``msprobe_core.common.patch`` handle):
 
 1. ``GlobalMemoryBuffer.get_tensor`` allocates its scratch buffer on ``torch.cuda.current_device()``;
@@ -18,6 +19,9 @@ by ``CpuPatches.remove()`` (each is a ``msprobe_core.common.patch`` handle):
    ``Tensor.type()`` (no arguments) with the CUDA type name, so the type checks of
    ``Float16OptimizerWithFloat16Params`` / ``DistributedOptimizer`` ("torch.cuda.FloatTensor", ...)
    accept CPU parameters. It changes no numbers: every call runs unchanged, only on the CPU.
+5. ``torch.cuda.Stream`` / ``current_stream`` / ``stream`` are torch's CPU streams (``torch.cpu``, the same
+   API): megatron-core 0.19's DDP grad sync (``param_and_grad_buffer.py``) and Megatron-LM's ``get_model``
+   (which wraps the chunks in DDP on a side stream) use them.
 
 ``use_cpu_initialization=True`` in the ``TransformerConfig`` keeps weight creation off CUDA, and gloo
 (``init_distributed``) is the process-group backend. Used by ``megatron_core_gpt.py`` and by the tests.
@@ -89,11 +93,18 @@ class CpuPatches:
         for owner, attr, value in ((mcu.GlobalMemoryBuffer, "get_tensor", get_tensor),
                                    (CudaRNGStatesTracker, "fork", fork),
                                    (torch.cuda, "current_device", lambda: 0),
-                                   (torch.cuda, "synchronize", lambda device=None: None)):
-            self._handles.append(patch(owner, attr, lambda _original, value=value: value))
+                                   (torch.cuda, "synchronize", lambda device=None: None),
+                                   (torch.cuda, "Stream", torch.cpu.Stream),
+                                   (torch.cuda, "current_stream", torch.cpu.current_stream),
+                                   (torch.cuda, "stream", torch.cpu.stream)):
+            self.replace(owner, attr, lambda _original, value=value: value)
         self._mode = CudaOnCpuMode()
         self._mode.__enter__()
         return self
+
+    def replace(self, owner: Any, attr: str, make: Any) -> None:
+        """Replace ``owner.attr`` by ``make(original)`` until ``remove()``."""
+        self._handles.append(patch(owner, attr, make))
 
     def remove(self) -> None:
         if self._mode is not None:
@@ -131,31 +142,25 @@ def free_port() -> int:
 def prepare_megatron_training(args: Any) -> CpuPatches:
     """Megatron-LM's own training loop (``megatron.training``, shipped by megatron-core 0.17+) on the CPU.
 
-    Call after ``parse_and_validate_args`` and before ``pretrain``. Besides ``CpuPatches``:
+    Call after ``parse_and_validate_args`` and before ``pretrain``. Besides ``CpuPatches`` (items 1-5 above):
 
-    5. ``megatron.training.training.initialize_megatron`` is called with ``allow_no_cuda=True`` (its own switch
+    6. ``megatron.training.training.initialize_megatron`` is called with ``allow_no_cuda=True`` (its own switch
        for CPU-only use; ``pretrain`` passes none, so it would assert that CUDA is available).
-    6. The gloo process group and megatron-core's parallel groups are started here, from Megatron's args:
+    7. The gloo process group and megatron-core's parallel groups are started here, from Megatron's args:
        ``initialize_megatron`` keeps a process group that exists, and starts the parallel groups only when
        ``torch.cuda.device_count() > 0``.
-    7. ``megatron.core.datasets.utils.compile_helpers`` (which ``initialize_megatron`` calls) runs ``make`` in
+    8. ``megatron.core.datasets.utils.compile_helpers`` (which ``initialize_megatron`` calls) runs ``make`` in
        megatron-core's ``datasets`` folder and exits the process when that fails; the wheel ships the compiled
        helpers (``helpers_cpp*.so``) and no Makefile, so there it does nothing. Not CPU-specific.
-    8. ``torch.cuda.Stream`` / ``current_stream`` / ``stream`` are torch's CPU streams (``torch.cpu``, the same
-       API): ``get_model`` wraps the chunks in DDP on a side stream of its own.
     """
+    import megatron.core.datasets.utils as dataset_utils
     import megatron.training.training as training
     from megatron.core import parallel_state
 
     patches = CpuPatches().install()
-    patches._handles.append(patch(training, "initialize_megatron",
-                                  lambda original: functools.partial(original, allow_no_cuda=True)))
-    import megatron.core.datasets.utils as dataset_utils
-
+    patches.replace(training, "initialize_megatron", lambda original: functools.partial(original, allow_no_cuda=True))
     if not os.path.exists(os.path.join(os.path.dirname(dataset_utils.__file__), "Makefile")):
-        patches._handles.append(patch(dataset_utils, "compile_helpers", lambda _original: lambda: None))
-    for attr in ("Stream", "current_stream", "stream"):
-        patches._handles.append(patch(torch.cuda, attr, lambda _original, cpu=getattr(torch.cpu, attr): cpu))
+        patches.replace(dataset_utils, "compile_helpers", lambda _original: lambda: None)
     init_distributed(args.rank, args.world_size)
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(
