@@ -2,8 +2,9 @@
 
 megatron-core 0.16.1 (the newest for Python 3.11) and 0.19.2 (Python 3.12) run on the CPU with a tiny
 ``GPTModel`` once the few pieces that hard-code CUDA are redirected; ``prepare_megatron_training`` adds the
-three that Megatron-LM's own training loop (``megatron.training``, in megatron-core 0.17+) needs. Everything that does so lives here, documented, and is undone
-by ``CpuPatches.remove()`` (each is a ``msprobe_core.common.patch`` handle):
+three that Megatron-LM's own training loop (``megatron.training``, in megatron-core 0.17+) needs. Everything
+that does so lives here, documented, and is undone by ``CpuPatches.remove()`` (each is a
+``msprobe_core.common.patch`` handle):
 
 1. ``GlobalMemoryBuffer.get_tensor`` allocates its scratch buffer on ``torch.cuda.current_device()``;
    the replacement allocates the same buffer on the CPU.
@@ -155,15 +156,21 @@ def prepare_megatron_training(args: Any) -> CpuPatches:
     """
     import megatron.core.datasets.utils as dataset_utils
     import megatron.training.training as training
-    from megatron.core import parallel_state
 
     patches = CpuPatches().install()
     patches.replace(training, "initialize_megatron", lambda original: functools.partial(original, allow_no_cuda=True))
     if not os.path.exists(os.path.join(os.path.dirname(dataset_utils.__file__), "Makefile")):
         patches.replace(dataset_utils, "compile_helpers", lambda _original: lambda: None)
+    init_parallel(args)
+    return patches
+
+
+def init_parallel(args: Any) -> None:
+    """gloo and megatron-core's parallel groups from Megatron's args (rank, world and parallel sizes)."""
+    from megatron.core import parallel_state
+
     init_distributed(args.rank, args.world_size)
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(
             args.tensor_model_parallel_size, args.pipeline_model_parallel_size,
             virtual_pipeline_model_parallel_size=args.virtual_pipeline_model_parallel_size)
-    return patches

@@ -7,8 +7,9 @@ Before the script runs, ``megatron.training.training.train_step`` and ``setup_mo
 wrapped and ``add_args`` is composed into the ``extra_args_provider`` of Megatron's ``parse_args`` (so the
 flags stay in Megatron's args namespace and in ``hyperparameters.json``), whichever way the script reaches it:
 ``pretrain(..., extra_args_provider=...)`` of older Megatron-LM, or ``parse_and_validate_args`` before
-``pretrain(cfg_container, ...)`` (megatron-core 0.19's ``megatron.training``). When ``mindspeed`` is importable the wrappers
-are registered with MindSpeed's patch manager instead, so they sit on top of MindSpeed's own patches.
+``pretrain(cfg_container, ...)`` (megatron-core 0.19's ``megatron.training``). When ``mindspeed`` is importable
+the wrappers are registered with MindSpeed's patch manager instead, so they sit on top of MindSpeed's own
+patches.
 """
 
 from __future__ import annotations

@@ -70,8 +70,9 @@ def _command(folder: Path, probed: bool, extra: tuple = ()) -> list[str]:
         (folder / "dump.json").write_text(json.dumps({"task": "statistics", "level": "L0",
                                                       "dump_path": str(folder / "dump")}))
         (folder / "monitor.json").write_text(json.dumps(MONITOR))
-        args += ["--msprobe-config", str(folder / "dump.json"), "--msprobe-monitor-config", str(folder / "monitor.json"),
-                 "--msprobe-monitor-output-dir", str(folder / "mon"), "--msprobe-config-check", str(folder / PACK)]
+        args += ["--msprobe-config", str(folder / "dump.json"), "--msprobe-monitor-config",
+                 str(folder / "monitor.json"), "--msprobe-monitor-output-dir", str(folder / "mon"),
+                 "--msprobe-config-check", str(folder / PACK)]
     return args
 
 
@@ -89,7 +90,8 @@ def _two_ranks(folder: Path, probed: bool) -> list[float]:
 
 
 def _rows(path: Path) -> dict[str, dict[str, float]]:
-    return {r["name"]: {k: float(v) for k, v in r.items() if k not in ("name", "step")} for r in csv.DictReader(open(path))}
+    with open(path) as f:
+        return {r["name"]: {k: float(v) for k, v in r.items() if k not in ("name", "step")} for r in csv.DictReader(f)}
 
 
 def _check_outputs(folder: Path, ranks: int) -> None:
@@ -128,14 +130,10 @@ def one_rank(tmp_path_factory):
 
 
 def test_pretrain_takes_a_config_container_and_the_recipe_sees_it():
+    import megatron_core_gpt  # recipes/ is on sys.path through megatron_support
+    import pretrain_gpt
     from megatron.training import pretrain
 
-    sys.path.insert(0, str(Path(ms.ROOT) / "recipes"))
-    try:
-        import pretrain_gpt
-        import megatron_core_gpt
-    finally:
-        sys.path.pop(0)
     assert pretrain_gpt.takes_config_container(pretrain)
     assert not pretrain_gpt.takes_config_container(megatron_core_gpt.pretrain)  # Megatron-LM's older signature
 
