@@ -75,7 +75,7 @@ test-oldest:
 # The current megatron-core (0.19.2; 0.17 and later need Python >= 3.12) with Megatron-LM's own training loop,
 # megatron.training, which its wheel ships: the Megatron tests (test_megatron_training.py runs that loop for real
 # on the CPU) and the core suite, in a Python 3.12 venv of its own. Not part of `make test`: for Python 3.12 the
-# registry has only the CUDA build of torch (about 4.9 GB of venv; built in about 2 minutes here).
+# registry has only the CUDA build of torch (a 5.0 GB venv, built in about 8.5 minutes here).
 PY312 ?= $(firstword $(shell python3.12 -c 'import sys; print(sys.executable)' 2>/dev/null) \
                      $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12))
 MEGATRON_LATEST_VENV := .venv-py312
