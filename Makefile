@@ -8,7 +8,8 @@ PIP := $(BIN)/pip install -q --disable-pip-version-check
 PYTEST_ARGS ?=
 DEMO_OUT ?= demo_output
 
-.PHONY: venv browser demo test bench test-oldest clean venv-msadapter test-msadapter
+.PHONY: venv browser demo test bench test-oldest clean venv-msadapter test-msadapter venv-megatron-latest \
+	test-megatron-latest
 
 venv: $(STAMP)
 
@@ -91,6 +92,30 @@ test-oldest:
 	$(OLDEST_VENV)/bin/pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
 	$(OLDEST_VENV)/bin/python -c "import torch; print('torch', torch.__version__)"
 	$(OLDEST_VENV)/bin/python -m pytest -n 2 $(PYTEST_ARGS)
+
+# The current megatron-core (0.19.2; 0.17 and later need Python >= 3.12) with Megatron-LM's own training loop,
+# megatron.training, which its wheel ships: the Megatron tests (test_megatron_training.py runs that loop for real
+# on the CPU) and the core suite, in a Python 3.12 venv of its own. Not part of `make test`: for Python 3.12 the
+# registry has only the CUDA build of torch (a 5.0 GB venv, built in about 8.5 minutes here).
+PY312 ?= $(firstword $(shell python3.12 -c 'import sys; print(sys.executable)' 2>/dev/null) \
+                     $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12))
+MEGATRON_LATEST_VENV := .venv-py312
+MEGATRON_LATEST_STAMP := $(MEGATRON_LATEST_VENV)/.installed
+
+venv-megatron-latest: $(MEGATRON_LATEST_STAMP)
+
+$(MEGATRON_LATEST_STAMP): requirements/megatron-latest.txt pyproject.toml setup.py msprobe_core/stats/_fast_stats.c
+	@test -n "$(PY312)" || { echo "python3.12 not found: install it or pass PY312=/path/to/python3.12"; exit 1; }
+	test -x $(MEGATRON_LATEST_VENV)/bin/python || $(PY312) -m venv $(MEGATRON_LATEST_VENV)
+	$(MEGATRON_LATEST_VENV)/bin/pip install -q --disable-pip-version-check -r requirements/megatron-latest.txt
+	$(MEGATRON_LATEST_VENV)/bin/pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+	touch $(MEGATRON_LATEST_STAMP)
+
+test-megatron-latest: venv-megatron-latest
+	$(MEGATRON_LATEST_VENV)/bin/python -c "import megatron.core, megatron.training, torch; \
+	  print('megatron-core', megatron.core.__version__.split('+')[0], 'with megatron.training; torch', torch.__version__)"
+	$(MEGATRON_LATEST_VENV)/bin/python -m pytest -n 2 tests/msprobe_integrations/megatron tests/msprobe_core/dump \
+	  tests/msprobe_core/compare tests/msprobe_core/monitor tests/msprobe_core/pytorch $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) $(OLDEST_VENV) $(MSADAPTER_VENV) $(DEMO_OUT)

@@ -155,19 +155,14 @@ def initialize_megatron(extra_args_provider: Optional[Callable] = None, args_def
                         ignore_unknown_args: bool = False) -> argparse.Namespace:
     """Parse arguments, start gloo, the parallel groups and the micro-batch calculator (on the CPU)."""
     global _CPU_PATCHES
-    from megatron.core import parallel_state
     from megatron.core.num_microbatches_calculator import init_num_microbatches_calculator
-    from megatron_cpu import CpuPatches, init_distributed
+    from megatron_cpu import CpuPatches, init_parallel
 
     args = validate_args(parse_args(extra_args_provider, ignore_unknown_args), args_defaults)
     set_args(args)
     if _CPU_PATCHES is None:
         _CPU_PATCHES = CpuPatches().install()
-    init_distributed(args.rank, args.world_size)
-    if not parallel_state.model_parallel_is_initialized():
-        parallel_state.initialize_model_parallel(
-            args.tensor_model_parallel_size, args.pipeline_model_parallel_size,
-            virtual_pipeline_model_parallel_size=args.virtual_pipeline_model_parallel_size)
+    init_parallel(args)
     init_num_microbatches_calculator(args.rank, None, args.global_batch_size, args.micro_batch_size,
                                      args.data_parallel_size)
     torch.manual_seed(args.seed)

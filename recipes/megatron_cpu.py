@@ -1,8 +1,10 @@
 """Real megatron-core on a machine without CUDA: the CPU stand-ins for its CUDA-only pieces, and gloo.
 
-megatron-core 0.16.1 (the newest for Python 3.11) runs on the CPU with a tiny ``GPTModel`` once the few
-pieces that hard-code CUDA are redirected. Everything that does so lives here, documented, and is undone
-by ``CpuPatches.remove()`` (each is a ``msprobe_core.common.patch`` handle):
+megatron-core 0.16.1 (the newest for Python 3.11) and 0.19.2 (Python 3.12) run on the CPU with a tiny
+``GPTModel`` once the few pieces that hard-code CUDA are redirected; ``prepare_megatron_training`` adds the
+three that Megatron-LM's own training loop (``megatron.training``, in megatron-core 0.17+) needs. Everything
+that does so lives here, documented, and is undone by ``CpuPatches.remove()`` (each is a
+``msprobe_core.common.patch`` handle):
 
 1. ``GlobalMemoryBuffer.get_tensor`` allocates its scratch buffer on ``torch.cuda.current_device()``;
    the replacement allocates the same buffer on the CPU.
@@ -18,6 +20,9 @@ by ``CpuPatches.remove()`` (each is a ``msprobe_core.common.patch`` handle):
    ``Tensor.type()`` (no arguments) with the CUDA type name, so the type checks of
    ``Float16OptimizerWithFloat16Params`` / ``DistributedOptimizer`` ("torch.cuda.FloatTensor", ...)
    accept CPU parameters. It changes no numbers: every call runs unchanged, only on the CPU.
+5. ``torch.cuda.Stream`` / ``current_stream`` / ``stream`` are torch's CPU streams (``torch.cpu``, the same
+   API): megatron-core 0.19's DDP grad sync (``param_and_grad_buffer.py``) and Megatron-LM's ``get_model``
+   (which wraps the chunks in DDP on a side stream) use them.
 
 ``use_cpu_initialization=True`` in the ``TransformerConfig`` keeps weight creation off CUDA, and gloo
 (``init_distributed``) is the process-group backend; ``finish_megatron`` ends the run. Used by
@@ -90,11 +95,18 @@ class CpuPatches:
         for owner, attr, value in ((mcu.GlobalMemoryBuffer, "get_tensor", get_tensor),
                                    (CudaRNGStatesTracker, "fork", fork),
                                    (torch.cuda, "current_device", lambda: 0),
-                                   (torch.cuda, "synchronize", lambda device=None: None)):
-            self._handles.append(patch(owner, attr, lambda _original, value=value: value))
+                                   (torch.cuda, "synchronize", lambda device=None: None),
+                                   (torch.cuda, "Stream", torch.cpu.Stream),
+                                   (torch.cuda, "current_stream", torch.cpu.current_stream),
+                                   (torch.cuda, "stream", torch.cpu.stream)):
+            self.replace(owner, attr, lambda _original, value=value: value)
         self._mode = CudaOnCpuMode()
         self._mode.__enter__()
         return self
+
+    def replace(self, owner: Any, attr: str, make: Any) -> None:
+        """Replace ``owner.attr`` by ``make(original)`` until ``remove()``."""
+        self._handles.append(patch(owner, attr, make))
 
     def remove(self) -> None:
         if self._mode is not None:
@@ -139,3 +151,39 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def prepare_megatron_training(args: Any) -> CpuPatches:
+    """Megatron-LM's own training loop (``megatron.training``, shipped by megatron-core 0.17+) on the CPU.
+
+    Call after ``parse_and_validate_args`` and before ``pretrain``. Besides ``CpuPatches`` (items 1-5 above):
+
+    6. ``megatron.training.training.initialize_megatron`` is called with ``allow_no_cuda=True`` (its own switch
+       for CPU-only use; ``pretrain`` passes none, so it would assert that CUDA is available).
+    7. The gloo process group and megatron-core's parallel groups are started here, from Megatron's args:
+       ``initialize_megatron`` keeps a process group that exists, and starts the parallel groups only when
+       ``torch.cuda.device_count() > 0``.
+    8. ``megatron.core.datasets.utils.compile_helpers`` (which ``initialize_megatron`` calls) runs ``make`` in
+       megatron-core's ``datasets`` folder and exits the process when that fails; the wheel ships the compiled
+       helpers (``helpers_cpp*.so``) and no Makefile, so there it does nothing. Not CPU-specific.
+    """
+    import megatron.core.datasets.utils as dataset_utils
+    import megatron.training.training as training
+
+    patches = CpuPatches().install()
+    patches.replace(training, "initialize_megatron", lambda original: functools.partial(original, allow_no_cuda=True))
+    if not os.path.exists(os.path.join(os.path.dirname(dataset_utils.__file__), "Makefile")):
+        patches.replace(dataset_utils, "compile_helpers", lambda _original: lambda: None)
+    init_parallel(args)
+    return patches
+
+
+def init_parallel(args: Any) -> None:
+    """gloo and megatron-core's parallel groups from Megatron's args (rank, world and parallel sizes)."""
+    from megatron.core import parallel_state
+
+    init_distributed(args.rank, args.world_size)
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(
+            args.tensor_model_parallel_size, args.pipeline_model_parallel_size,
+            virtual_pipeline_model_parallel_size=args.virtual_pipeline_model_parallel_size)

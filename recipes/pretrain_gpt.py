@@ -13,6 +13,7 @@ mentions msprobe: the launcher adds the flags and the hooks without editing it::
 tokens so it needs neither.)
 """
 
+import inspect
 from functools import partial
 
 import torch
@@ -23,11 +24,12 @@ from megatron.training import get_args, pretrain, print_rank_0
 from megatron.training.arguments import core_transformer_config_from_args
 
 
-def model_provider(pre_process=True, post_process=True, vp_stage=None):
-    """Build the model."""
+def model_provider(pre_process=True, post_process=True, vp_stage=None, config=None, pg_collection=None):
+    """Build the model (``config`` and ``pg_collection`` are passed by megatron-core 0.19's ``get_model``; the
+    default process groups are megatron-core's global ones)."""
     args = get_args()
     print_rank_0("building GPT model ...")
-    config = core_transformer_config_from_args(args)
+    config = config or core_transformer_config_from_args(args)
     return GPTModel(config=config, transformer_layer_spec=get_gpt_layer_local_spec(),
                     vocab_size=args.padded_vocab_size, max_sequence_length=args.max_position_embeddings,
                     pre_process=pre_process, post_process=post_process, vp_stage=vp_stage,
@@ -88,6 +90,34 @@ def add_gpt_args(parser):
     return parser
 
 
+ARGS_DEFAULTS = {"tokenizer_type": "NullTokenizer"}
+
+
+def takes_config_container(pretrain_fn) -> bool:
+    """Whether ``pretrain`` takes a config container first (Megatron-LM as shipped by megatron-core 0.19:
+    ``pretrain(cfg_container, train_valid_test_dataset_provider, model_type, forward_step_func,
+    model_provider=None, ...)``, the arguments parsed beforehand by ``parse_and_validate_args``) rather than
+    the dataset provider (``pretrain(train_valid_test_dataset_provider, model_provider, model_type,
+    forward_step_func, extra_args_provider=..., args_defaults=...)``, which parses them itself)."""
+    return next(iter(inspect.signature(pretrain_fn).parameters)) == "cfg_container"
+
+
+def main():
+    if not takes_config_container(pretrain):
+        pretrain(train_valid_test_datasets_provider, model_provider, ModelType.encoder_or_decoder, forward_step,
+                 extra_args_provider=add_gpt_args, args_defaults=ARGS_DEFAULTS)
+        return
+    from megatron.training.argument_utils import pretrain_cfg_container_from_args
+    from megatron.training.arguments import parse_and_validate_args
+
+    args = parse_and_validate_args(extra_args_provider=add_gpt_args, args_defaults=ARGS_DEFAULTS)
+    if not torch.cuda.is_available():  # Megatron-LM's loop on the CPU: gloo and megatron_cpu.py's stand-ins
+        from megatron_cpu import prepare_megatron_training
+
+        prepare_megatron_training(args)
+    pretrain(pretrain_cfg_container_from_args(args), train_valid_test_datasets_provider,
+             ModelType.encoder_or_decoder, forward_step, model_provider=model_provider)
+
+
 if __name__ == "__main__":
-    pretrain(train_valid_test_datasets_provider, model_provider, ModelType.encoder_or_decoder, forward_step,
-             extra_args_provider=add_gpt_args, args_defaults={"tokenizer_type": "NullTokenizer"})
+    main()

@@ -7,12 +7,19 @@ Megatron users add flags instead of editing the training loop::
 
 The launcher (``__main__``) wraps Megatron-LM's ``megatron.training.training.train_step`` (the dump
 covers each iteration, every micro-batch, named by Megatron's iteration number), attaches the monitor
-once ``setup_model_and_optimizer`` built model and optimizer, and composes ``add_args`` into Megatron's
-``extra_args_provider``. A script can do the same itself:
+once ``setup_model_and_optimizer`` built model and optimizer, and composes ``add_args`` into the
+``extra_args_provider`` of Megatron's ``parse_args``. That is where both of Megatron-LM's ``pretrain``
+signatures parse their arguments: the older ``pretrain(train_valid_test_dataset_provider, model_provider,
+model_type, forward_step_func, extra_args_provider=..., args_defaults=...)`` itself, and the config-container
+one of megatron-core 0.19 (``pretrain(cfg_container, train_valid_test_dataset_provider, model_type,
+forward_step_func, model_provider=None, ...)``) through ``parse_and_validate_args(extra_args_provider=...)``,
+which the script calls first. A script can do the same itself:
 
     from msprobe_integrations.megatron import add_args, compose
-    pretrain(..., extra_args_provider=compose(my_provider, add_args))   # flags in Megatron's args
-    install()                                                             # wrap train_step & setup
+    provider = compose(my_provider, add_args)                  # flags in Megatron's args
+    pretrain(..., extra_args_provider=provider)                 # older Megatron-LM, or:
+    args = parse_and_validate_args(extra_args_provider=provider) # megatron-core 0.19's megatron.training
+    install()                                                   # wrap train_step & setup
 
 With megatron-core alone (no ``megatron.training``), drive ``MegatronProbe`` from your loop:
 ``probe.setup(model, optimizer, scheduler, args)``, ``probe.begin_iteration(n)`` before the

@@ -4,9 +4,12 @@
         --msprobe-config dump.json --msprobe-monitor-config monitor.json
 
 Before the script runs, ``megatron.training.training.train_step`` and ``setup_model_and_optimizer`` are
-wrapped and ``add_args`` is composed into Megatron's ``extra_args_provider`` (so the flags stay in
-Megatron's args namespace and in ``hyperparameters.json``). When ``mindspeed`` is importable the wrappers
-are registered with MindSpeed's patch manager instead, so they sit on top of MindSpeed's own patches.
+wrapped and ``add_args`` is composed into the ``extra_args_provider`` of Megatron's ``parse_args`` (so the
+flags stay in Megatron's args namespace and in ``hyperparameters.json``), whichever way the script reaches it:
+``pretrain(..., extra_args_provider=...)`` of older Megatron-LM, or ``parse_and_validate_args`` before
+``pretrain(cfg_container, ...)`` (megatron-core 0.19's ``megatron.training``). When ``mindspeed`` is importable
+the wrappers are registered with MindSpeed's patch manager instead, so they sit on top of MindSpeed's own
+patches.
 """
 
 from __future__ import annotations
@@ -37,8 +40,10 @@ training monitor installed. The msprobe flags go among the script's own argument
 
 The launcher wraps megatron.training.training.train_step (dump around each iteration, monitor at the
 optimizer step) and setup_model_and_optimizer (attach once model and optimizer are built), and adds the
-flags to Megatron's parser through extra_args_provider. Without megatron.training (megatron-core alone)
-use msprobe_integrations.megatron.MegatronProbe in your own loop instead.
+flags to Megatron's parser (megatron.training.arguments.parse_args, which both pretrain() signatures and
+parse_and_validate_args go through). megatron.training comes with megatron-core 0.17 and later, and with a
+Megatron-LM checkout; without it (megatron-core 0.16 and older alone) use
+msprobe_integrations.megatron.MegatronProbe in your own loop instead.
 """
 
 

@@ -4,7 +4,10 @@ Megatron-LM users add flags instead of editing the training loop. ``install()`` 
 ``megatron.training.training`` (or any module with the same functions):
 
 - ``parse_args`` (in ``megatron.training.arguments``): the caller's ``extra_args_provider`` is composed
-  with ``add_args``, so ``--msprobe-config`` / ``--msprobe-monitor-config`` parse as Megatron arguments;
+  with ``add_args``, so ``--msprobe-config`` / ``--msprobe-monitor-config`` parse as Megatron arguments.
+  Every route to Megatron's arguments calls it: ``initialize_megatron`` under the older ``pretrain(...,
+  extra_args_provider=...)``, and ``parse_and_validate_args(extra_args_provider=...)``, which scripts call
+  before megatron-core 0.19's ``pretrain(cfg_container, ...)``;
 - ``setup_model_and_optimizer``: once it returns (model built, optimizer built, checkpoint loaded), the
   probe attaches to the model chunks and the optimizer and writes the hyperparameters;
 - ``train_step``: the iteration's dump starts before the forward-backward schedule and is stopped and
