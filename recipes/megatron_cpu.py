@@ -19,6 +19,11 @@ by ``CpuPatches.remove()`` (each is a ``msprobe_core.common.patch`` handle):
    ``Float16OptimizerWithFloat16Params`` / ``DistributedOptimizer`` ("torch.cuda.FloatTensor", ...)
    accept CPU parameters. It changes no numbers: every call runs unchanged, only on the CPU.
 
+5. ``megatron.core.transformer.moe.moe_utils.te_general_gemm`` is left undefined when Transformer Engine
+   is not installed (its import fails before the name is bound), and the MoE router's gating reads it;
+   it is set to None, the value megatron-core checks for "no Transformer Engine". The MoE token
+   dispatcher ``alltoall`` creates a ``torch.cuda.Stream`` at construction: use ``allgather`` on the CPU.
+
 ``use_cpu_initialization=True`` in the ``TransformerConfig`` keeps weight creation off CUDA, and gloo
 (``init_distributed``) is the process-group backend. Used by ``megatron_core_gpt.py`` and by the tests.
 """
@@ -70,6 +75,7 @@ class CpuPatches:
 
     def __init__(self) -> None:
         self._handles: list[PatchHandle] = []
+        self._added: list[tuple[Any, str]] = []
         self._mode: Optional[CudaOnCpuMode] = None
 
     def install(self) -> "CpuPatches":
@@ -91,6 +97,11 @@ class CpuPatches:
                                    (torch.cuda, "current_device", lambda: 0),
                                    (torch.cuda, "synchronize", lambda device=None: None)):
             self._handles.append(patch(owner, attr, lambda _original, value=value: value))
+        import megatron.core.transformer.moe.moe_utils as moe_utils
+
+        if not hasattr(moe_utils, "te_general_gemm"):  # item 5 (a name to add, not one to patch)
+            moe_utils.te_general_gemm = None
+            self._added.append((moe_utils, "te_general_gemm"))
         self._mode = CudaOnCpuMode()
         self._mode.__enter__()
         return self
@@ -101,6 +112,8 @@ class CpuPatches:
             self._mode = None
         while self._handles:
             self._handles.pop().remove()
+        while self._added:
+            delattr(*self._added.pop())
 
     def __enter__(self) -> "CpuPatches":
         return self.install()

@@ -5,7 +5,8 @@ Found once, when the monitor attaches (``ExpertPlan.build``):
 * **Fused expert tensors** hold every expert of a layer in one parameter. HF transformers 5
   (``Qwen3MoeExperts``, ``MixtralExperts``, any module with ``num_experts`` whose parameter's first
   dimension is that count): ``experts.gate_up_proj`` ``[E, 2f, h]``, ``experts.down_proj`` ``[E, h, f]``.
-  megatron-core ``GroupedMLP``: ``weight1`` ``[h, E*f1]`` and ``weight2`` ``[E*f2, h]``. Their rows are
+  megatron-core ``GroupedMLP``: ``weight1`` ``[h, E*f1]`` and ``weight2`` ``[E*f2, h]``, whose memory its
+  forward reads as ``[E, h, f1]`` and ``[E, f2, h]`` (expert ``e`` is the ``e``-th contiguous chunk). Their rows are
   ``{parameter}.{expert}`` (e.g. ``model.layers.0.mlp.experts.down_proj.3``), written beside the
   whole-tensor row; every statistic of every expert comes from one reduction over the non-expert
   dimensions (no Python loop over experts).
@@ -33,11 +34,7 @@ from torch import nn
 from msprobe_core.monitor.collector import StepCollector
 from msprobe_core.monitor.shard_stats import combine_partials, partials_to_ops
 
-LEADING = "leading"   # [E, ...]: expert is dimension 0
-COLUMNS = "columns"   # [h, E * f]: experts side by side in dimension 1 (megatron GroupedMLP weight1)
-ROWS = "rows"         # [E * f, h]: experts stacked in dimension 0 (megatron GroupedMLP weight2)
-
-_GROUPED = {"weight1": COLUMNS, "weight2": ROWS}
+_GROUPED = ("weight1", "weight2")
 _SEQUENTIAL = re.compile(r"^(?P<head>.*\.experts)\.local_experts\.(?P<idx>\d+)\.(?P<rest>.+)$")
 _HF_PER_EXPERT = re.compile(r"^(?P<head>.*\.experts)\.(?P<idx>\d+)\.(?P<rest>.+)$")
 _TE_GROUPED = re.compile(r"^(?P<head>.*\.experts)\.(?P<rest>.+\.weight)(?P<idx>\d+)$")
@@ -51,7 +48,8 @@ class FusedExperts:
     name: str
     module: str
     local: int
-    layout: str
+    """Experts held here: the tensor's memory is ``local`` contiguous chunks, one per expert."""
+    shape: tuple[int, ...]
     offset: int = 0
     total: int = 0
     group: Any = None
@@ -61,11 +59,9 @@ class FusedExperts:
     def row_names(self) -> list[str]:
         return [f"{self.name}.{e}" for e in range(self.total)]
 
-    def split(self, t: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...]]:
-        """A view of ``t`` with the expert in dimension 1 or 0, and the dimensions to reduce over."""
-        if self.layout == COLUMNS:
-            return t.view(t.shape[0], self.local, -1), (0, 2)
-        return t.reshape(self.local, -1), (1,)
+    def split(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` as ``[local experts, elements of one expert]`` (a view of a contiguous tensor)."""
+        return t.reshape(self.local, -1)
 
 
 def _ep(module: nn.Module, local: int) -> tuple[int, int, Any]:
@@ -135,7 +131,7 @@ class ExpertPlan:
         """Per-expert rows of the fused expert tensors among ``tensors`` (skipped where a tensor is a shard
         that does not have the parameter's shape)."""
         todo = [(self.fused[n], t) for n, t in tensors.items()
-                if n in self.fused and isinstance(t, torch.Tensor) and _whole(self.fused[n], t)]
+                if n in self.fused and isinstance(t, torch.Tensor) and tuple(t.shape) == self.fused[n].shape]
         if not todo:
             return
         by_place: dict[tuple[torch.device, int], list[tuple[FusedExperts, torch.Tensor]]] = {}
@@ -155,30 +151,19 @@ class ExpertPlan:
                 base += spec.total
 
 
-def _whole(spec: FusedExperts, t: torch.Tensor) -> bool:
-    """Does ``t`` hold whole experts (the parameter's own layout), not a flat shard?"""
-    if t.dim() < 2:
-        return False
-    if spec.layout == COLUMNS:
-        return t.shape[1] % spec.local == 0
-    return t.shape[0] % spec.local == 0 and (spec.layout == ROWS or t.shape[0] == spec.local)
-
-
 def _fused_spec(name: str, prefix: str, module: nn.Module, p: nn.Parameter) -> FusedExperts | None:
     leaf = name[len(prefix):] if name.startswith(prefix) else name.rpartition(".")[2]
     owner = prefix[:-1] if prefix.endswith(".") else prefix
     cls = type(module).__name__
     if cls == "GroupedMLP" and leaf in _GROUPED:
         local = int(getattr(module, "num_local_experts", 0) or 0)
-        layout = _GROUPED[leaf]
-        width = p.shape[1] if layout == COLUMNS else p.shape[0]
-        if local > 1 and p.dim() == 2 and width % local == 0:
+        if local > 1 and p.dim() == 2 and p.numel() % local == 0:
             offset, total, group = _ep(module, local)
-            return FusedExperts(name, owner, local, layout, offset, total, group)
+            return FusedExperts(name, owner, local, tuple(p.shape), offset, total, group)
         return None
     local = getattr(module, "num_experts", None)
     if isinstance(local, int) and local > 1 and p.dim() >= 2 and p.shape[0] == local:
-        return FusedExperts(name, owner, local, LEADING, 0, local, None)
+        return FusedExperts(name, owner, local, tuple(p.shape), 0, local, None)
     return None
 
 
@@ -203,24 +188,23 @@ def expert_partials(spec: FusedExperts, t: torch.Tensor, ops: Sequence[str], eps
     """Partial statistics of each expert of ``t`` (``shard_stats.PARTIAL_FIELDS`` order, float64
     ``[spec.total, 7]``; experts held by other ranks are empty rows). Only the reductions ``ops`` need run;
     on the CPU the NaN count runs only where a reduction is not finite (reading that back costs nothing)."""
-    x, dims = spec.split(t.detach())
+    x = spec.split(t.detach())
     if x.dtype in _LOW_PRECISION or not x.is_floating_point():
         x = x.float()
-    e_dim = 1 if spec.layout == COLUMNS else 0
-    n = x.shape[e_dim]
-    per = t.numel() // max(n, 1)
+    n, per = x.shape
     want = set(ops)
     zeros64 = torch.zeros(n, dtype=torch.float64, device=x.device)
     cols: dict[str, torch.Tensor] = {}
-    cols["sum"] = x.sum(dims, dtype=torch.float64) if "mean" in want else zeros64
-    cols["sumsq"] = (torch.linalg.vector_norm(x, 2, dims, dtype=torch.float64) ** 2) if "norm" in want else zeros64
-    cols["min"] = x.amin(dims).double() if "min" in want else torch.full_like(zeros64, math.inf)
-    cols["max"] = x.amax(dims).double() if "max" in want else torch.full_like(zeros64, -math.inf)
-    cols["zeros"] = (x.abs() <= eps).sum(dims).double() if "zeros" in want else zeros64
+    cols["sum"] = x.sum(1, dtype=torch.float64) if "mean" in want else zeros64
+    cols["sumsq"] = (torch.linalg.vector_norm(x, 2, 1, dtype=torch.float64) ** 2) if "norm" in want else zeros64
+    cols["min"] = x.amin(1).double() if "min" in want else torch.full_like(zeros64, math.inf)
+    cols["max"] = x.amax(1).double() if "max" in want else torch.full_like(zeros64, -math.inf)
+    cols["zeros"] = (x.abs() <= eps).sum(1).double() if "zeros" in want else zeros64
     if "nans" in want:
-        probe = [c for k, c in cols.items() if k in ("sum", "sumsq", "min", "max") and c is not zeros64]
+        probe = [cols[k] for k, op in (("sum", "mean"), ("sumsq", "norm"), ("min", "min"), ("max", "max"))
+                 if op in want]
         if x.device.type != "cpu" or not probe or not all(bool(torch.isfinite(c).all()) for c in probe):
-            cols["nans"] = torch.isnan(x).sum(dims).double()
+            cols["nans"] = torch.isnan(x).sum(1).double()
         else:
             cols["nans"] = zeros64
     else:
