@@ -6,7 +6,8 @@ Routers are found once, when the monitor attaches (``find_routers``):
   ``*SparseMoeBlock`` whose output is ``(router_logits [T, E], router_scores [T, k], router_indices [T, k])``;
 * megatron-core ``TopKRouter``: its output ``(probs, routing_map [T, E])``, and the logits its ``gating``
   computed (captured as they are returned; the router is not called again);
-* any module the config's ``moe.routers`` names, whose output holds its logits (the first float tensor
+* any module the config's ``moe.routers`` names (its expert count: ``num_experts``, ``num_local_experts``
+  or its one 2-D weight ``[num_experts, hidden]``), whose output holds its logits (the first float tensor
   whose last dimension is the expert count) and its choice (an int tensor of expert indices, or a bool
   routing map ``[T, E]``).
 
@@ -121,8 +122,8 @@ class RouterTap:
 
     @property
     def weight(self) -> torch.Tensor | None:
-        w = getattr(self.module, "weight", None)
-        return w if isinstance(w, torch.Tensor) and w.dim() == 2 and w.shape[0] == self.num_experts else None
+        w = router_weight(self.module)
+        return w if w is not None and w.shape[0] == self.num_experts else None
 
     def _capture_gating(self, original: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
         def gating(*args: Any, **kwargs: Any) -> torch.Tensor:
@@ -226,7 +227,7 @@ def find_routers(chunks: Sequence[nn.Module], patterns: Sequence[str], is_active
         for name, (m, kind) in chosen.items():
             e = _num_experts(m)
             if e is None:
-                raise ConfigError("moe.routers", name, "router modules with num_experts, num_local_experts or a "
+                raise ConfigError("moe.routers", name, "router modules with num_experts, num_local_experts or one "
                                   "2-D weight [num_experts, hidden]", source)
             taps.append(RouterTap(name, m, kind, e, is_active))
     except Exception:
@@ -254,10 +255,17 @@ def _num_experts(m: nn.Module) -> int | None:
     v = getattr(config, "num_moe_experts", None)
     if isinstance(v, int) and v > 0:
         return v
+    w = router_weight(m)
+    return int(w.shape[0]) if w is not None else None
+
+
+def router_weight(m: nn.Module) -> torch.Tensor | None:
+    """The router's weight ``[num_experts, hidden]``: its own 2-D ``weight``, else its only 2-D parameter."""
     w = getattr(m, "weight", None)
     if isinstance(w, torch.Tensor) and w.dim() == 2:
-        return int(w.shape[0])
-    return None
+        return w
+    found = [p for p in m.parameters() if p.dim() == 2]
+    return found[0] if len(found) == 1 else None
 
 
 __all__ = ["RouterStep", "RouterTap", "find_routers"]
