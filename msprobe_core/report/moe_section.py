@@ -19,7 +19,7 @@ from pathlib import Path
 ROUTER_CSV = "moe_router.csv"
 MAX_COLUMNS = 300
 _RANK_DIR = re.compile(r"^rank(\d+)$")
-_CELL_W, _CELL_H, _LEFT, _TOP = 3, 12, 70, 16
+_CELL_H, _LEFT, _TOP = 12, 70, 16
 _STYLE = ("section.moe{flex:0 0 auto;max-height:50vh;overflow:auto;padding:6px 12px;border-bottom:1px solid #e3e6ea}"
           "section.moe h2{font-size:14px;margin:4px 0}section.moe h3{font-size:12px;margin:8px 0 2px;"
           "font-family:ui-monospace,Menlo,Consolas,monospace}section.moe .row{display:flex;gap:16px;flex-wrap:wrap}"
@@ -92,7 +92,8 @@ def _heat_map(steps: dict[int, dict[str, float]]) -> str:
     experts = sorted({int(k.split(".", 1)[1]) for _, _, m in cols for k in m if k.startswith("load.")})
     if not experts:
         return ""
-    width, height = _LEFT + len(cols) * _CELL_W + 4, _TOP + len(experts) * _CELL_H + 14
+    cell = max(3, min(12, 600 // len(cols)))  # a short run gets wider cells
+    width, height = max(300, _LEFT + len(cols) * cell + 4), _TOP + len(experts) * _CELL_H + 14
     out = [f"<svg width=\"{width}\" height=\"{height}\" role=\"img\" aria-label=\"expert load heat map\">",
            f"<text x=\"{_LEFT}\" y=\"11\">expert load / mean (steps {cols[0][0]}..{cols[-1][1]})</text>"]
     for row, e in enumerate(experts):
@@ -104,7 +105,7 @@ def _heat_map(steps: dict[int, dict[str, float]]) -> str:
             v = m.get(f"load.{e}", 0.0)
             ratio = v / mean if mean > 0 else 1.0
             when = f"step {first}" if first == last else f"steps {first}-{last}"
-            out.append(f"<rect x=\"{_LEFT + c * _CELL_W}\" y=\"{y}\" width=\"{_CELL_W}\" height=\"{_CELL_H - 1}\" "
+            out.append(f"<rect x=\"{_LEFT + c * cell}\" y=\"{y}\" width=\"{cell}\" height=\"{_CELL_H - 1}\" "
                        f"fill=\"{_color(ratio)}\"><title>{when}, expert {e}: {v:.6g} tokens "
                        f"({ratio:.2f} x mean)</title></rect>")
     out.append("</svg>")
