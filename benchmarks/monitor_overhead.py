@@ -17,7 +17,12 @@ documented example; ``--ops`` and ``--format`` change that):
     grads+moments  weight grads + Adam moments
     grads        weight grads only
 
-Usage: ``python benchmarks/monitor_overhead.py [--steps 8] [--rounds 2] [--format csv] [--ops norm,max]``
+``--model moe`` runs the same on ``benchmarks.small_moe`` (the small GPT's size as an HF Qwen3-MoE, 8 experts,
+top-2): "everything" then also measures per-expert rows of the fused expert tensors, router health per
+layer and the MoE alert rules.
+
+Usage: ``python benchmarks/monitor_overhead.py [--model gpt|moe] [--steps 8] [--rounds 2] [--format csv]
+[--ops norm,max]``
 """
 
 from __future__ import annotations
@@ -44,10 +49,13 @@ CONFIGS: dict[str, dict | None] = {
     "grads": {"wg_distribution": True},
 }
 TARGETS = {"everything": 1.5, "activations": 1.4, "grads+moments": 1.1, "grads": 1.05}
+MODELS = ("gpt", "moe")
+MOE_RULES = [{"rule_name": "ExpertStarvation"}, {"rule_name": "ImbalanceJump"}, {"rule_name": "EntropyCollapse"}]
 
 
-def worker(name: str, steps: int, warmup: int, fmt: str, out_dir: str, ops: list[str], threads: int) -> dict:
-    """Train ``warmup + steps`` steps with configuration ``name``; step times and losses."""
+def worker(name: str, steps: int, warmup: int, fmt: str, out_dir: str, ops: list[str], threads: int,
+           model_name: str = "gpt") -> dict:
+    """Train ``warmup + steps`` steps of ``model_name`` with configuration ``name``; step times and losses."""
     import torch
 
     if threads > 0:
@@ -55,13 +63,15 @@ def worker(name: str, steps: int, warmup: int, fmt: str, out_dir: str, ops: list
 
     from benchmarks.small_gpt import build, timed_train
 
+    if model_name == "moe":
+        from benchmarks.small_moe import build
     model, opt, data = build()
     mon = None
     if CONFIGS[name] is not None:
         from msprobe_core.monitor.trainer_mon import TrainerMon
 
-        cfg = dict(CONFIGS[name], ops=ops, format=fmt,
-                   alert={"rules": [{"rule_name": "AnomalyTurbulence", "args": {"threshold": 0.5}}]})
+        rules = [{"rule_name": "AnomalyTurbulence", "args": {"threshold": 0.5}}]
+        cfg = dict(CONFIGS[name], ops=ops, format=fmt, alert={"rules": rules + (MOE_RULES if model_name == "moe" else [])})
         path = Path(out_dir) / f"{name}.json"
         path.write_text(json.dumps(cfg))
         mon = TrainerMon(str(path), output_dir=str(Path(out_dir) / name))
@@ -84,13 +94,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="torch intra-op threads (0: torch's default). With 1, the cpu column is the whole work "
                         "of a step, which makes ratios stable on a machine other jobs are using")
     p.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated subset of " + ", ".join(CONFIGS))
+    p.add_argument("--model", default="gpt", choices=MODELS, help="small GPT (dense) or its MoE twin")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
 
     if args.worker:
         print(json.dumps(worker(args.worker, args.steps, args.warmup, args.format, args.out, args.ops.split(","),
-                                args.threads)))
+                                args.threads, args.model)))
         return 0
 
     names = [n for n in args.configs.split(",") if n]
@@ -105,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
             for name in names:
                 cmd = [sys.executable, __file__, "--worker", name, "--steps", str(args.steps),
                        "--warmup", str(args.warmup), "--format", args.format, "--ops", args.ops,
-                       "--threads", str(args.threads), "--out", tmp]
+                       "--threads", str(args.threads), "--model", args.model, "--out", tmp]
                 path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
                 res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": path})
                 if res.returncode != 0:
@@ -119,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     base = statistics.median(times["none"])
     base_cpu = statistics.median(cpu["none"])
     threads = args.threads or "default"
-    print(f"small GPT, CPU ({os.cpu_count()} cores, torch threads: {threads}), {args.steps} steps x {args.rounds} "
+    workload = "small GPT" if args.model == "gpt" else "small MoE (Qwen3-MoE, 8 experts, top-2)"
+    print(f"{workload}, CPU ({os.cpu_count()} cores, torch threads: {threads}), {args.steps} steps x {args.rounds} "
           f"runs, ops {args.ops}, format {args.format}")
     print("ratio: median wall-clock step time over no monitor; best: fastest step over fastest step; "
           "cpu: median process CPU time (best and cpu are less sensitive to other load on a shared machine)")

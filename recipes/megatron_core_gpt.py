@@ -90,6 +90,11 @@ def _add_megatron_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--tensor-model-parallel-size", type=int, default=1)
     g.add_argument("--pipeline-model-parallel-size", type=int, default=1)
     g.add_argument("--num-layers-per-virtual-pipeline-stage", type=int, default=None)
+    g = parser.add_argument_group(title="moe")
+    g.add_argument("--num-experts", type=int, default=None)
+    g.add_argument("--moe-router-topk", type=int, default=2)
+    g.add_argument("--moe-token-dispatcher-type", type=str, default="allgather", choices=["allgather"])
+    g.add_argument("--moe-expert-capacity-factor", type=float, default=None)
 
 
 def parse_args(extra_args_provider: Optional[Callable] = None, ignore_unknown_args: bool = False,
@@ -142,7 +147,17 @@ def core_transformer_config_from_args(args: argparse.Namespace) -> Any:
         params_dtype=args.params_dtype, pipeline_dtype=args.params_dtype, bf16=args.bf16,
         tensor_model_parallel_size=args.tensor_model_parallel_size,
         pipeline_model_parallel_size=args.pipeline_model_parallel_size,
-        virtual_pipeline_model_parallel_size=args.virtual_pipeline_model_parallel_size)
+        virtual_pipeline_model_parallel_size=args.virtual_pipeline_model_parallel_size,
+        **_moe_config(args))
+
+
+def _moe_config(args: argparse.Namespace) -> dict:
+    """Megatron-LM's MoE flags as ``TransformerConfig`` fields (none without ``--num-experts``)."""
+    if not getattr(args, "num_experts", None):
+        return {}
+    return dict(num_moe_experts=args.num_experts, moe_router_topk=args.moe_router_topk,
+                moe_token_dispatcher_type=args.moe_token_dispatcher_type,
+                moe_expert_capacity_factor=args.moe_expert_capacity_factor, add_bias_linear=False)
 
 
 def print_rank_0(message: str) -> None:
@@ -342,7 +357,7 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
     args = get_args()
-    return GPTModel(config=core_transformer_config_from_args(args), transformer_layer_spec=get_gpt_layer_local_spec(),
+    return GPTModel(config=core_transformer_config_from_args(args), transformer_layer_spec=get_gpt_layer_local_spec(num_experts=getattr(args, "num_experts", None)),
                     vocab_size=args.padded_vocab_size, max_sequence_length=args.max_position_embeddings,
                     pre_process=pre_process, post_process=post_process, vp_stage=vp_stage,
                     share_embeddings_and_output_weights=False)

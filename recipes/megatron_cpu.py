@@ -23,6 +23,10 @@ that does so lives here, documented, and is undone by ``CpuPatches.remove()`` (e
 5. ``torch.cuda.Stream`` / ``current_stream`` / ``stream`` are torch's CPU streams (``torch.cpu``, the same
    API): megatron-core 0.19's DDP grad sync (``param_and_grad_buffer.py``) and Megatron-LM's ``get_model``
    (which wraps the chunks in DDP on a side stream) use them.
+6. ``megatron.core.transformer.moe.moe_utils.te_general_gemm`` is left undefined when Transformer Engine
+   is not installed (its import fails before the name is bound), and the MoE router's gating reads it;
+   it is set to None, the value megatron-core checks for "no Transformer Engine". The MoE token
+   dispatcher ``alltoall`` creates a ``torch.cuda.Stream`` at construction: use ``allgather`` on the CPU.
 
 ``use_cpu_initialization=True`` in the ``TransformerConfig`` keeps weight creation off CUDA, and gloo
 (``init_distributed``) is the process-group backend; ``finish_megatron`` ends the run. Used by
@@ -76,6 +80,7 @@ class CpuPatches:
 
     def __init__(self) -> None:
         self._handles: list[PatchHandle] = []
+        self._added: list[tuple[Any, str]] = []
         self._mode: Optional[CudaOnCpuMode] = None
 
     def install(self) -> "CpuPatches":
@@ -100,6 +105,12 @@ class CpuPatches:
                                    (torch.cuda, "current_stream", torch.cpu.current_stream),
                                    (torch.cuda, "stream", torch.cpu.stream)):
             self.replace(owner, attr, lambda _original, value=value: value)
+
+        import megatron.core.transformer.moe.moe_utils as moe_utils
+
+        if not hasattr(moe_utils, "te_general_gemm"):  # item 6 (a name to add, not one to patch)
+            moe_utils.te_general_gemm = None
+            self._added.append((moe_utils, "te_general_gemm"))
         self._mode = CudaOnCpuMode()
         self._mode.__enter__()
         return self
@@ -114,6 +125,8 @@ class CpuPatches:
             self._mode = None
         while self._handles:
             self._handles.pop().remove()
+        while self._added:
+            delattr(*self._added.pop())
 
     def __enter__(self) -> "CpuPatches":
         return self.install()

@@ -13,6 +13,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
+from msprobe_core.monitor.moe.config import BELOW_RULES
 from msprobe_core.monitor.records import STAGE_BACKWARD, STAGE_FORWARD, STAGE_GRADIENT, STAGE_OPTIMIZER, STAGE_PARAM
 
 NAN_RULE = "AnomalyNan"
@@ -71,7 +72,8 @@ class Anomaly:
         if self.rule == TURBULENCE_RULE and self.baseline is not None:
             how = f"{self.metric}={self.value:.6g}, was {self.baseline:.6g}"
         elif self.baseline is not None:
-            how = f"{self.metric}={self.value:.6g} above {self.baseline:.6g}"
+            side = "below" if self.rule in BELOW_RULES else "above"
+            how = f"{self.metric}={self.value:.6g} {side} {self.baseline:.6g}"
         else:
             how = f"{self.metric}={self.value:.6g}"
         spread = ""

@@ -16,6 +16,7 @@ from typing import Any, Mapping
 
 from msprobe_core.dump.config import check_task_and_level, read_json_object
 from msprobe_core.errors import ConfigError, UnknownKeyError
+from msprobe_core.monitor.moe.config import MOE_RULE_NAMES, MoEConfig, MoERuleConfig, parse_moe, parse_moe_rule
 
 logger = logging.getLogger("msprobe_core.monitor")
 
@@ -23,7 +24,7 @@ OPS = ("min", "max", "norm", "mean", "zeros", "nans")
 """Statistics the monitor computes, in msprobe's spelling."""
 DEFAULT_OPS = ("min", "max", "norm", "mean", "nans")
 FORMATS = ("csv", "tensorboard", "api")
-RULE_NAMES = ("AnomalyTurbulence", "AnomalyNan")
+RULE_NAMES = ("AnomalyTurbulence", "AnomalyNan") + MOE_RULE_NAMES
 TURBULENCE_METRICS = ("norm", "mean")
 TURBULENCE_KINDS = ("actv", "actv_grad", "grad", "param")
 DEFAULT_WARMUP = 8
@@ -41,7 +42,7 @@ KNOWN_KEYS = (
     "targets", "xy_distribution", "all_xy", "forward_only", "backward_only", "wg_distribution",
     "mv_distribution", "param_distribution", "ops", "eps", "format", "ndigits", "start_step",
     "step_interval", "collect_times", "step_count_per_record", "print_struct", "dynamic_on", "alert",
-    "module_ranks", "on_anomaly",
+    "module_ranks", "on_anomaly", "moe",
 )
 # msprobe monitor keys this tool accepts and does not implement (a warning is logged when one is on).
 IGNORED_KEYS = frozenset({
@@ -113,6 +114,7 @@ class AlertConfig:
     nan: NanRuleConfig = field(default_factory=NanRuleConfig)
     dump: bool = False
     inform: InformConfig | None = None
+    moe_rules: tuple[MoERuleConfig, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -158,6 +160,7 @@ class MonitorConfig:
     module_ranks: tuple[int, ...] = ()
     on_anomaly: CaptureConfig | None = None
     """``on_anomaly.dump``: evidence captured when an alert fires (None: off)."""
+    moe: MoEConfig = field(default_factory=MoEConfig)
     source: str | None = None
 
     @property
@@ -233,6 +236,7 @@ def parse_monitor_config(raw: Mapping[str, Any], source: str | None = None) -> M
         alert=_alert(raw.get("alert"), source),
         module_ranks=_ranks(raw.get("module_ranks", []), source),
         on_anomaly=_on_anomaly(raw.get("on_anomaly"), source),
+        moe=parse_moe(raw.get("moe"), source),
         source=source,
     )
 
@@ -365,6 +369,7 @@ def _alert(value: Any, source: str | None) -> AlertConfig:
         raise ConfigError("alert.rules", rules, 'a list of {"rule_name": ..., "args": {...}}', source)
     turbulence: TurbulenceRuleConfig | None = None
     nan = NanRuleConfig()
+    moe_rules: dict[str, MoERuleConfig] = {}
     for i, rule in enumerate(rules):
         where = f"alert.rules[{i}]"
         if not isinstance(rule, Mapping):
@@ -380,10 +385,12 @@ def _alert(value: Any, source: str | None) -> AlertConfig:
             raise ConfigError(f"{where}.args", args, "an object", source)
         if name == "AnomalyTurbulence":
             turbulence = _turbulence(args, where, source)
+        elif name in MOE_RULE_NAMES:
+            moe_rules[name] = parse_moe_rule(name, args, where, source)
         else:
             nan = _nan_rule(args, where, source)
     return AlertConfig(enabled=True, turbulence=turbulence, nan=nan, dump=dump,
-                       inform=_inform(value.get("inform"), source))
+                       inform=_inform(value.get("inform"), source), moe_rules=tuple(moe_rules.values()))
 
 
 def _object(value: Any, field: str, keys: tuple[str, ...], allowed: str, source: str | None) -> Mapping | None:

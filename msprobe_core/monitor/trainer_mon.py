@@ -41,6 +41,7 @@ from msprobe_core.monitor.collector import StepCollector
 from msprobe_core.monitor.config import AlertConfig, MonitorConfig, load_monitor_config
 from msprobe_core.monitor.module_hooks import ActivationHooks, in_backward
 from msprobe_core.monitor.native_reader import NativeShardReader, uses_native_sharding
+from msprobe_core.monitor.moe.monitor import MoEMonitor
 from msprobe_core.monitor.records import ACTV, ACTV_GRAD, EXP_AVG, EXP_AVG_SQ, GRAD, PARAM
 from msprobe_core.monitor.rules.learning_rate import learning_rates
 from msprobe_core.monitor.shard_agreement import contributes
@@ -97,6 +98,7 @@ class TrainerMon:
         self._optimizer: Any = None
         self._patch: PatchHandle | None = None
         self._hooks: ActivationHooks | None = None
+        self._moe: MoEMonitor | None = None
         self._params: dict[str, nn.Parameter] = {}
         self.alerts = AlertCenter(self.rank, self.rank_dir, self.output_dir)
         self.capture: AnomalyCapture | None = None
@@ -167,6 +169,8 @@ class TrainerMon:
         if optimizer is None and self.config.mv_distribution:
             logger.warning("monitor: mv_distribution is on but set_monitor got no optimizer; moments are not read")
         self._apply_selection()
+        self._moe = MoEMonitor.attach(self.config, chunks, self._params, self.rank_dir, lambda: self._collecting,
+                                      self.pp_stage)
         if self.schedule.enabled:
             self._ensure_writers()  # fail now (e.g. tensorboardX missing), not inside the training loop
         if self.config.print_struct:
@@ -240,6 +244,8 @@ class TrainerMon:
             self._sync_hooks()
         if self._hooks is not None:
             self._hooks.new_step()
+        if self._moe is not None:
+            self._moe.new_step()
 
     # ------------------------------------------------------------------------- explicit entry points
     @property
@@ -409,7 +415,7 @@ class TrainerMon:
             self._contributing = contributes(self._collecting, self.config, self.dynamic, self._shard_group())
 
     def _uninstall(self) -> None:
-        for attr in ("_skip_hook", "_hooks", "_patch", "_zero_patch"):  # each has remove(); None once removed
+        for attr in ("_skip_hook", "_hooks", "_patch", "_zero_patch", "_moe"):  # each has remove(); None once removed
             handle = getattr(self, attr)
             if handle is not None:
                 handle.remove()
@@ -419,14 +425,16 @@ class TrainerMon:
                         module: str | None = None) -> None:
         if not tensors:
             return
+        if self._moe is not None:
+            tensors = self._moe.rename(kind, tensors)
         if self.reader.sharded and kind in (GRAD, EXP_AVG, EXP_AVG_SQ, PARAM):
             self._record_sharded(kind, tensors)
-            return
-        if not self._collecting:
-            return
-        items = [(name, module if module is not None else owner_module(name), t) for name, t in tensors.items()
-                 if isinstance(t, torch.Tensor)]
-        self.collector.record(kind, items, micro_step)
+        elif self._collecting:
+            items = [(name, module if module is not None else owner_module(name), t) for name, t in tensors.items()
+                     if isinstance(t, torch.Tensor)]
+            self.collector.record(kind, items, micro_step)
+        if self._moe is not None and self._collecting:
+            self._moe.record(self.collector, kind, tensors, micro_step)
 
     def _record_sharded(self, kind: str, tensors: Mapping[str, torch.Tensor]) -> None:
         names = sorted(tensors)
@@ -467,6 +475,8 @@ class TrainerMon:
             if isinstance(w, ApiWriter):
                 self._latest = result = w.latest
         self.alerts.publish(self.detector.judge(self.rank, step, rows, lrs=self._lrs, skipped=skipped))
+        if self._moe is not None:
+            self.alerts.publish(self._moe.finish(self.rank, step, len(self.alerts.anomalies), result))
         return result
 
     # A skipped update: a loss scaler (torch.amp.GradScaler, a framework's own) found Inf/NaN gradients and

@@ -14,6 +14,7 @@ from msprobe_core.errors import DumpInputError, MsprobeError
 from msprobe_core.report.compare_data import compare_data, is_compare_dir
 from msprobe_core.report.dump_data import rank_tree
 from msprobe_core.report.html import render
+from msprobe_core.report.moe_section import moe_section
 from msprobe_core.report.monitor_data import is_monitor_dir, monitor_data
 
 if TYPE_CHECKING:
@@ -62,7 +63,7 @@ def report_page(path: Path) -> str:
     if kind == "compare":
         return render(kind, f"msprobe compare report: {path}", compare_data(path))
     if kind == "monitor":
-        return render(kind, f"msprobe monitor report: {path}", monitor_data(path))
+        return render(kind, f"msprobe monitor report: {path}", monitor_data(path), moe_section(path))
     return render(kind, f"msprobe dump report: {path}", dump_data(path))
 
 

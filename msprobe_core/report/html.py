@@ -21,8 +21,9 @@ def _asset(name: str) -> str:
     return (ASSETS / name).read_text(encoding="utf-8")
 
 
-def render(kind: str, title: str, data: Any) -> str:
-    """The whole page for a ``dump``, ``compare`` or ``monitor`` view of ``data``."""
+def render(kind: str, title: str, data: Any, section: str = "") -> str:
+    """The whole page for a ``dump``, ``compare`` or ``monitor`` view of ``data``; ``section``: a static HTML
+    fragment shown above the view (the monitor's mixture-of-experts section)."""
     payload = json.dumps({"kind": kind, "title": title, "generated": time.strftime("%Y-%m-%d %H:%M:%S"),
                           "data": data}, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
     payload = payload.replace("<", "\\u003c")
@@ -32,7 +33,7 @@ def render(kind: str, title: str, data: Any) -> str:
         f"<meta http-equiv=\"Content-Security-Policy\" content=\"{CSP}\">",
         "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">",
         f"<title>{html.escape(title)}</title><style>{_asset('report.css')}</style></head>\n<body>",
-        "<div id=\"error\"></div>\n",
+        "<div id=\"error\"></div>\n", section,
         f"<script type=\"application/json\" id=\"report-data\">{payload}</script>\n",
         f"<script>{script}</script>\n</body></html>\n",
     ])

@@ -1,0 +1,221 @@
+"""Per-expert statistics: fused expert tensors split by expert, per-expert modules named by expert.
+
+Found once, when the monitor attaches (``ExpertPlan.build``):
+
+* **Fused expert tensors** hold every expert of a layer in one parameter. HF transformers 5
+  (``Qwen3MoeExperts``, ``MixtralExperts``, any module with ``num_experts`` whose parameter's first
+  dimension is that count): ``experts.gate_up_proj`` ``[E, 2f, h]``, ``experts.down_proj`` ``[E, h, f]``.
+  megatron-core ``GroupedMLP``: ``weight1`` ``[h, E*f1]`` and ``weight2`` ``[E*f2, h]``, whose memory its
+  forward reads as ``[E, h, f1]`` and ``[E, f2, h]`` (expert ``e`` is the ``e``-th contiguous chunk). Their rows are
+  ``{parameter}.{expert}`` (e.g. ``model.layers.0.mlp.experts.down_proj.3``), written beside the
+  whole-tensor row; every statistic of every expert comes from one reduction over the non-expert
+  dimensions (no Python loop over experts).
+* **Per-expert modules** (megatron-core ``SequentialMLP`` ``experts.local_experts.N.*``, ``TEGroupedMLP``
+  ``experts.linear_fc1.weightN``, older HF ``experts.N.*``): their rows are renamed so that the name ends
+  in the (global) expert index, ``...experts.linear_fc1.weight.3``: no extra work.
+
+With expert parallelism (megatron-core ``ep_group`` of more than one rank) each rank holds the experts
+``offset .. offset + local - 1``; per-expert partial statistics are placed at their global rows and combined
+over the expert-parallel group like any other shard (``shard_stats``: two all-reduces per kind and step),
+so every rank writes every expert. A sharded state reader (ZeRO, a distributed optimizer) hands out flat
+shards that do not follow expert boundaries: those are not split (the whole-tensor row stays).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import torch
+from torch import nn
+
+from msprobe_core.monitor.collector import StepCollector
+from msprobe_core.monitor.shard_stats import combine_partials, partials_to_ops
+
+_GROUPED = ("weight1", "weight2")
+_SEQUENTIAL = re.compile(r"^(?P<head>.*\.experts)\.local_experts\.(?P<idx>\d+)\.(?P<rest>.+)$")
+_HF_PER_EXPERT = re.compile(r"^(?P<head>.*\.experts)\.(?P<idx>\d+)\.(?P<rest>.+)$")
+_TE_GROUPED = re.compile(r"^(?P<head>.*\.experts)\.(?P<rest>.+\.weight)(?P<idx>\d+)$")
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+@dataclass(frozen=True)
+class FusedExperts:
+    """One parameter that holds several experts, and how to split it."""
+
+    name: str
+    module: str
+    local: int
+    """Experts held here: the tensor's memory is ``local`` contiguous chunks, one per expert."""
+    shape: tuple[int, ...]
+    offset: int = 0
+    total: int = 0
+    group: Any = None
+    """The expert-parallel process group its experts are spread over (None: all experts are here)."""
+
+    @property
+    def row_names(self) -> list[str]:
+        return [f"{self.name}.{e}" for e in range(self.total)]
+
+    def split(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` as ``[local experts, elements of one expert]`` (a view of a contiguous tensor)."""
+        return t.reshape(self.local, -1)
+
+
+def _ep(module: nn.Module, local: int) -> tuple[int, int, Any]:
+    """(offset, total experts, group) of a megatron-core experts module under expert parallelism."""
+    group = getattr(module, "ep_group", None)
+    size = _group_size(group)
+    if size <= 1:
+        return 0, local, None
+    return group.rank() * local, size * local, group
+
+
+def _group_size(group: Any) -> int:
+    if group is None:
+        return 1
+    size = getattr(group, "size", None)
+    try:
+        return int(size()) if callable(size) else 1
+    except Exception:  # pragma: no cover - a group of an uninitialised backend
+        return 1
+
+
+class ExpertPlan:
+    """What to split and what to rename, decided once for a model."""
+
+    def __init__(self, fused: Mapping[str, FusedExperts], renames: Mapping[str, str]):
+        self.fused = dict(fused)
+        self.renames = dict(renames)
+
+    def __bool__(self) -> bool:
+        return bool(self.fused or self.renames)
+
+    @classmethod
+    def build(cls, chunks: Sequence[nn.Module], params: Mapping[str, nn.Parameter]) -> "ExpertPlan":
+        """Find the fused expert tensors and per-expert module parameters among ``params``."""
+        owners: dict[int, tuple[str, nn.Module]] = {}
+        offsets: dict[str, int] = {}  # SequentialMLP name -> global index of its first expert
+        multi = len(chunks) > 1
+        for c, chunk in enumerate(chunks):
+            for mname, module in chunk.named_modules():
+                if type(module).__name__ == "SequentialMLP":
+                    offsets[(f"{c}:" if multi else "") + mname] = _ep(module, int(module.num_local_experts))[0]
+                for pname, p in module.named_parameters(recurse=False):
+                    owners.setdefault(id(p), ((f"{c}:" if multi else "") + (f"{mname}." if mname else ""), module))
+        fused: dict[str, FusedExperts] = {}
+        renames: dict[str, str] = {}
+        for name, p in params.items():
+            prefix, module = owners.get(id(p), ("", None))
+            spec = _fused_spec(name, prefix, module, p) if module is not None else None
+            if spec is not None:
+                fused[name] = spec
+                continue
+            new = _per_expert_name(name, module, offsets)
+            if new is not None:
+                renames[name] = new
+        return cls(fused, renames)
+
+    def rename(self, tensors: Mapping[str, torch.Tensor]) -> Mapping[str, torch.Tensor]:
+        """``tensors`` with per-expert module parameters under their expert-indexed names."""
+        if not self.renames:
+            return tensors
+        get = self.renames.get
+        return {get(n, n): t for n, t in tensors.items()}
+
+    @torch.no_grad()
+    def record(self, collector: StepCollector, ops: Sequence[str], eps: float, kind: str,
+               tensors: Mapping[str, torch.Tensor], micro_step: int | None = None) -> None:
+        """Per-expert rows of the fused expert tensors among ``tensors`` (skipped where a tensor is a shard
+        that does not have the parameter's shape)."""
+        todo = [(self.fused[n], t) for n, t in tensors.items()
+                if n in self.fused and isinstance(t, torch.Tensor) and tuple(t.shape) == self.fused[n].shape]
+        if not todo:
+            return
+        by_place: dict[tuple[torch.device, int], list[tuple[FusedExperts, torch.Tensor]]] = {}
+        for spec, t in todo:
+            by_place.setdefault((t.device, id(spec.group)), []).append((spec, t))
+        for items in by_place.values():
+            partials = torch.cat([expert_partials(spec, t, ops, eps) for spec, t in items])
+            group = items[0][0].group
+            if group is not None:
+                partials = combine_partials(partials, group)
+            block = partials_to_ops(partials, ops)
+            base = collector.add_block(block)
+            for spec, t in items:
+                numel = t.numel() // spec.local
+                for e, row_name in enumerate(spec.row_names):
+                    collector.add_entry(kind, row_name, spec.module, micro_step, numel, (block.device, base + e))
+                base += spec.total
+
+
+def _fused_spec(name: str, prefix: str, module: nn.Module, p: nn.Parameter) -> FusedExperts | None:
+    leaf = name[len(prefix):] if name.startswith(prefix) else name.rpartition(".")[2]
+    owner = prefix[:-1] if prefix.endswith(".") else prefix
+    cls = type(module).__name__
+    if cls == "GroupedMLP" and leaf in _GROUPED:
+        local = int(getattr(module, "num_local_experts", 0) or 0)
+        if local > 1 and p.dim() == 2 and p.numel() % local == 0:
+            offset, total, group = _ep(module, local)
+            return FusedExperts(name, owner, local, tuple(p.shape), offset, total, group)
+        return None
+    local = getattr(module, "num_experts", None)
+    if isinstance(local, int) and local > 1 and p.dim() >= 2 and p.shape[0] == local:
+        return FusedExperts(name, owner, local, tuple(p.shape), 0, local, None)
+    return None
+
+
+def _per_expert_name(name: str, module: nn.Module | None, offsets: Mapping[str, int]) -> str | None:
+    """``...experts.rest.N`` for a parameter of one expert's module, or None."""
+    cls = type(module).__name__ if module is not None else ""
+    m = _SEQUENTIAL.match(name)
+    if m is not None:
+        return f"{m['head']}.{m['rest']}.{int(m['idx']) + offsets.get(m['head'], 0)}"
+    if cls.startswith("TE") or "Grouped" in cls:
+        m = _TE_GROUPED.match(name)
+        if m is not None:
+            return f"{m['head']}.{m['rest']}.{m['idx']}"
+    m = _HF_PER_EXPERT.match(name)
+    if m is not None:
+        return f"{m['head']}.{m['rest']}.{m['idx']}"
+    return None
+
+
+@torch.no_grad()
+def expert_partials(spec: FusedExperts, t: torch.Tensor, ops: Sequence[str], eps: float) -> torch.Tensor:
+    """Partial statistics of each expert of ``t`` (``shard_stats.PARTIAL_FIELDS`` order, float64
+    ``[spec.total, 7]``; experts held by other ranks are empty rows). Only the reductions ``ops`` need run;
+    on the CPU the NaN count runs only where a reduction is not finite (reading that back costs nothing)."""
+    x = spec.split(t.detach())
+    if x.dtype in _LOW_PRECISION or not x.is_floating_point():
+        x = x.float()
+    n, per = x.shape
+    want = set(ops)
+    zeros64 = torch.zeros(n, dtype=torch.float64, device=x.device)
+    cols: dict[str, torch.Tensor] = {}
+    cols["sum"] = x.sum(1, dtype=torch.float64) if "mean" in want else zeros64
+    cols["sumsq"] = (torch.linalg.vector_norm(x, 2, 1, dtype=torch.float64) ** 2) if "norm" in want else zeros64
+    cols["min"] = x.amin(1).double() if "min" in want else torch.full_like(zeros64, math.inf)
+    cols["max"] = x.amax(1).double() if "max" in want else torch.full_like(zeros64, -math.inf)
+    cols["zeros"] = (x.abs() <= eps).sum(1).double() if "zeros" in want else zeros64
+    if "nans" in want:
+        probe = [cols[k] for k, op in (("sum", "mean"), ("sumsq", "norm"), ("min", "min"), ("max", "max"))
+                 if op in want]
+        if x.device.type != "cpu" or not probe or not all(bool(torch.isfinite(c).all()) for c in probe):
+            cols["nans"] = torch.isnan(x).sum(1).double()
+        else:
+            cols["nans"] = zeros64
+    else:
+        cols["nans"] = zeros64
+    numel = torch.full_like(zeros64, float(per))
+    local = torch.stack([cols["sum"], cols["sumsq"], cols["nans"], cols["zeros"], numel, cols["min"], cols["max"]],
+                        dim=1)
+    if spec.total == n:
+        return local
+    out = torch.zeros((spec.total, 7), dtype=torch.float64, device=x.device)
+    out[:, 5] = math.inf
+    out[:, 6] = -math.inf
+    out[spec.offset:spec.offset + n] = local
+    return out

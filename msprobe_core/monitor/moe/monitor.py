@@ -1,0 +1,91 @@
+"""``MoEMonitor``: what ``TrainerMon`` calls for mixture-of-experts models (nothing when the model has none).
+
+``TrainerMon`` holds one (or None) and calls it at five places: ``attach`` when it attaches to a model,
+``rename``/``record`` when it records weights, gradients and optimizer states, ``new_step`` when a step
+begins, ``finish`` when a monitored step is written (router series written, MoE rules judged; the returned
+``StepVerdict`` goes to the rank's ``AlertCenter``) and ``remove`` when it detaches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+from torch import nn
+
+from msprobe_core.monitor.collector import StepCollector
+from msprobe_core.monitor.config import MonitorConfig
+from msprobe_core.monitor.detector import StepVerdict
+from msprobe_core.monitor.moe.experts import ExpertPlan
+from msprobe_core.monitor.moe.router_writer import RouterWriter
+from msprobe_core.monitor.moe.routers import RouterStep, RouterTap, find_routers
+from msprobe_core.monitor.records import EXP_AVG, EXP_AVG_SQ, GRAD, PARAM
+from msprobe_core.monitor.rules.moe import MoERules
+
+_PARAM_KINDS = (PARAM, GRAD, EXP_AVG, EXP_AVG_SQ)
+
+
+class MoEMonitor:
+    """Per-expert rows, router taps, router series and MoE rules of one rank."""
+
+    def __init__(self, config: MonitorConfig, plan: ExpertPlan, taps: Sequence[RouterTap], rank_dir: Path,
+                 pp_stage: int = 0):
+        self.config = config
+        self.plan = plan
+        self.taps = list(taps)
+        self.rules = MoERules(config.alert.moe_rules, pp_stage)
+        self.writer = RouterWriter(rank_dir, config.formats, config.ndigits)
+
+    @classmethod
+    def attach(cls, config: MonitorConfig, chunks: Sequence[nn.Module], params: Mapping[str, nn.Parameter],
+               rank_dir: Path, is_active: Callable[[], bool], pp_stage: int = 0) -> "MoEMonitor | None":
+        """The MoE monitor of a model, or None when it has no experts and no routers (``ConfigError`` for a
+        ``moe.routers`` entry that names nothing usable)."""
+        moe = config.moe
+        plan = ExpertPlan.build(chunks, params) if moe.per_expert else ExpertPlan({}, {})
+        taps = find_routers(chunks, moe.routers, is_active, config.source) if moe.router_stats else []
+        if not plan and not taps:
+            return None
+        return cls(config, plan, taps, rank_dir, pp_stage)
+
+    def rename(self, kind: str, tensors: Mapping[str, torch.Tensor]) -> Mapping[str, torch.Tensor]:
+        """Per-expert module parameters under names that end in the expert index."""
+        return self.plan.rename(tensors) if kind in _PARAM_KINDS else tensors
+
+    def record(self, collector: StepCollector, kind: str, tensors: Mapping[str, torch.Tensor],
+               micro_step: int | None = None) -> None:
+        """Per-expert rows of the fused expert tensors among ``tensors``."""
+        if kind in _PARAM_KINDS and self.plan.fused:
+            self.plan.record(collector, self.config.ops, self.config.eps, kind, tensors, micro_step)
+
+    def new_step(self) -> None:
+        for t in self.taps:
+            t.reset()
+
+    @torch.no_grad()
+    def finish(self, rank: int, step: int, first_event: int, latest: dict[str, Any] | None = None) -> StepVerdict:
+        """Write this step's router series (one host copy for every router) and judge them."""
+        verdict = StepVerdict(step)
+        flats = [(t, t.flat()) for t in self.taps]
+        flats = [(t, f) for t, f in flats if f is not None]
+        if not flats:
+            return verdict
+        device = flats[0][1].device
+        host = torch.cat([f.to(device) for _, f in flats]).cpu().tolist()
+        steps: list[RouterStep] = []
+        at = 0
+        for t, f in flats:
+            steps.append(t.step(host[at:at + f.numel()]))
+            at += f.numel()
+        self.writer.write(step, steps, latest)
+        if self.rules:
+            verdict.opened = [replace(a, event=first_event + i) for i, a in enumerate(self.rules.judge(rank, step, steps))]
+        return verdict
+
+    def remove(self) -> None:
+        for t in self.taps:
+            t.remove()
+        self.taps = []
+        self.writer.close()
