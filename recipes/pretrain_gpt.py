@@ -32,8 +32,8 @@ def model_provider(pre_process=True, post_process=True, vp_stage=None, config=No
     config = config or core_transformer_config_from_args(args)
     return GPTModel(config=config, transformer_layer_spec=get_gpt_layer_local_spec(),
                     vocab_size=args.padded_vocab_size, max_sequence_length=args.max_position_embeddings,
-                    pre_process=pre_process, post_process=post_process, vp_stage=vp_stage,
-                    share_embeddings_and_output_weights=False)
+                    pre_process=pre_process, post_process=post_process,
+                    share_embeddings_and_output_weights=False, **({} if vp_stage is None else {"vp_stage": vp_stage}))
 
 
 def get_batch(data_iterator):
