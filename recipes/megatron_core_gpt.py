@@ -187,16 +187,14 @@ def initialize_megatron(extra_args_provider: Optional[Callable] = None, args_def
 # ------------------------------------------------------------------------------------------ model and optimizer
 def get_model(model_provider_func: Callable, model_type: Any = None, wrap_with_ddp: bool = True) -> list:
     """Model chunks of this rank (one per virtual pipeline stage), each in megatron-core's DDP."""
-    from megatron.core import parallel_state
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron_cpu import chunk_stage
 
     args = get_args()
     vpp = args.virtual_pipeline_model_parallel_size
     model = []
     for vp_stage in (range(vpp) if vpp else [None]):
-        pre = parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage)
-        post = parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage)
-        chunk = model_provider_func(pre_process=pre, post_process=post, vp_stage=vp_stage)
+        chunk = model_provider_func(**chunk_stage(vp_stage))
         chunk.model_type = model_type
         model.append(chunk.to(args.params_dtype))
     if not wrap_with_ddp:
@@ -359,8 +357,8 @@ def model_provider(pre_process: bool = True, post_process: bool = True, vp_stage
     args = get_args()
     return GPTModel(config=core_transformer_config_from_args(args), transformer_layer_spec=get_gpt_layer_local_spec(num_experts=getattr(args, "num_experts", None)),
                     vocab_size=args.padded_vocab_size, max_sequence_length=args.max_position_embeddings,
-                    pre_process=pre_process, post_process=post_process, vp_stage=vp_stage,
-                    share_embeddings_and_output_weights=False)
+                    pre_process=pre_process, post_process=post_process,
+                    share_embeddings_and_output_weights=False, **({} if vp_stage is None else {"vp_stage": vp_stage}))
 
 
 def get_batch(data_iterator: Iterator) -> tuple:

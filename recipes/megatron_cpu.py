@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import operator
 import os
 import sys
@@ -200,3 +201,19 @@ def init_parallel(args: Any) -> None:
         parallel_state.initialize_model_parallel(
             args.tensor_model_parallel_size, args.pipeline_model_parallel_size,
             virtual_pipeline_model_parallel_size=args.virtual_pipeline_model_parallel_size)
+
+
+def chunk_stage(vp_stage: Optional[int]) -> dict:
+    """``pre_process`` and ``post_process`` of this rank's model chunk of virtual pipeline stage ``vp_stage`` (None
+    without a virtual pipeline), and the ``vp_stage`` itself, as keywords for ``GPTModel`` or a model provider.
+    megatron-core 0.13 and later take the stage as an argument; 0.12 reads the global virtual pipeline rank,
+    which is set here instead (as Megatron-LM's ``get_model`` of its time did)."""
+    from megatron.core import parallel_state as ps
+
+    if "vp_stage" in inspect.signature(ps.is_pipeline_first_stage).parameters:
+        return {"pre_process": ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
+                "post_process": ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage), "vp_stage": vp_stage}
+    if vp_stage is not None:
+        ps.set_virtual_pipeline_model_parallel_rank(vp_stage)
+    return {"pre_process": ps.is_pipeline_first_stage(ignore_virtual=False),
+            "post_process": ps.is_pipeline_last_stage(ignore_virtual=False)}

@@ -1,9 +1,14 @@
 """Pretrain GPT -- shaped like Megatron-LM's ``pretrain_gpt.py`` (model provider, batch, loss, forward step,
 dataset provider, ``pretrain(...)`` with an ``extra_args_provider``).
 
-It imports ``megatron.training`` and so runs where Megatron-LM is installed; the tests run it against a
-stand-in of ``megatron.training`` built on megatron-core (``tests/standins/megatron_lm``). Nothing in it
-mentions msprobe: the launcher adds the flags and the hooks without editing it::
+It imports ``megatron.training`` and so runs where Megatron-LM is installed: megatron-core 0.17 and later ship
+it (Python 3.12; ``make test-megatron-latest`` runs this script on megatron-core 0.19.2's own loop, on the CPU:
+``prepare_megatron_training`` of ``megatron_cpu.py``, and the Megatron flags in ``CPU_ARGS`` of
+``tests/msprobe_integrations/megatron/test_megatron_training.py``). Under megatron-core 0.16 the tests run it
+against a stand-in of ``megatron.training`` built on megatron-core (``tests/standins/megatron_lm``). It calls
+whichever ``pretrain`` it finds: the older one that parses the arguments itself, or megatron-core 0.19's that
+takes a config container built from ``parse_and_validate_args``. Nothing in it mentions msprobe: the launcher
+adds the flags and the hooks without editing it::
 
     python -m msprobe_integrations.megatron recipes/pretrain_gpt.py --num-layers 2 --hidden-size 32 \\
         --num-attention-heads 4 --seq-length 16 --micro-batch-size 4 --train-iters 4 \\
@@ -32,8 +37,8 @@ def model_provider(pre_process=True, post_process=True, vp_stage=None, config=No
     config = config or core_transformer_config_from_args(args)
     return GPTModel(config=config, transformer_layer_spec=get_gpt_layer_local_spec(),
                     vocab_size=args.padded_vocab_size, max_sequence_length=args.max_position_embeddings,
-                    pre_process=pre_process, post_process=post_process, vp_stage=vp_stage,
-                    share_embeddings_and_output_weights=False)
+                    pre_process=pre_process, post_process=post_process,
+                    share_embeddings_and_output_weights=False, **({} if vp_stage is None else {"vp_stage": vp_stage}))
 
 
 def get_batch(data_iterator):

@@ -24,7 +24,7 @@ STANDIN = os.path.join(ROOT, "tests", "standins", "megatron_lm")
 if _RECIPES not in sys.path:
     sys.path.insert(0, _RECIPES)
 
-from megatron_cpu import CpuPatches, finish_megatron, init_distributed  # noqa: E402,F401  (re-exported)
+from megatron_cpu import CpuPatches, chunk_stage, finish_megatron, init_distributed  # noqa: E402,F401  (re-exported)
 
 
 def initialize_model_parallel(tp: int = 1, pp: int = 1, vpp: Optional[int] = None) -> None:
@@ -77,19 +77,15 @@ def transformer_config(num_layers: int = 2, hidden_size: int = 32, num_attention
 
 def gpt_chunks(config, seed: int = 0, vocab: int = VOCAB, seq: int = SEQ, vpp: Optional[int] = None) -> list:
     """The model chunks of this pipeline rank (one without virtual pipeline parallelism)."""
-    from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
     torch.manual_seed(seed)
     chunks = []
     for vp in range(vpp or 1):
-        vp_stage = vp if vpp else None
-        pre = parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage)
-        post = parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage)
         model = GPTModel(config=config, transformer_layer_spec=get_gpt_layer_local_spec(), vocab_size=vocab,
-                         max_sequence_length=seq, pre_process=pre, post_process=post, vp_stage=vp_stage,
-                         share_embeddings_and_output_weights=False)
+                         max_sequence_length=seq, share_embeddings_and_output_weights=False,
+                         **chunk_stage(vp if vpp else None))
         if config.bf16:
             model = model.to(torch.bfloat16)
         chunks.append(model)
