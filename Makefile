@@ -138,4 +138,4 @@ test-megatron-latest: venv-megatron-latest
 	  tests/msprobe_core/compare tests/msprobe_core/monitor tests/msprobe_core/pytorch $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) $(OLDEST_VENV) $(MSADAPTER_VENV) $(VLLM_VENV) $(DEMO_OUT)
+	rm -rf $(VENV) $(OLDEST_VENV) $(MSADAPTER_VENV) $(VLLM_VENV) $(MEGATRON_LATEST_VENV) $(DEMO_OUT)
