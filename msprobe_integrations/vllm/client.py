@@ -12,6 +12,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 from msprobe_core.dump.config import load_dump_config, validate_token_range
 from msprobe_core.errors import ConfigError, MsprobeError
 from msprobe_core.log import setup_logging
+from msprobe_core.pytorch.ranks import current_rank
 from msprobe_integrations.vllm.eager_mode import EagerModeRequiredError, check_eager_mode
 from msprobe_integrations.vllm.model_paths import IN_PROCESS_PATHS, find_in_process_model, find_vllm_config
 from msprobe_integrations.vllm.workers import (ConfigSource, MsprobeWorkerExtension, WorkerDumpError, _finish_here,
@@ -128,7 +129,7 @@ class TokenDump:
 
 def _run_finish(llm: Any, route: str) -> list[Any]:
     if route == "in_process":
-        return [_finish_here(None)]
+        return [_finish_here(current_rank())]
     if route == "extension":
         return _collective_rpc(llm, "msprobe_finish")
     if route == "collective_rpc":
@@ -193,7 +194,8 @@ def dump_tokens(llm: Any, config_path: ConfigSource, token_range: Sequence[int],
                               + " or ".join(f"llm.{p}" for p in IN_PROCESS_PATHS))
         model, path = found
         logger.info("dumping tokens %s of %s found at llm.%s", list(window), type(model).__name__, path)
-        results = [_start_here(model, config, window, target, None, vllm_config, "this process")]
+        # vLLM's in-process engine initializes torch.distributed here too: report the rank that names the folder
+        results = [_start_here(model, config, window, target, current_rank(), vllm_config, "this process")]
     elif chosen == "extension":
         results = _collective_rpc(llm, "msprobe_start", args)
     elif chosen == "collective_rpc":

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import vllm_real as R
+from dump_walk import saved_summaries
 from msprobe_core.cli import main as msprobe_main
 from msprobe_integrations import vllm as V
 
@@ -94,25 +95,13 @@ def test_tensor_task_saves_every_tensor_of_the_range(engine, tmp_path):
     _, data, passes = dump_and_count(engine, tmp_path, {"task": "tensor", "level": "L0"}, [0, 1], R.PROMPTS)
     assert R.module_records(data) == R.expected_module_records(passes, 0, 1)
     tensor_dir = tmp_path / "step0" / "rank0" / "dump_tensor_data"
-    names = [s["data_name"] for rec in data.values() for s in _tensor_summaries(rec)]
+    names = [s["data_name"] for s in saved_summaries(data)]
     assert names and len(names) == len(set(names))
     assert sorted(p.name for p in tensor_dir.iterdir()) == sorted(names)
     embed = data["Module.model.embed_tokens.VocabParallelEmbedding.forward.0"]["output"][0]
     saved = torch.load(tensor_dir / embed["data_name"])
     assert list(saved.shape) == embed["shape"] == [passes[0]["tokens"], 128]
     assert saved.max().item() == pytest.approx(embed["Max"])
-
-
-def _tensor_summaries(record):
-    if isinstance(record, dict):
-        if "data_name" in record:
-            yield record
-        else:
-            for v in record.values():
-                yield from _tensor_summaries(v)
-    elif isinstance(record, list):
-        for v in record:
-            yield from _tensor_summaries(v)
 
 
 def test_compare_and_parse_read_the_dump(engine, tmp_path, capsys):
