@@ -458,7 +458,7 @@ class TrainerMon:
                 self._latest = result = w.latest
         self.alerts.publish(self.detector.judge(self.rank, step, rows, lrs=self._lrs, skipped=skipped))
         if self._moe is not None:
-            self.alerts.publish(self._moe.finish(self.rank, step, len(self.alerts.anomalies), result))
+            self.alerts.publish(self._moe.finish(self.rank, step, self.alerts.events, result))
         return result
 
     # A skipped update: a loss scaler (torch.amp.GradScaler, a framework's own) found Inf/NaN gradients and

@@ -39,6 +39,8 @@ _SEQUENTIAL = re.compile(r"^(?P<head>.*\.experts)\.local_experts\.(?P<idx>\d+)\.
 _HF_PER_EXPERT = re.compile(r"^(?P<head>.*\.experts)\.(?P<idx>\d+)\.(?P<rest>.+)$")
 _TE_GROUPED = re.compile(r"^(?P<head>.*\.experts)\.(?P<rest>.+\.weight)(?P<idx>\d+)$")
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
+_PLAIN = (torch.Tensor, nn.Parameter)
+"""Tensor types split by expert (a DTensor or another subclass could run collectives when reshaped)."""
 
 
 @dataclass(frozen=True)
@@ -131,7 +133,7 @@ class ExpertPlan:
         """Per-expert rows of the fused expert tensors among ``tensors`` (skipped where a tensor is a shard
         that does not have the parameter's shape)."""
         todo = [(self.fused[n], t) for n, t in tensors.items()
-                if n in self.fused and isinstance(t, torch.Tensor) and tuple(t.shape) == self.fused[n].shape]
+                if n in self.fused and type(t) in _PLAIN and tuple(t.shape) == self.fused[n].shape]
         if not todo:
             return
         by_place: dict[tuple[torch.device, int], list[tuple[FusedExperts, torch.Tensor]]] = {}
