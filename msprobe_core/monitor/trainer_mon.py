@@ -140,6 +140,8 @@ class TrainerMon:
             raise ConfigError("model", model, "a torch.nn.Module or a non-empty list of them (model chunks)")
         check_output_dir(self.output_dir, OUTPUT_DIR_ENV)  # a file or an unwritable place fails here, not mid-training
         self._uninstall()
+        self._moe = MoEMonitor.attach(self.config, chunks, named_parameters(chunks), self.rank_dir,
+                                      lambda: self._collecting, self.pp_stage)  # a bad moe.routers fails here
         self._chunks = chunks
         self._skip_hook = chunks[0].register_forward_pre_hook(self._on_forward_start, prepend=True)
         self.grad_acc_steps = grad_acc_steps
@@ -163,8 +165,6 @@ class TrainerMon:
         if optimizer is None and self.config.mv_distribution:
             logger.warning("monitor: mv_distribution is on but set_monitor got no optimizer; moments are not read")
         self._apply_selection()
-        self._moe = MoEMonitor.attach(self.config, chunks, self._params, self.rank_dir, lambda: self._collecting,
-                                      self.pp_stage)
         if self.schedule.enabled:
             self._ensure_writers()  # fail now (e.g. tensorboardX missing), not inside the training loop
         if self.config.print_struct:
