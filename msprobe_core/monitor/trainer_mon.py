@@ -144,6 +144,8 @@ class TrainerMon:
             raise ConfigError("model", model, "a torch.nn.Module or a non-empty list of them (model chunks)")
         check_output_dir(self.output_dir, OUTPUT_DIR_ENV)  # a file or an unwritable place fails here, not mid-training
         self._uninstall()
+        self._moe = MoEMonitor.attach(self.config, chunks, named_parameters(chunks), self.rank_dir,
+                                      lambda: self._collecting, self.pp_stage)  # a bad moe.routers fails here
         self._chunks = chunks
         if self._own_reader and uses_native_sharding(chunks):
             self.reader = NativeShardReader(chunks)
@@ -169,8 +171,6 @@ class TrainerMon:
         if optimizer is None and self.config.mv_distribution:
             logger.warning("monitor: mv_distribution is on but set_monitor got no optimizer; moments are not read")
         self._apply_selection()
-        self._moe = MoEMonitor.attach(self.config, chunks, self._params, self.rank_dir, lambda: self._collecting,
-                                      self.pp_stage)
         if self.schedule.enabled:
             self._ensure_writers()  # fail now (e.g. tensorboardX missing), not inside the training loop
         if self.config.print_struct:
@@ -476,7 +476,7 @@ class TrainerMon:
                 self._latest = result = w.latest
         self.alerts.publish(self.detector.judge(self.rank, step, rows, lrs=self._lrs, skipped=skipped))
         if self._moe is not None:
-            self.alerts.publish(self._moe.finish(self.rank, step, len(self.alerts.anomalies), result))
+            self.alerts.publish(self._moe.finish(self.rank, step, self.alerts.events, result))
         return result
 
     # A skipped update: a loss scaler (torch.amp.GradScaler, a framework's own) found Inf/NaN gradients and

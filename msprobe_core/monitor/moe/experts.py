@@ -39,6 +39,8 @@ _SEQUENTIAL = re.compile(r"^(?P<head>.*\.experts)\.local_experts\.(?P<idx>\d+)\.
 _HF_PER_EXPERT = re.compile(r"^(?P<head>.*\.experts)\.(?P<idx>\d+)\.(?P<rest>.+)$")
 _TE_GROUPED = re.compile(r"^(?P<head>.*\.experts)\.(?P<rest>.+\.weight)(?P<idx>\d+)$")
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
+_PLAIN = (torch.Tensor, nn.Parameter)
+"""Tensor types split by expert (a DTensor or another subclass could run collectives when reshaped)."""
 
 
 @dataclass(frozen=True)
@@ -131,7 +133,7 @@ class ExpertPlan:
         """Per-expert rows of the fused expert tensors among ``tensors`` (skipped where a tensor is a shard
         that does not have the parameter's shape)."""
         todo = [(self.fused[n], t) for n, t in tensors.items()
-                if n in self.fused and isinstance(t, torch.Tensor) and tuple(t.shape) == self.fused[n].shape]
+                if n in self.fused and type(t) in _PLAIN and tuple(t.shape) == self.fused[n].shape]
         if not todo:
             return
         by_place: dict[tuple[torch.device, int], list[tuple[FusedExperts, torch.Tensor]]] = {}
@@ -195,11 +197,14 @@ def expert_partials(spec: FusedExperts, t: torch.Tensor, ops: Sequence[str], eps
     want = set(ops)
     zeros64 = torch.zeros(n, dtype=torch.float64, device=x.device)
     cols: dict[str, torch.Tensor] = {}
-    cols["sum"] = x.sum(1, dtype=torch.float64) if "mean" in want else zeros64
-    cols["sumsq"] = (torch.linalg.vector_norm(x, 2, 1, dtype=torch.float64) ** 2) if "norm" in want else zeros64
+    # reduced in the tensor's precision (float32 at least), as the whole-tensor statistics are; float64
+    # accumulation is several times slower on the CPU
+    cols["sum"] = x.sum(1).double() if "mean" in want else zeros64
+    cols["sumsq"] = torch.linalg.vector_norm(x, 2, 1).double() ** 2 if "norm" in want else zeros64
     cols["min"] = x.amin(1).double() if "min" in want else torch.full_like(zeros64, math.inf)
     cols["max"] = x.amax(1).double() if "max" in want else torch.full_like(zeros64, -math.inf)
-    cols["zeros"] = (x.abs() <= eps).sum(1).double() if "zeros" in want else zeros64
+    # |x| <= eps written in place as 0./1. floats and summed (a bool tensor is far slower on the CPU)
+    cols["zeros"] = x.abs().le_(eps).sum(1).double() if "zeros" in want else zeros64
     if "nans" in want:
         probe = [cols[k] for k, op in (("sum", "mean"), ("sumsq", "norm"), ("min", "min"), ("max", "max"))
                  if op in want]

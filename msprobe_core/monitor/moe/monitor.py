@@ -8,7 +8,6 @@ begins, ``finish`` when a monitored step is written (router series written, MoE 
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -18,6 +17,7 @@ from torch import nn
 from msprobe_core.monitor.collector import StepCollector
 from msprobe_core.monitor.config import MonitorConfig
 from msprobe_core.monitor.detector import StepVerdict
+from msprobe_core.monitor.events import EventTracker
 from msprobe_core.monitor.moe.experts import ExpertPlan
 from msprobe_core.monitor.moe.router_writer import RouterWriter
 from msprobe_core.monitor.moe.routers import RouterStep, RouterTap, find_routers
@@ -65,8 +65,10 @@ class MoEMonitor:
             t.reset()
 
     @torch.no_grad()
-    def finish(self, rank: int, step: int, first_event: int, latest: dict[str, Any] | None = None) -> StepVerdict:
-        """Write this step's router series (one host copy for every router) and judge them."""
+    def finish(self, rank: int, step: int, events: EventTracker, latest: dict[str, Any] | None = None) -> StepVerdict:
+        """Write this step's router series (one host copy for every router) and judge them; what the rules find
+        is grouped into events by the rank's ``events`` (shared with the other rules, so event numbers stay
+        one sequence)."""
         verdict = StepVerdict(step)
         flats = [(t, t.flat()) for t in self.taps]
         flats = [(t, f) for t, f in flats if f is not None]
@@ -81,7 +83,9 @@ class MoEMonitor:
             at += f.numel()
         self.writer.write(step, steps, latest)
         if self.rules:
-            verdict.opened = [replace(a, event=first_event + i) for i, a in enumerate(self.rules.judge(rank, step, steps))]
+            found = self.rules.judge(rank, step, steps)
+            if found:
+                verdict.opened, verdict.grew = events.add(step, found, ())
         return verdict
 
     def remove(self) -> None:

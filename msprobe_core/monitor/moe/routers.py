@@ -16,7 +16,8 @@ each expert received (``bincount`` of the indices, or the routing map's column s
 entropy of the router probabilities (softmax of the logits), and the tokens dropped over capacity
 (megatron-core with ``moe_expert_capacity_factor``). ``RouterTap.flat`` stacks a step's numbers, with the
 cosine similarity between the experts' router weight rows, so that ``MoEMonitor`` copies every router of
-the step to the host at once.
+the step to the host at once. Each rank reports the tokens it routed itself (data-parallel ranks are not
+summed).
 """
 
 from __future__ import annotations

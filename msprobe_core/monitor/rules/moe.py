@@ -9,7 +9,8 @@
 
 Each anomaly's ``kind`` is ``router``, its ``name`` ``{router module}.{expert}``, its ``module`` the router.
 A jump or collapse is reported once until the value is back within bounds; values judged anomalous do not
-enter the median.
+enter the median. What the rules find is grouped into events by the rank's ``EventTracker`` like every other
+rule's anomalies (a starvation right after another event's jumps joins that event as a consequence).
 """
 
 from __future__ import annotations

@@ -132,8 +132,10 @@ def test_a_router_named_in_the_config_is_measured_and_bad_names_are_clear_errors
     assert router["entropy"] == pytest.approx(float(torch.special.entr(p).sum(-1).mean()), rel=1e-5)
     assert router["imbalance_max_mean"] == pytest.approx(float(counts.max() / counts.double().mean()))
     mon.close()
+    hooks = len(model.route._forward_hooks)
     with pytest.raises(ConfigError, match="moe.routers"):
         TrainerMon({"moe": {"routers": ["no.such.module"]}}, output_dir=tmp_path).set_monitor(model, optimizer=opt)
+    assert "step" not in vars(opt) and len(model.route._forward_hooks) == hooks  # nothing left installed
 
 
 @pytest.mark.parametrize("moe, field", [

@@ -50,14 +50,14 @@ def router_rows(rank_dir):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("family", sorted(MODELS))
-def test_healthy_run_bit_identical_no_false_alert_and_per_expert_series(tmp_path, family):
+def test_healthy_run_no_false_alert_and_per_expert_series(tmp_path, family):
+    """40 healthy steps (that the tool changes no number is checked by the starvation test, fault and all)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    _, ref = train(tmp_path / "ref", family, [])
     mon = tmp_path / "mon"
     cb = MsprobeCallback(monitor_config_path=MONITOR, monitor_output_dir=str(mon), capture_hyperparameters=False)
     trainer, losses = train(tmp_path / "tool", family, [cb])
-    assert losses == ref  # the tool changes no number
+    assert len(losses) == STEPS
     rank = mon / "rank0"
     assert not cb.session.monitor.anomalies, [a.describe() for a in cb.session.monitor.anomalies]
     # per-expert rows of the fused expert tensors, in CSV and TensorBoard, for weights, grads and moments
@@ -91,7 +91,7 @@ def test_healthy_run_bit_identical_no_false_alert_and_per_expert_series(tmp_path
 
 @pytest.mark.slow
 @pytest.mark.parametrize("family", sorted(MODELS))
-def test_starved_expert_raises_the_starvation_alert_naming_it(tmp_path, family):
+def test_starved_expert_raises_the_starvation_alert_naming_it_losses_bit_identical(tmp_path, family):
     _, ref = train(tmp_path / "ref", family, [], starve=True, steps=15)
     mon = tmp_path / "mon"
     cb = MsprobeCallback(monitor_config_path=MONITOR, monitor_output_dir=str(mon), capture_hyperparameters=False)

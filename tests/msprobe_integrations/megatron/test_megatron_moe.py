@@ -2,8 +2,9 @@
 monitored through the recipe's Megatron launch flags on the CPU: expert-indexed names of the per-expert
 modules, router health per layer with dropped tokens, no MoE alert in 40 healthy iterations, losses unchanged.
 
-megatron-core's ``GroupedMLP`` (fused experts) needs the CUDA ``grouped_gemm`` package and cannot be built
-here; the ``alltoall`` dispatcher needs a CUDA stream (``recipes/megatron_cpu.py``)."""
+megatron-core's ``GroupedMLP`` (fused experts) cannot run here (its forward needs the CUDA ``grouped_gemm``
+package): it is built (its weights only) and its per-expert rows are checked against the expert views its
+forward takes. The ``alltoall`` dispatcher needs a CUDA stream (``recipes/megatron_cpu.py``)."""
 
 from __future__ import annotations
 
@@ -51,3 +52,44 @@ def test_megatron_moe_router_health_expert_names_no_false_alert_losses_unchanged
         names = {r["name"] for r in csv.DictReader(f)}
     assert {f"decoder.layers.1.mlp.experts.linear_fc1.weight.{e}" for e in range(8)} <= names
     assert not any(".local_experts." in n for n in names)
+
+
+@pytest.fixture
+def megatron_cpu(monkeypatch):
+    import megatron.core.transformer.moe.grouped_gemm_util as gg
+
+    # GroupedMLP's forward needs the CUDA grouped_gemm package; building it (its weights) does not
+    monkeypatch.setattr(gg, "assert_grouped_gemm_is_available", lambda: None)
+    patches = ms.CpuPatches().install()
+    ms.init_distributed()
+    ms.initialize_model_parallel()
+    yield
+    ms.destroy()
+    patches.remove()
+
+
+def test_grouped_mlp_weights_split_as_its_forward_reads_them(megatron_cpu, tmp_path):
+    import torch
+    from megatron.core.process_groups_config import ProcessGroupCollection
+    from megatron.core.transformer.moe.experts import GroupedMLP
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from msprobe_core.monitor.trainer_mon import TrainerMon
+
+    cfg = TransformerConfig(num_layers=1, hidden_size=16, num_attention_heads=4, ffn_hidden_size=24,
+                            use_cpu_initialization=True, num_moe_experts=4, moe_grouped_gemm=True, add_bias_linear=False)
+    experts = GroupedMLP(4, cfg, pg_collection=ProcessGroupCollection.use_mpu_process_groups())
+    mon = TrainerMon({"param_distribution": True, "format": "api", "ops": ["min", "max", "norm", "mean"]},
+                     output_dir=tmp_path)
+    mon.set_monitor(experts, optimizer=torch.optim.SGD(experts.parameters(), lr=0.1))
+    mon.step()
+    rows = mon.get_metrics()["metrics"]["param"]
+    mon.close()
+    # megatron-core's GroupedMLP.forward: w1 = weight1.view(E, hidden, -1), w2 = weight2.view(E, -1, hidden)
+    views = {"weight1": experts.weight1.view(4, 16, -1), "weight2": experts.weight2.view(4, -1, 16)}
+    for name, w in views.items():
+        for e in range(4):
+            got = rows[f"{name}.{e}"]
+            assert got["norm"] == pytest.approx(float(w[e].norm()), rel=1e-5)
+            assert (got["min"], got["max"]) == (float(w[e].min()), float(w[e].max()))
+            assert got["mean"] == pytest.approx(float(w[e].mean()), rel=1e-4, abs=1e-7)
