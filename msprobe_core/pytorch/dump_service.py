@@ -41,6 +41,7 @@ _is_grad_enabled = torch._C.is_grad_enabled
 _set_grad_enabled = torch._C._set_grad_enabled
 _no_torch_function = torch._C.DisableTorchFunction  # the tool's own tensor work skips every TorchFunctionMode
 _thread_id = threading.get_ident
+_is_compiling = torch.compiler.is_compiling  # constant True while Dynamo traces, a flag read otherwise
 _Uninitialized = torch.nn.parameter.UninitializedTensorMixin
 _OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -84,7 +85,7 @@ class DumpService(DumpServiceBase):
 
     def __init__(self, cfg: DumpConfig, wrap_list: Optional[str] = None):
         super().__init__(cfg)
-        self._api_handler: Callable = self._on_api_call  # opaque to torch.compile on a compiled model
+        self._api_opaque: Callable = opaque_to_compiler(self._on_api_call)  # the record, when torch.compile traces
         self.patcher = ApiPatcher(self._api_entry, self.should_record, wrap_list,
                                   silence=self._silenced) if self._uses_l1 else None
         if self.patcher is not None:
@@ -133,12 +134,15 @@ class DumpService(DumpServiceBase):
         return isinstance(obj, torch.nn.Module)
 
     def _api_entry(self, original: Callable, prefix: str, api: str, args: tuple, kwargs: dict) -> Any:
-        return self._api_handler(original, prefix, api, args, kwargs)
+        # Traced by torch.compile (a compiled model, or a compiled function called from eager code): the
+        # record runs eagerly at a graph break, so Dynamo never traces the tool's code or state and the
+        # compiled code computes what it computes without the tool. Eagerly: one flag read per recorded call.
+        if _is_compiling():
+            return self._api_opaque(original, prefix, api, args, kwargs)
+        return self._on_api_call(original, prefix, api, args, kwargs)
 
     def _named_modules(self, root: torch.nn.Module):
         self._compiled = is_compiled([root])  # decided per model, before its hooks are installed
-        if self._compiled and self._api_handler == self._on_api_call:
-            self._api_handler = opaque_to_compiler(self._on_api_call)
         named = list(unwrapped_modules(root))  # named as in the model without FSDP1 / checkpoint / compile wrappers
         paths = dict(named)
         slots: dict[int, list[tuple[str, FlatSlot]]] = {}
