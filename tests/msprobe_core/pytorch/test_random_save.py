@@ -75,10 +75,8 @@ def test_random_save_writes_each_call_site_once_and_changes_no_number(tmp_path):
 
 @pytest.mark.distributed
 def test_random_save_file_is_named_by_rank_once_distributed_is_up(tmp_path):
-    import socket
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    from dist_run import free_port
+    port = free_port()
     out = tmp_path / "output"
     _run(tmp_path, "on", str(out), str(port))
     [csv_path] = list(out.iterdir())
