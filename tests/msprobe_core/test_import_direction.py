@@ -211,6 +211,28 @@ def test_the_core_never_imports_an_integration_tests_or_recipes():
             assert module.split(".")[0] not in ("msprobe_integrations", "tests", "recipes"), (path, module)
 
 
+INTEGRATION_DOORS = ("msprobe_core.session", "msprobe_core.common.patch", "msprobe_core.errors", "msprobe_core.log",
+                     "msprobe_core.hparams")
+"""The only modules of the core an integration imports: the session (with the building blocks it documents),
+the patch primitive, the exception types, logging and the hyperparameter document."""
+
+
+def test_integrations_enter_the_core_only_through_the_session():
+    past = []
+    for path in sorted((ROOT / "msprobe_integrations").rglob("*.py")):
+        for module, _ in _imports(path):
+            if module.split(".")[0] == "msprobe_core" and module not in INTEGRATION_DOORS:
+                past.append(f"{path.relative_to(ROOT).as_posix()}: {module}")
+    assert past == []
+
+
+def test_the_session_documents_every_name_it_exports():
+    import msprobe_core.session as session
+
+    undocumented = [name for name in session.__all__ if f"``{name}" not in session.__doc__]
+    assert undocumented == []
+
+
 def test_integrations_do_not_import_each_other():
     integrations = ROOT / "msprobe_integrations"
     for path in integrations.rglob("*.py"):
