@@ -118,13 +118,6 @@ def test_no_import_cycles_between_core_packages():
     assert _cycle(_graph()) == []
 
 
-KNOWN_FILE_CYCLES = [
-    ["msprobe_core/monitor/alert_db.py", "msprobe_core/monitor/anomaly_store.py"],
-    ["msprobe_core/monitor/anomaly.py", "msprobe_core/monitor/detector.py", "msprobe_core/monitor/events.py"],
-]
-"""The monitor's file cycles as they stand; the second part of issue 26 removes them (then this list is empty)."""
-
-
 def _module_file(module: str) -> Path | None:
     path = ROOT.joinpath(*module.split("."))
     for candidate in (path.with_suffix(".py"), path / "__init__.py"):
@@ -170,7 +163,7 @@ def _file_cycles() -> list[list[str]]:
 
 
 def test_no_import_cycles_between_core_files():
-    assert _file_cycles() == KNOWN_FILE_CYCLES
+    assert _file_cycles() == []
 
 
 def test_no_private_name_is_imported_from_another_package():
