@@ -141,10 +141,12 @@ class DumpService(DumpServiceBase):
             self._api_handler = opaque_to_compiler(self._on_api_call)
         named = list(unwrapped_modules(root))  # named as in the model without FSDP1 / checkpoint / compile wrappers
         paths = dict(named)
+        slots: dict[int, list[tuple[str, FlatSlot]]] = {}
         for name, slot in fsdp1_slots(root):  # FSDP1: autograd sees the flat parameters, not the original ones
             owner, _, pname = name.rpartition(".")
             if owner in paths:
-                self._fsdp1.setdefault(id(paths[owner]), []).append((pname, slot))
+                slots.setdefault(id(paths[owner]), []).append((pname, slot))
+        self._fsdp1.update(slots)  # (re)built at every start()
         return named
 
     def _grad_parameters(self, module: torch.nn.Module) -> list[tuple[str, Any]]:

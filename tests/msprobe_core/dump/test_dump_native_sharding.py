@@ -63,6 +63,8 @@ def test_dump_pairs_with_single_device(tmp_path, setup):
             assert data["Module.0.Linear.forward.0"]["parameters"]["weight"]["local_shard"] is True
             assert "local_shard" not in data["Module.2.Linear.forward.0"]["parameters"]["bias"]  # replicated
             continue
+        later = json.loads((rank_dir(tmp_path / "dump", 1, f"rank{rank}") / "dump.json").read_text())["data"]
+        assert set(later) == set(data)  # the same records every step
         for step in (0, 1):
             result = compare_dumps(rank_dir(tmp_path / "dump", step, f"rank{rank}"), rank_dir(golden, step, single))
             assert not result.has_errors, result.divergence

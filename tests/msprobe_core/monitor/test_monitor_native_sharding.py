@@ -66,3 +66,44 @@ def test_monitor_gives_single_device_statistics(tmp_path, setup):
         assert_single_device_statistics(result)
     assert results[0]["got"][-1]["grad"] == results[1]["got"][-1]["grad"]
     assert any((tmp_path / "out" / "rank1").glob("grad*.csv"))
+
+
+PARTIAL_WORKER = textwrap.dedent("""
+    import json, logging, sys
+    import torch, torch.distributed as dist
+    from torch.distributed.tensor import DTensor, Partial
+    from dist_run import finish_distributed
+    from native_sharding import make_model, shard
+    from msprobe_core.monitor.trainer_mon import TrainerMon
+
+    tmp = sys.argv[1]
+    dist.init_process_group("gloo")
+    model = shard(make_model(), "tp")
+    warnings = []
+    class Keep(logging.Handler):
+        def emit(self, record):
+            warnings.append(record.getMessage())
+    logging.getLogger("msprobe_core.monitor").addHandler(Keep())
+    mon = TrainerMon({"wg_distribution": True, "format": ["api"]}, output_dir=f"{tmp}/out").set_monitor(model)
+    got = []
+    for _ in range(2):
+        model.zero_grad()
+        model(torch.ones(2, 16)).sum().backward()
+        bias = model[2].bias  # a pending sum cannot be read from its pieces
+        bias.grad = DTensor.from_local(bias.grad.to_local(), bias.device_mesh, [Partial()])
+        got.append(mon.step())
+    mon.close()
+    with open(f"{tmp}/rank{dist.get_rank()}.json", "w") as f:
+        json.dump({"got": [sorted(g["metrics"]["grad"]) for g in got],
+                   "warnings": [w for w in warnings if "Partial" in w]}, f)
+    finish_distributed()
+""")
+
+
+@pytest.mark.distributed
+def test_a_tensor_the_monitor_cannot_read_is_reported_once_and_skipped(tmp_path):
+    run_two_ranks(PARTIAL_WORKER, tmp_path, str(tmp_path), timeout=240, name="worker.py")
+    for rank in (0, 1):
+        result = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert result["got"] == [["0.bias", "0.weight", "2.weight"]] * 2
+        assert len(result["warnings"]) == 1 and "2.bias" in result["warnings"][0]

@@ -25,6 +25,8 @@ from msprobe_core.compare import compare_dumps
 from msprobe_core.monitor.trainer_mon import TrainerMon
 from msprobe_core.pytorch import PrecisionDebugger
 
+pytestmark = pytest.mark.slow  # each test compiles (seconds each)
+
 
 class Sliced(nn.Module):
     """A block whose forward indexes a tensor (torch.compile's code then holds slice constants)."""
