@@ -72,6 +72,10 @@ class DumpInputError(MsprobeError, ValueError):
     """A path given to an analysis command is not a dump (or not a compatible one)."""
 
 
+class MonitorInputError(MsprobeError, ValueError):
+    """A path given to a monitor command is not a monitor output (or holds an unreadable file)."""
+
+
 class DumpStateError(MsprobeError, RuntimeError):
     """The debugger API was called in an order that cannot work (for example step() before start())."""
 

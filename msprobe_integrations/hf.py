@@ -30,8 +30,7 @@ from msprobe_core import hparams
 from msprobe_core.common.patch import PatchHandle, wrap
 from msprobe_core.errors import require
 from msprobe_core.log import setup_logging
-from msprobe_core.monitor.anomaly import NAN_RULE
-from msprobe_core.session import ConfigLike, ProbeSession
+from msprobe_core.session import NAN_RULE, ConfigLike, ProbeSession
 
 TrainerCallback = require("transformers", "hf", "msprobe_integrations.hf").TrainerCallback
 

@@ -11,9 +11,14 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from msprobe_core.log import setup_logging
+
+if TYPE_CHECKING:
+    from msprobe_core.dump.config import DumpConfig
+    from msprobe_core.dump.selection import RecordSelection
+    from msprobe_core.files.step_recorder import StepRecorder
 
 logger = setup_logging()
 
@@ -42,8 +47,31 @@ class Call:
 
 
 class CallRecords:
-    """Recording of API and module calls, mixed into ``DumpServiceBase`` (whose state and framework hooks
-    it uses)."""
+    """Recording of API and module calls, mixed into ``DumpServiceBase``: it uses the framework's methods
+    (``dump.backend.DumpBackend``), the service's methods ``_open_step``, ``_sync``, ``_own``, ``_error``,
+    ``_update_recording``, ``_other_thread``, ``_may_record_exclusive``, ``should_record``, and the service
+    state declared here (set by ``DumpServiceBase.__init__``; plain attributes: the hot path reads them
+    directly)."""
+
+    cfg: DumpConfig
+    selection: RecordSelection
+    recorder: Optional[StepRecorder]      # the open step's dump.json
+    _tls: Any                             # the toolkit's own-work depth (``common.tool_guard.TOOL``)
+    _thread: int                          # the dumping thread
+    _construct: bool                      # construct.json parents are kept (L0 / mix)
+    _uses_l0: bool
+    _saves: bool                          # task tensor: tensor files
+    _overflow_check: bool
+    _overflows: int                       # overflow_check: calls kept so far
+    _token_ok: bool                       # inside start()'s token_range
+    _counters: dict[str, int]             # per step: calls per API/module name
+    _module_stack: list[str]              # per step: the forward modules open now (construct.json)
+    _module_calls: dict[int, list[Optional[Call]]]  # per step: each module's open calls
+    _bwd_sizes: dict[str, list[int]]      # per step: backward hooks still expected per record
+    _recorded_modules: set[str]           # per step: modules whose parameters' gradients are hooked
+    _forward_handles: list[Any]           # removed at stop()
+    _step_handles: list[Any]              # removed at step()
+    _hooked_models: list[Any]
 
     # ================================================================== L1 APIs
     def _on_api_call(self, original: Callable, prefix: str, api: str, args: tuple, kwargs: dict):

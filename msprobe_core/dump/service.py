@@ -9,10 +9,10 @@ of the tool's own work go to dump_error_info.log, never to the user's training. 
 - ``dump.call_records``: the records of API and module calls (begin and end of a record, overflow_check,
   gradient records, module pre/post hooks, the token window);
 - ``dump.user_api``: ``save`` (debug.json), ``module_dump`` and custom APIs;
-- ``dump.framework_hooks``: what a framework's service supplies.
+- ``dump.backend``: ``DumpBackend``, the documented interface a framework's service supplies.
 
 A framework's service (``msprobe_core.pytorch.dump_service``, ``msprobe_core.mindspore.dump_service``)
-subclasses it with what touches its tensors and models: the hooks of ``FrameworkHooks``.
+subclasses it with what touches its tensors and models: the methods of ``DumpBackend``.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from msprobe_core.common.rank_folder import check_not_taken, rank_folder_name
 from msprobe_core.common.tool_guard import TOOL
 from msprobe_core.dump.call_records import Call, CallRecords
 from msprobe_core.dump.config import DumpConfig, validate_token_range
-from msprobe_core.dump.framework_hooks import FrameworkHooks
+from msprobe_core.dump.backend import DumpBackend
 from msprobe_core.dump.selection import RecordSelection
 from msprobe_core.dump.user_api import UserApi
 from msprobe_core.errors import ConfigError
@@ -64,9 +64,9 @@ class OwnWork:
         return False
 
 
-class DumpServiceBase(CallRecords, UserApi, FrameworkHooks):
+class DumpServiceBase(CallRecords, UserApi, DumpBackend):
     """One process's dump: configuration, current step, hooks and recorders (a framework's subclass
-    supplies the ``FrameworkHooks``)."""
+    supplies the ``DumpBackend`` methods)."""
 
     def __init__(self, cfg: DumpConfig):
         self.cfg = cfg

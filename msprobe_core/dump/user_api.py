@@ -17,7 +17,21 @@ _thread_id = threading.get_ident
 
 class UserApi:
     """``save``, ``module_dump`` / ``module_dump_end`` and ``register_custom_api`` / ``restore_custom_api``
-    of a dump service (whose state, records and framework hooks they use)."""
+    of a dump service: they use the framework's methods (``dump.backend.DumpBackend``), the records'
+    (``hook_module``, ``_on_api_call``), the service's (``_open_step``, ``_open_debug``, ``_sync``, ``_own``,
+    ``_error``, ``_update_recording``, ``_other_thread``, ``_in_configured_step``, ``should_record``) and the
+    service state declared here (set by ``DumpServiceBase.__init__``)."""
+
+    finished: bool                        # the last configured step is dumped
+    debug_recorder: Any                   # the open step's debug.json (``files.step_recorder.StepRecorder``)
+    _tls: Any
+    _thread: int
+    _collecting: bool                     # between start() and stop()
+    _exclusive: Any                       # the module of the module_dump() window
+    _saves: bool
+    _counters: dict[str, int]
+    _module_dump_handles: list[Any]
+    _custom: dict[tuple[int, str], tuple[Any, Any]]  # (id(module), api) -> (module, its patch handle)
 
     # ================================================================== module_dump / save
     def module_dump(self, module: Any, name: str) -> None:

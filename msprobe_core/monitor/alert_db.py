@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from msprobe_core.errors import ConfigError
+from msprobe_core.errors import ConfigError, MonitorInputError
 from msprobe_core.monitor.anomaly import Anomaly
 from msprobe_core.monitor.detector import SkippedStep
 
@@ -147,8 +147,6 @@ def read_anomalies(path: str | os.PathLike) -> list[Anomaly]:
     """Every anomaly in a database written by ``AnomalyDatabase`` (all runs and ranks), unordered.
 
     Raises ``MonitorInputError`` when the file is not such a database."""
-    from msprobe_core.monitor.anomaly_store import MonitorInputError
-
     fields = ("rank", "step", "micro_step", "stage", "call_id", "kind", "name", "module", "metric", "value", "baseline",
               "rule", "pp_stage", "event", "reached", "last_step")
     try:

@@ -3,8 +3,7 @@
 An ``Anomaly`` is one event: the first anomalous tensor of a fault (its origin: rank, step, micro-batch,
 stage, call order, module/parameter, metric, value and baseline) and how far the fault reached (``reached``
 tensors, until ``last_step``). The rules are in ``msprobe_core.monitor.rules``, the grouping into events
-in ``msprobe_core.monitor.events``, and ``AnomalyDetector`` (``msprobe_core.monitor.detector``, also
-importable from here) runs them over a step's host-side rows.
+in ``msprobe_core.monitor.events``, and ``AnomalyDetector`` (``msprobe_core.monitor.detector``) runs them over a step's host-side rows.
 """
 
 from __future__ import annotations
@@ -101,12 +100,3 @@ def order_key(a: Anomaly) -> tuple:
     backward = a.stage in (STAGE_BACKWARD, STAGE_GRADIENT)
     return (a.step, rank, micro if rank == 1 else 0, 1 if a.stage == STAGE_BACKWARD else 0,
             -a.pp_stage if backward else a.pp_stage, a.call_id, a.rank)
-
-
-def __getattr__(name: str) -> Any:
-    """``AnomalyDetector`` and ``StepVerdict`` live in ``detector`` (which imports this module)."""
-    if name in ("AnomalyDetector", "StepVerdict"):
-        from msprobe_core.monitor import detector
-
-        return getattr(detector, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -12,15 +12,12 @@ import os
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from msprobe_core.errors import MonitorInputError
 from msprobe_core.files.atomic_write import write_text_atomic
-from msprobe_core.errors import MsprobeError
+from msprobe_core.monitor.alert_db import read_anomalies
 from msprobe_core.monitor.anomaly import Anomaly, order_key
 
 ANOMALY_FILE = "anomalies.json"
-
-
-class MonitorInputError(MsprobeError, ValueError):
-    """A path given to a monitor command is not a monitor output (or holds an unreadable file)."""
 
 
 class AnomalyFileWriter:
@@ -63,8 +60,6 @@ def load_anomalies(monitor_dir: str | os.PathLike) -> list[Anomaly]:
     found: list[Anomaly] = []
     for path in find_anomaly_files(monitor_dir):
         if is_sqlite(path):
-            from msprobe_core.monitor.alert_db import read_anomalies
-
             found.extend(read_anomalies(path))
             continue
         try:

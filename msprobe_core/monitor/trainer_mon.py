@@ -16,6 +16,12 @@ the update, ``post_optimizer_step(optimizer_step=..., skipped=...)`` after it (o
 once). ``skipped=True`` says the framework's loss scaler skipped that update (fp16 overflow): the step is
 written as usual and judged as a skipped step, its overflowed gradients are not an anomaly.
 
+Its parts, each with one responsibility: ``StepState`` (``monitor.step_state``: the step in progress, made
+new at each step boundary, so no step inherits a flag of the one before), ``CollectionSchedule`` (which
+steps), ``ActivationHooks`` (activations), a ``StateReader`` (weights, gradients, optimizer states, sharded
+or not), ``StepCollector`` (the step's statistics, one host copy), ``AnomalyDetector`` and ``AlertCenter``
+(judging and publishing), the writers, ``AnomalyCapture`` and ``MoEMonitor``; ``TrainerMon`` sequences them.
+
 Nothing here changes the numbers: hooks return None and never touch tensors, statistics run under
 ``no_grad`` on detached tensors, and everything of a step is copied to the host once.
 """
@@ -50,6 +56,7 @@ from msprobe_core.monitor.selection import Selection, model_structure, module_na
 from msprobe_core.monitor.state_readers import StateReader, TorchStateReader
 from msprobe_core.monitor.shard_stats import partials_to_ops
 from msprobe_core.monitor.stats import StatsEngine
+from msprobe_core.monitor.step_state import StepState
 from msprobe_core.monitor.writers import ApiWriter, MetricWriter, WriterContext, make_writers
 from msprobe_core.pytorch.ranks import current_rank, rank_in
 from msprobe_core.common.patch import PatchHandle, wrap
@@ -102,19 +109,11 @@ class TrainerMon:
         self._params: dict[str, nn.Parameter] = {}
         self.alerts = AlertCenter(self.rank, self.rank_dir, self.output_dir)
         self.capture: AnomalyCapture | None = None
-        self._lrs: list[float] = []
-        self._forwards = 0  # training forwards of the first chunk since the last optimizer step
-        self._skip_checked = False
         self._skip_hook: Any = None
         self._zero_patch: PatchHandle | None = None
         self._writers: list[MetricWriter] | None = None
         self._latest: dict[str, Any] = {}
-        self._token = 0
-        self._collecting = False
-        self._contributing = False  # not collecting, but another rank of the shard group is (see shard_agreement)
-        self._agreed = False
-        self._pre_done = False
-        self._grads_done = False
+        self._step = StepState(token=0, collecting=False)  # replaced at each step boundary (_begin_step)
         self._closed = False
         self._configure(self.config, not_before=0)
         close_at_exit(self.close)
@@ -145,7 +144,7 @@ class TrainerMon:
         check_output_dir(self.output_dir, OUTPUT_DIR_ENV)  # a file or an unwritable place fails here, not mid-training
         self._uninstall()
         self._moe = MoEMonitor.attach(self.config, chunks, named_parameters(chunks), self.rank_dir,
-                                      lambda: self._collecting, self.pp_stage)  # a bad moe.routers fails here
+                                      lambda: self._step.collecting, self.pp_stage)  # a bad moe.routers fails here
         self._chunks = chunks
         if self._own_reader and uses_native_sharding(chunks):
             self.reader = NativeShardReader(chunks)
@@ -223,22 +222,15 @@ class TrainerMon:
         if want and self._hooks is None:
             self._hooks = ActivationHooks(self.collector, forward=self.config.xy_forward,
                                           backward=self.config.xy_backward,
-                                          is_active=lambda: self._collecting, step_token=lambda: self._token)
+                                          is_active=lambda: self._step.collecting, step_token=lambda: self._step.token)
             self._hooks.install(self._chunks, self._selection.module_spec)
         elif not want and self._hooks is not None:
             self._hooks.remove()
             self._hooks = None
 
     def _begin_step(self) -> None:
-        self._token += 1
-        self._collecting = self.schedule.selects(self.step_index) and not self._closed
-        self._contributing = False
-        self._agreed = False
-        self._pre_done = False
-        self._grads_done = False
-        self._forwards = 0
-        self._skip_checked = False
-        self._lrs = []
+        self._step = StepState(token=self._step.token + 1,
+                               collecting=self.schedule.selects(self.step_index) and not self._closed)
         self.collector.reset()
         if hasattr(self, "_selection"):
             self._sync_hooks()
@@ -251,7 +243,7 @@ class TrainerMon:
     @property
     def collecting(self) -> bool:
         """Whether the current optimizer step is monitored."""
-        return self._collecting
+        return self._step.collecting
 
     def collect_grads(self, grads: Mapping[str, torch.Tensor] | None = None) -> None:
         """Record this step's weight gradients now, e.g. before gradient clipping.
@@ -261,14 +253,14 @@ class TrainerMon:
         optimizer-step hook makes) do nothing.
         """
         self._agree()
-        if not self._reading or self._grads_done or not self.config.wg_distribution:
+        if not self._step.reading or self._step.grads_done or not self.config.wg_distribution:
             return
         with tool_work():
             if grads is None:
                 grads = self.reader.grads(self._params)
             order = [n for n in reversed(list(self._params)) if n in grads] + [n for n in grads if n not in self._params]
             self._record_mapping(GRAD, {n: grads[n] for n in order})
-        self._grads_done = True
+        self._step.grads_done = True
 
     def record(self, kind: str, tensors: Mapping[str, torch.Tensor], micro_step: int | None = None,
                module: str | None = None) -> None:
@@ -277,22 +269,22 @@ class TrainerMon:
         For integrations that see tensors the monitor cannot (unreduced gradients, a framework's own
         buffers). Does nothing when the current step is not monitored.
         """
-        if not self._collecting:
+        if not self._step.collecting:
             return
         with tool_work():
             self._record_mapping(kind, tensors, micro_step, module)
 
     def pre_optimizer_step(self) -> None:
         """Before the optimizer update: record weights (as used by this step) and gradients."""
-        if self._pre_done:
+        if self._step.pre_done:
             return
-        self._pre_done = True
+        self._step.pre_done = True
         self._agree()
-        if not self._reading:
+        if not self._step.reading:
             return
         try:
             with tool_work():
-                self._lrs = learning_rates(self._optimizer)
+                self._step.lrs = learning_rates(self._optimizer)
                 if self.config.param_distribution:
                     self._record_mapping(PARAM, self.reader.weights(self._params))
                 self.collect_grads()
@@ -312,17 +304,17 @@ class TrainerMon:
             self.step_index = int(optimizer_step)
         result = None
         self._agree()
-        if self._reading:
+        if self._step.reading:
             try:
                 with tool_work():
-                    if not self._pre_done:
+                    if not self._step.pre_done:
                         self.pre_optimizer_step()
                     if self.config.mv_distribution and self._optimizer is not None:
                         states = self.reader.optimizer_states(self._optimizer, self._params)
                         for kind in (EXP_AVG, EXP_AVG_SQ):
                             if kind in states:
                                 self._record_mapping(kind, states[kind])
-                    if self._collecting:
+                    if self._step.collecting:
                         result = self._finish_step(skipped=bool(skipped))
             except Exception:
                 logger.exception("monitor: finishing step %d failed", self.step_index)
@@ -375,7 +367,7 @@ class TrainerMon:
         if self._closed:
             return
         self._closed = True
-        self._collecting = False
+        self._step.collecting = False
         if self.capture is not None:
             self.capture.close()
         self._uninstall()
@@ -396,11 +388,6 @@ class TrainerMon:
         self.close()
 
     # ---------------------------------------------------------------------------------- internals
-    @property
-    def _reading(self) -> bool:
-        """Whether this step's states are read: to record them, or only to contribute shards."""
-        return self._collecting or self._contributing
-
     def _shard_group(self) -> Any:
         return self.reader.group if self.reader.group is not None else self.dp_group
 
@@ -408,11 +395,12 @@ class TrainerMon:
         """Once per step, before its first sharded all-reduce: whether this rank contributes its shards to a
         step other ranks collect (``shard_agreement``). The entry points call it in the same order on every
         rank, so the ranks meet in the agreement's all-reduce."""
-        if self._agreed:
+        state = self._step
+        if state.agreed:
             return
-        self._agreed = True
+        state.agreed = True
         if self.reader.sharded and not self._closed:
-            self._contributing = contributes(self._collecting, self.config, self.dynamic, self._shard_group())
+            state.contributing = contributes(state.collecting, self.config, self.dynamic, self._shard_group())
 
     def _uninstall(self) -> None:
         for attr in ("_skip_hook", "_hooks", "_patch", "_zero_patch", "_moe"):  # each has remove(); None once removed
@@ -429,17 +417,17 @@ class TrainerMon:
             tensors = self._moe.rename(kind, tensors)
         if self.reader.sharded and kind in (GRAD, EXP_AVG, EXP_AVG_SQ, PARAM):
             self._record_sharded(kind, tensors)
-        elif self._collecting:
+        elif self._step.collecting:
             items = [(name, module if module is not None else owner_module(name), t) for name, t in tensors.items()
                      if isinstance(t, torch.Tensor)]
             self.collector.record(kind, items, micro_step)
-        if self._moe is not None and self._collecting:
+        if self._moe is not None and self._step.collecting:
             self._moe.record(self.collector, kind, tensors, micro_step)
 
     def _record_sharded(self, kind: str, tensors: Mapping[str, torch.Tensor]) -> None:
         names = sorted(tensors)
         combined = self.reader.combined_partials(self.engine, names, tensors, self._shard_group())
-        if not self._collecting:  # contributing only: the all-reduces are made, nothing is recorded
+        if not self._step.collecting:  # contributing only: the all-reduces are made, nothing is recorded
             return
         block = partials_to_ops(combined, self.config.ops)
         base = self.collector.add_block(block)
@@ -474,7 +462,7 @@ class TrainerMon:
             w.write(step, rows)
             if isinstance(w, ApiWriter):
                 self._latest = result = w.latest
-        self.alerts.publish(self.detector.judge(self.rank, step, rows, lrs=self._lrs, skipped=skipped))
+        self.alerts.publish(self.detector.judge(self.rank, step, rows, lrs=self._step.lrs, skipped=skipped))
         if self._moe is not None:
             self.alerts.publish(self._moe.finish(self.rank, step, self.alerts.events, result))
         return result
@@ -485,16 +473,18 @@ class TrainerMon:
     # than grad_acc_steps times; it is judged on its own, its overflowed gradients are not an anomaly, and
     # the step starts over. Without Inf/NaN gradients nothing changes (statistics keep accumulating).
     def _on_zero_grad(self, *args: Any, **kwargs: Any) -> None:
-        if (self._collecting and not self._skip_checked and self._forwards >= self.grad_acc_steps
+        state = self._step
+        if (state.collecting and not state.skip_checked and state.forwards >= self.grad_acc_steps
                 and self.collector.recorded(BACKWARD_STAGES)):
             self._close_skipped_iteration()
 
     def _on_forward_start(self, module: nn.Module, args: Any) -> None:
-        if not module.training or not self._collecting or in_backward():
+        state = self._step
+        if not module.training or not state.collecting or in_backward():
             return
-        self._forwards += 1
-        if self._forwards > self.grad_acc_steps and not self._skip_checked and self._close_skipped_iteration():
-            self._forwards = 1
+        state.forwards += 1
+        if state.forwards > self.grad_acc_steps and not state.skip_checked and self._close_skipped_iteration():
+            self._step.forwards = 1  # this forward is the first of the step begun over
 
     def _close_skipped_iteration(self) -> bool:
         """If this iteration's gradients hold Inf/NaN, judge it as a skipped update and start the step over."""
@@ -517,7 +507,7 @@ class TrainerMon:
         if skipped:
             self._begin_step()
         else:
-            self._skip_checked = True
+            self._step.skip_checked = True
         return skipped
 
     def _poll_config(self) -> None:

@@ -200,6 +200,12 @@ class ProbeSession:
             folders.append(Path(self.monitor.output_dir))
         return folders
 
+    def record_framework_arguments(self, section: str, args: Mapping[str, Any]) -> None:
+        """Put the framework's own arguments (Megatron's ``args``...) under ``section`` in the config_check
+        pack's hyperparameters; nothing when the session has no config_check path. Call it after ``attach``."""
+        if self.config_checker is not None:
+            self.config_checker.record_hyperparameters({section: dict(args)})
+
     def write_hyperparameters(self, doc: Mapping[str, Any]) -> list[Path]:
         """``hyperparameters.json`` at the top of each output folder (global rank 0 only) and, when the
         monitor writes TensorBoard, as text and hparams there. Returns the files written."""

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from msprobe_core.errors import MsprobeError
-from msprobe_core.monitor.state_readers import STATE_KINDS
+from msprobe_core.session import STATE_KINDS
 
 
 class DeepSpeedIntegrationError(MsprobeError, RuntimeError):

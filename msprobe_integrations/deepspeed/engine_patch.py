@@ -13,8 +13,7 @@ from typing import Any, Optional
 
 from msprobe_core.common.patch import PatchHandle, wrap
 from msprobe_core.errors import ConfigError
-from msprobe_core.monitor.state_readers import StateReader
-from msprobe_core.session import ConfigLike, ProbeSession
+from msprobe_core.session import ConfigLike, ProbeSession, StateReader
 from msprobe_integrations.deepspeed.engine import (DeepSpeedIntegrationError, is_engine, skipped_since, skipped_steps,
                                                   zero_stage)
 from msprobe_integrations.deepspeed.hyperparameters import engine_hyperparameters

@@ -6,7 +6,7 @@ from typing import Any, Mapping
 
 
 from msprobe_core import hparams
-from msprobe_core.pytorch.ranks import group_size
+from msprobe_core.session import group_size
 from msprobe_integrations.deepspeed.engine import torch_optimizer, zero_stage
 
 

@@ -13,8 +13,7 @@ from typing import Any, Callable, Mapping, Optional
 
 import torch
 
-from msprobe_core.monitor.state_readers import STATE_KINDS, StateReader
-from msprobe_core.pytorch.ranks import rank_in
+from msprobe_core.session import STATE_KINDS, StateReader, rank_in
 from msprobe_integrations.deepspeed.engine import dp_group, empty_shard, loss_scale, state_keys, unscale
 
 logger = logging.getLogger("msprobe_core.deepspeed")

@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping, Optional
 
 import torch
 
-from msprobe_core.monitor.state_readers import STATE_KINDS, StateReader, TorchStateReader
+from msprobe_core.session import STATE_KINDS, StateReader, TorchStateReader
 from msprobe_integrations.deepspeed.engine import (dp_group, empty_shard, loss_scale, state_keys, torch_optimizer,
                                                    unscale)
 from msprobe_integrations.deepspeed.zero3_reader import Stage3Reader

@@ -32,11 +32,9 @@ from typing import Any, Optional, Sequence, Union
 import torch
 
 from msprobe_core import hparams
-from msprobe_core.common.exit_close import cancel_close_at_exit, close_at_exit
 from msprobe_core.common.patch import PatchHandle, patch
 from msprobe_core.errors import ConfigError
-from msprobe_core.pytorch.ranks import dist_ready, group_size
-from msprobe_core.session import ConfigLike, ProbeSession
+from msprobe_core.session import ConfigLike, ProbeSession, cancel_close_at_exit, close_at_exit, dist_ready, group_size
 from msprobe_integrations.megatron.state_reader import MegatronStateReader, leaf_optimizers
 
 logger = logging.getLogger("msprobe_core.megatron")
@@ -215,10 +213,10 @@ class MegatronProbe:
                        dp_group=data_parallel_group(), start_iteration=start_iteration,
                        patch_optimizer=optimizer is not None, step_label=self._optimizer_step_label,
                        step_skipped=self._update_skipped)
-        if session.config_checker is not None and hasattr(args, "__dict__"):
+        if hasattr(args, "__dict__"):
             # the checker finds Megatron's arguments only through megatron.training.get_args(), which
             # megatron-core alone (a Megatron-LM-shaped loop of one's own) does not have
-            session.config_checker.record_hyperparameters({"megatron_args": dict(vars(args))})
+            session.record_framework_arguments("megatron_args", vars(args))
         if self.capture:
             doc = capture_hyperparameters(args, self.chunks, optimizer, opt_param_scheduler)
             self.hyperparameter_files = session.write_hyperparameters(doc)

@@ -26,9 +26,7 @@ from typing import Any, Mapping, Optional
 
 import torch
 
-from msprobe_core.monitor.records import EXP_AVG, EXP_AVG_SQ
-from msprobe_core.monitor.state_readers import STATE_KINDS, StateReader, TorchStateReader
-from msprobe_core.pytorch.ranks import rank_in
+from msprobe_core.session import EXP_AVG, EXP_AVG_SQ, STATE_KINDS, StateReader, TorchStateReader, rank_in
 
 logger = logging.getLogger("msprobe_core.megatron")
 

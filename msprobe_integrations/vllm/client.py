@@ -9,10 +9,9 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
-from msprobe_core.dump.config import load_dump_config, validate_token_range
 from msprobe_core.errors import ConfigError, MsprobeError
 from msprobe_core.log import setup_logging
-from msprobe_core.pytorch.ranks import current_rank
+from msprobe_core.session import current_rank, load_dump_config, validate_token_range
 from msprobe_integrations.vllm.eager_mode import EagerModeRequiredError, check_eager_mode
 from msprobe_integrations.vllm.model_paths import IN_PROCESS_PATHS, find_in_process_model, find_vllm_config
 from msprobe_integrations.vllm.workers import (ConfigSource, MsprobeWorkerExtension, WorkerDumpError, _finish_here,

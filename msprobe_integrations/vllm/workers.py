@@ -15,10 +15,8 @@ from typing import Any, Mapping, Optional, Sequence, Union
 
 import torch
 
-from msprobe_core.dump.config import validate_token_range
 from msprobe_core.errors import MsprobeError
-from msprobe_core.pytorch.ranks import current_rank
-from msprobe_core.session import ProbeSession
+from msprobe_core.session import ProbeSession, current_rank, validate_token_range
 from msprobe_integrations.vllm.eager_mode import eager_mode_problems
 from msprobe_integrations.vllm.model_paths import WORKER_MODEL_PATHS, _as_module, _first_module, find_worker_config
 

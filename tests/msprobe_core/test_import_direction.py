@@ -118,13 +118,6 @@ def test_no_import_cycles_between_core_packages():
     assert _cycle(_graph()) == []
 
 
-KNOWN_FILE_CYCLES = [
-    ["msprobe_core/monitor/alert_db.py", "msprobe_core/monitor/anomaly_store.py"],
-    ["msprobe_core/monitor/anomaly.py", "msprobe_core/monitor/detector.py", "msprobe_core/monitor/events.py"],
-]
-"""The monitor's file cycles as they stand; the second part of issue 26 removes them (then this list is empty)."""
-
-
 def _module_file(module: str) -> Path | None:
     path = ROOT.joinpath(*module.split("."))
     for candidate in (path.with_suffix(".py"), path / "__init__.py"):
@@ -170,7 +163,7 @@ def _file_cycles() -> list[list[str]]:
 
 
 def test_no_import_cycles_between_core_files():
-    assert _file_cycles() == KNOWN_FILE_CYCLES
+    assert _file_cycles() == []
 
 
 def test_no_private_name_is_imported_from_another_package():
@@ -209,6 +202,28 @@ def test_the_core_never_imports_an_integration_tests_or_recipes():
     for path in _core_files():
         for module, _ in _imports(path):
             assert module.split(".")[0] not in ("msprobe_integrations", "tests", "recipes"), (path, module)
+
+
+INTEGRATION_DOORS = ("msprobe_core.session", "msprobe_core.common.patch", "msprobe_core.errors", "msprobe_core.log",
+                     "msprobe_core.hparams")
+"""The only modules of the core an integration imports: the session (with the building blocks it documents),
+the patch primitive, the exception types, logging and the hyperparameter document."""
+
+
+def test_integrations_enter_the_core_only_through_the_session():
+    past = []
+    for path in sorted((ROOT / "msprobe_integrations").rglob("*.py")):
+        for module, _ in _imports(path):
+            if module.split(".")[0] == "msprobe_core" and module not in INTEGRATION_DOORS:
+                past.append(f"{path.relative_to(ROOT).as_posix()}: {module}")
+    assert past == []
+
+
+def test_the_session_documents_every_name_it_exports():
+    import msprobe_core.session as session
+
+    undocumented = [name for name in session.__all__ if f"``{name}" not in session.__doc__]
+    assert undocumented == []
 
 
 def test_integrations_do_not_import_each_other():

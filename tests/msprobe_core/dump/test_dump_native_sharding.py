@@ -21,7 +21,7 @@ from msprobe_core.compare import compare_dumps
 WORKER = textwrap.dedent("""
     import json, sys
     import torch.distributed as dist
-    from dist_run import finish_distributed
+    from msprobe_core.session import finish_distributed
     from native_sharding import dump_run, make_model, shard, train
 
     tmp, setup = sys.argv[1], sys.argv[2]

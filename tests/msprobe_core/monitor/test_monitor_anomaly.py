@@ -9,7 +9,8 @@ import random
 import torch
 
 from msprobe_core.cli import main as cli_main
-from msprobe_core.monitor.anomaly import Anomaly, AnomalyDetector, order_key
+from msprobe_core.monitor.anomaly import Anomaly, order_key
+from msprobe_core.monitor.detector import AnomalyDetector
 from msprobe_core.monitor.anomaly_store import AnomalyFileWriter, load_anomalies
 from msprobe_core.monitor.config import load_monitor_config
 from msprobe_core.monitor.records import MetricRow

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from msprobe_core.compare.dumpdir import load_rank_dump
+from msprobe_core.dumpdir.rank_dump import load_rank_dump
 from msprobe_core.errors import ConfigError, UnknownKeyError
 from msprobe_core.monitor.config import CaptureConfig, load_monitor_config
 

@@ -16,7 +16,7 @@ from dist_run import run_two_ranks
 WORKER = textwrap.dedent("""
     import json, sys
     import torch, torch.distributed as dist
-    from dist_run import finish_distributed
+    from msprobe_core.session import finish_distributed
     from native_sharding import make_model, reference, shard, train
     from msprobe_core.monitor.trainer_mon import TrainerMon
 
@@ -72,7 +72,7 @@ PARTIAL_WORKER = textwrap.dedent("""
     import json, logging, sys
     import torch, torch.distributed as dist
     from torch.distributed.tensor import DTensor, Partial
-    from dist_run import finish_distributed
+    from msprobe_core.session import finish_distributed
     from native_sharding import make_model, shard
     from msprobe_core.monitor.trainer_mon import TrainerMon
 

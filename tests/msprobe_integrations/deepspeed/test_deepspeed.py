@@ -251,7 +251,7 @@ def test_hf_trainer_with_deepspeed_zero2(hf_run):
 
 # --------------------------------------------------------------------------------------------- on-anomaly capture
 def test_an_alert_under_zero2_captures_the_next_step_of_its_module(tmp_path_factory):
-    from msprobe_core.compare.dumpdir import load_rank_dump
+    from msprobe_core.dumpdir.rank_dump import load_rank_dump
 
     result, folder = _once(tmp_path_factory, "capture", lambda out: _single("capture", out))
     ref, cap = result["ref"], result["capture"]

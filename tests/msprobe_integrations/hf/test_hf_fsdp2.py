@@ -21,7 +21,7 @@ WORKER = textwrap.dedent("""
     import json, sys
     import torch, torch.distributed as dist
     from transformers import TrainerControl, TrainerState, TrainingArguments
-    from dist_run import finish_distributed
+    from msprobe_core.session import finish_distributed
     from native_sharding import make_model, reference, shard, train
     from msprobe_integrations.hf import MsprobeCallback
 

@@ -1,24 +1,42 @@
-"""What a framework's dump service supplies to the shared one (``dump.service.DumpServiceBase``): the
-class attributes that name its models and records, and the hooks that touch its tensors, models and
-autograd. ``msprobe_core.pytorch.dump_service`` and ``msprobe_core.mindspore.dump_service`` define them."""
+"""The framework back-end of the dump: ``DumpBackend``, the one interface a framework's dump service fills in.
+
+``dump.service.DumpServiceBase`` does everything that does not touch a framework (steps, folders, records,
+selection, files); what touches tensors, models and autograd it asks of its back-end through the methods
+below, and nothing else. A new framework subclasses ``DumpServiceBase`` and provides them, as
+``msprobe_core.pytorch.dump_service.DumpService`` and ``msprobe_core.mindspore.dump_service.DumpService`` do
+(``tests/msprobe_core/dump/test_backend_interface.py`` holds both to this list).
+
+Class attributes (or set in ``__init__``):
+
+============================  ==========================================================================
+``framework``                 dump.json's ``framework``
+``model_kind``                what ``start(model)`` takes, for messages (``"a torch.nn.Module"``)
+``module_word``               what the models are made of, for messages (``"modules"``, ``"cells"``)
+``module_prefix``             L0 record names: ``{module_prefix}.{path}.{Class}.forward.{n}``
+``hooks_l1_models``           does level L1 look into start()'s models (``_before_hooking``)?
+``same_values``               APIs whose output only rearranges their first input (statistics shared)
+``patcher``                   L1 API wrapping (``prepare``/``patch``/``restore``/``call``), or None
+``files``                     the tensor-file writer (``flush``/``close``), or None when no file is written
+``summarizer``                statistics and tensor files of one value (``files.summarize``-like)
+============================  ==========================================================================
+
+Methods: required ones are abstract (a back-end that misses one cannot be instantiated); the others have
+the default given here. They are plain methods called directly by the shared code: no indirection on the
+hot path. The shared code's own override points, which a back-end may extend with ``super()``, are
+``should_record`` and ``_may_record_exclusive`` (when not to record: PyTorch skips its backward pass),
+``_end`` (the end of a call's record) and ``_finish_step`` (per-step state of the back-end).
+"""
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Any, Callable, Optional
 
 from msprobe_core.dump.call_records import Call
 
 
-class FrameworkHooks:
-    """The framework side of a dump service, with the defaults of the optional hooks.
-
-    A subclass defines ``framework`` (dump.json's ``framework``), ``model_kind`` and ``module_word`` (for
-    messages), ``patcher`` (L1 API wrapping, or None), ``files`` (tensor files, or None), ``summarizer``;
-    ``_current_rank``, ``_is_model``, ``_named_modules``, ``_own_parameters``, ``_hook_param_grad``,
-    ``_hook_tensor_grad``, ``_wants_grad``, ``_tensors_in``, ``_overflow_flag``, ``_any_overflow``,
-    ``_quiet``, ``_capture_stack``; optionally ``_prepare_backward``, ``_call_inputs``,
-    ``_collective_result``, ``_before_hooking``, ``_unpatch``, ``_grad_recording``, ``_on_device``,
-    ``_hook_saved_tensor``, ``_may_record_exclusive``, ``_class_name``, ``_opaque``, ``_grad_parameters`` (and ``should_record``, the hot path)."""
+class DumpBackend(ABC):
+    """What a framework supplies to the shared dump service: its models, tensors, gradients and stacks."""
 
     framework = ""
     model_kind = "a model"
@@ -26,49 +44,66 @@ class FrameworkHooks:
     module_prefix = "Module"  # L0 record names: ``{module_prefix}.{path}.{Class}.forward.{n}``
     hooks_l1_models = False  # does level L1 look into start()'s models (``_before_hooking``)?
     same_values: frozenset = frozenset()  # APIs whose output only rearranges their first input
+    patcher: Any
+    files: Any
+    summarizer: Any
 
     def _current_rank(self) -> Optional[int]:
         """The framework's rank of this process (None when not distributed)."""
         return None
 
+    @abstractmethod
     def _is_model(self, obj: Any) -> bool:
+        """Is ``obj`` a model of this framework (what ``start(model)`` and ``module_dump`` take)?"""
         raise NotImplementedError
 
+    @abstractmethod
     def _named_modules(self, root: Any):
         """(path, module) of ``root`` and everything inside it, root first (path '')."""
         raise NotImplementedError
 
+    @abstractmethod
     def _own_parameters(self, module: Any) -> list[tuple[str, Any]]:
         """The parameters a module holds itself (not its children's), by attribute name."""
         raise NotImplementedError
 
+    @abstractmethod
     def _hook_param_grad(self, param: Any, hook: Callable) -> None:
         """Call ``hook(grad)`` with the parameter's gradients until the step ends (or not at all, where the
         parameter gets none)."""
         raise NotImplementedError
 
+    @abstractmethod
     def _hook_tensor_grad(self, t: Any, hook: Callable) -> None:
         """Call ``hook(grad)`` with the gradient of ``t`` (a forward output or input)."""
         raise NotImplementedError
 
+    @abstractmethod
     def _wants_grad(self, t: Any) -> bool:
         """Does ``t`` get a gradient worth a hook?"""
         raise NotImplementedError
 
+    @abstractmethod
     def _tensors_in(self, obj: Any) -> list:
+        """The framework's tensors in ``obj`` (nested lists, tuples, dicts), in order."""
         raise NotImplementedError
 
+    @abstractmethod
     def _overflow_flag(self, t: Any) -> Any:
         """Does ``t`` hold an Inf or a NaN? (may be a device value: ``_any_overflow`` reads it)"""
         raise NotImplementedError
 
+    @abstractmethod
     def _any_overflow(self, flags: list) -> bool:
+        """Does any of ``_overflow_flag``'s results say Inf/NaN? (one host read for all of them)"""
         raise NotImplementedError
 
+    @abstractmethod
     def _quiet(self) -> Any:
         """A context for the tool's own tensor work; entering it returns whether autograd records."""
         raise NotImplementedError
 
+    @abstractmethod
     def _capture_stack(self) -> Any:
         """The user's call stack of the call being recorded (stack.json)."""
         raise NotImplementedError
