@@ -52,7 +52,7 @@ from msprobe_core.monitor.records import ACTV, ACTV_GRAD, EXP_AVG, EXP_AVG_SQ, G
 from msprobe_core.monitor.rules.learning_rate import learning_rates
 from msprobe_core.monitor.shard_agreement import contributes
 from msprobe_core.monitor.schedule import CollectionSchedule, ConfigWatcher, dynamic_requested
-from msprobe_core.monitor.selection import Selection, model_structure, module_names, owner_module
+from msprobe_core.monitor.selection import Selection, model_structure, module_names, named_parameters, owner_module
 from msprobe_core.monitor.state_readers import StateReader, TorchStateReader
 from msprobe_core.monitor.shard_stats import partials_to_ops
 from msprobe_core.monitor.stats import StatsEngine
