@@ -96,6 +96,7 @@ test-vllm: venv-vllm
 bench: venv
 	$(BIN)/python benchmarks/dump_overhead.py
 	$(BIN)/python benchmarks/monitor_overhead.py
+	$(BIN)/python benchmarks/many_modules.py
 	$(BIN)/python benchmarks/compare_speed.py
 	$(BIN)/python benchmarks/mindspore_overhead.py
 	$(BIN)/python benchmarks/acc_check_speed.py --repeats 3

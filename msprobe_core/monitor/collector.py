@@ -7,20 +7,26 @@ step per device, copies it to the host in one transfer and returns ``MetricRow``
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Iterable, Sequence
+from typing import Iterable, NamedTuple, Sequence
 
 import torch
 
-from msprobe_core.monitor.records import MetricRow
+from msprobe_core.monitor.records import MetricRow, stage_of
 from msprobe_core.monitor.stats import StatsEngine
 from msprobe_core.pytorch.native_shards import local_view
 
 
-@dataclass
-class _Entry:
-    """A named row of the step: its ``MetricRow`` still without values, and where the values are."""
-    metric: MetricRow
+class _Entry(NamedTuple):
+    """A named row of the step: the fields of its ``MetricRow`` (built once, with the values, in ``finalize``)
+    and where the values are. A plain tuple: one is made per record, so it must be cheap."""
+    kind: str
+    name: str
+    module: str
+    micro_step: int | None
+    call_id: int
+    numel: int
+    alias: bool
+    external: bool
     device: torch.device
     row: int
 
@@ -66,11 +72,11 @@ class StepCollector:
                   where: tuple[torch.device, int], external: bool = False) -> None:
         """Name a computed row (a row may carry several names: the same tensor seen twice). ``external``:
         a tensor the model did not compute from its weights (see ``MetricRow.external``)."""
-        key = (kind, where[0], where[1])
+        device, row = where
+        key = (kind, device, row)
         alias = key in self._named
         self._named.add(key)
-        metric = MetricRow(kind, name, module, micro_step, self._call_id, numel, (), alias, external)
-        self._entries.append(_Entry(metric, where[0], where[1]))
+        self._entries.append(_Entry(kind, name, module, micro_step, self._call_id, numel, alias, external, device, row))
         self._call_id += 1
 
     def record(self, kind: str, named: Sequence[tuple[str, str, torch.Tensor]], micro_step: int | None = None) -> None:
@@ -89,14 +95,15 @@ class StepCollector:
         for device, blocks in self._blocks.items():
             stacked = blocks[0] if len(blocks) == 1 else torch.cat(blocks)
             host[device] = stacked.cpu().tolist()
-        rows = [replace(e.metric, values=host[e.device][e.row]) for e in self._entries]
+        rows = [MetricRow(e.kind, e.name, e.module, e.micro_step, e.call_id, e.numel, host[e.device][e.row],
+                          e.alias, e.external) for e in self._entries]
         self.reset()
         return rows
 
     def recorded(self, stages: Iterable[str]) -> bool:
         """Whether a row of a kind of one of ``stages`` was recorded this step."""
         wanted = set(stages)
-        return any(e.metric.stage in wanted for e in self._entries)
+        return any(stage_of(e.kind) in wanted for e in self._entries)
 
     @torch.no_grad()
     def has_nonfinite(self, stages: Iterable[str]) -> bool:
@@ -105,7 +112,7 @@ class StepCollector:
         wanted = set(stages)
         rows: dict[torch.device, list[int]] = {}
         for e in self._entries:
-            if e.metric.stage in wanted:
+            if stage_of(e.kind) in wanted:
                 rows.setdefault(e.device, []).append(e.row)
         for device, idx in rows.items():
             blocks = self._blocks[device]

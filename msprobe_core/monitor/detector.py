@@ -117,7 +117,7 @@ class AnomalyDetector:
             if key not in self._bad and key not in bad:
                 found.append(self._make(rank, step, row, finding.metric, finding.value, finding.limit, NAN_RULE))
             bad.add(key)
-        self._bad = (self._bad - {(r.kind, r.name) for r in good}) | bad
+        self._bad = (self._bad - {(r.kind, r.name) for r in good}) | bad if self._bad else bad  # usually none
         followed: set[tuple[str, str]] = set()  # series that jumped after a cascade's origin: they join its event
         if self._turbulence is not None:
             judged = [r for r in good if self._turbulence.judges(r)]

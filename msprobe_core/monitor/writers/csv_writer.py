@@ -31,13 +31,19 @@ class CsvWriter(MetricWriter):
     def __init__(self, context: WriterContext):
         self.context = context
         self._files: dict[str, _OpenFile] = {}
-        self._fmt = f"{{:.{context.ndigits}g}}"
+        self._fmt = f"%.{context.ndigits}g"
+        self._row_fmts: dict[int, str] = {}
 
     def write(self, step: int, rows: Sequence[MetricRow]) -> None:
-        fmt = self._fmt.format
+        row_fmts = self._row_fmts
         for row in rows:
             f = self._file(row.kind, step, row.micro_step is not None)
-            values = [fmt(v) for v in row.values]
+            # one %-format per row ("%.Ng" is "{:.Ng}" for every float, nan and inf included), split on commas
+            n = len(row.values)
+            row_fmt = row_fmts.get(n)
+            if row_fmt is None:
+                row_fmt = row_fmts[n] = ",".join([self._fmt] * n)
+            values = (row_fmt % tuple(row.values)).split(",") if n else []
             if f.with_micro:
                 f.writer.writerow([row.name, step, -1 if row.micro_step is None else row.micro_step, *values])
             else:
