@@ -16,6 +16,7 @@ gradients the call itself sends to its tensor inputs, read on the edges of its o
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from functools import partial
 from typing import Any, Callable, Optional
@@ -85,7 +86,9 @@ class DumpService(DumpServiceBase):
 
     def __init__(self, cfg: DumpConfig, wrap_list: Optional[str] = None):
         super().__init__(cfg)
-        self._api_opaque: Callable = opaque_to_compiler(self._on_api_call)  # the record, when torch.compile traces
+        # the record when torch.compile traces an API call: made once Dynamo is loaded (importing it costs a second)
+        self._api_opaque: Optional[Callable] = None
+        self._prepare_for_compiler()
         self.patcher = ApiPatcher(self._api_entry, self.should_record, wrap_list,
                                   silence=self._silenced) if self._uses_l1 else None
         if self.patcher is not None:
@@ -138,7 +141,10 @@ class DumpService(DumpServiceBase):
         # record runs eagerly at a graph break, so Dynamo never traces the tool's code or state and the
         # compiled code computes what it computes without the tool. Eagerly: one flag read per recorded call.
         if _is_compiling():
-            return self._api_opaque(original, prefix, api, args, kwargs)
+            opaque = self._api_opaque
+            if opaque is None:  # Dynamo was loaded after start(): the op alone, unrecorded, never a changed number
+                return original(*args, **kwargs)
+            return opaque(original, prefix, api, args, kwargs)
         return self._on_api_call(original, prefix, api, args, kwargs)
 
     def _named_modules(self, root: torch.nn.Module):
@@ -167,7 +173,14 @@ class DumpService(DumpServiceBase):
         # hooks inside compiled code run eagerly: no recompiles for the tool's state
         return opaque_to_compiler(hook) if self._compiled else hook
 
+    def _prepare_for_compiler(self) -> None:
+        """Make the eager record for traced API calls once ``torch._dynamo`` is loaded (``torch.compile`` loads
+        it when it wraps a model or a function, before anything is traced)."""
+        if self._api_opaque is None and "torch._dynamo" in sys.modules:
+            self._api_opaque = opaque_to_compiler(self._on_api_call)
+
     def _before_hooking(self, modules: list) -> None:
+        self._prepare_for_compiler()
         for module in modules:  # FSDP2 units: sharded gradients are recorded after FSDP's end of backward
             state = getattr(module, "_get_fsdp_state", None)
             if state is not None and hasattr(state(), "_root_post_backward_final_callback"):
