@@ -27,11 +27,12 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
+
+from msprobe_core.common.ports import free_port
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -113,12 +114,6 @@ def hf_worker(out: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------ the driver
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def command(scenario: str, out: str) -> list[str]:
     """The script and arguments each rank runs for ``scenario``."""
     if scenario == "deepspeed":

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -27,6 +26,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+from msprobe_core.common.ports import free_port  # noqa: E402
 
 EVERYTHING = {"xy_distribution": True, "wg_distribution": True, "mv_distribution": True, "param_distribution": True,
               "ops": ["min", "max", "norm", "mean", "zeros", "nans"], "format": "csv"}
@@ -63,12 +64,6 @@ def worker(setup: str, monitored: bool, steps: int, warmup: int, layers: int, ou
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=6, help="measured steps per run")
@@ -90,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.rounds):
             for setup, monitored in RUNS:
                 cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-                       str(_free_port()), __file__, "--worker", f"{setup}:{int(monitored)}", "--steps", str(args.steps),
+                       str(free_port()), __file__, "--worker", f"{setup}:{int(monitored)}", "--steps", str(args.steps),
                        "--warmup", str(args.warmup), "--layers", str(args.layers), "--out", tmp]
                 res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
                 line = next((x for x in res.stdout.splitlines() if x.startswith("RESULT ")), None)

@@ -51,6 +51,7 @@ if _ROOT not in sys.path:  # runnable from a checkout without installing the pac
     sys.path.insert(0, _ROOT)
 
 from msprobe_core.common.patch import PatchHandle, patch  # noqa: E402
+from msprobe_core.common.ports import free_port  # noqa: E402
 
 
 def _is_cuda_device(device: Any) -> bool:
@@ -157,14 +158,6 @@ def finish_megatron(barrier: bool = True) -> None:
 
     parallel_state.destroy_model_parallel()
     finish_distributed(barrier=barrier)
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def prepare_megatron_training(args: Any) -> CpuPatches:

@@ -9,9 +9,7 @@ the other support modules import by name) and ``OMP_NUM_THREADS=1``.
 from __future__ import annotations
 
 import os
-import random
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -19,29 +17,10 @@ from typing import Optional, Union
 
 import pytest
 
+from msprobe_core.common.ports import free_port  # noqa: F401  (the tests import it from here)
+
 SUPPORT = Path(__file__).resolve().parent
 ROOT = SUPPORT.parents[1]
-
-
-_PORTS = (20000, 32000)
-"""Where ``free_port`` looks: below Linux's ephemeral range (32768-60999), which the kernel hands to every outgoing
-connection (gloo opens many); a port taken from inside that range can be grabbed by one of them between the check
-and the child's bind ("address already in use" under load)."""
-
-
-def free_port() -> int:
-    """A TCP port free right now on 127.0.0.1, outside the ephemeral range (tests run in parallel: never a fixed
-    one; chosen at random, so two workers of the suite rarely try the same)."""
-    rng = random.SystemRandom()
-    for _ in range(200):
-        port = rng.randrange(*_PORTS)
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError(f"no free TCP port in {_PORTS[0]}-{_PORTS[1] - 1} on 127.0.0.1")
 
 
 def _descendants(pid: int) -> list[int]:
