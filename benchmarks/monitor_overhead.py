@@ -61,10 +61,12 @@ def worker(name: str, steps: int, warmup: int, fmt: str, out_dir: str, ops: list
     if threads > 0:
         torch.set_num_threads(threads)
 
-    from benchmarks.small_gpt import build, timed_train
+    from benchmarks.small_gpt import timed_train
 
     if model_name == "moe":
         from benchmarks.small_moe import build
+    else:
+        from benchmarks.small_gpt import build
     model, opt, data = build()
     mon = None
     if CONFIGS[name] is not None:

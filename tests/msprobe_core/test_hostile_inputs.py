@@ -34,7 +34,7 @@ from torch import nn
 from dump_models import TinyNet
 from killed_run import run_killed_mid_step
 from msprobe_core.cli import main as cli_main
-from msprobe_core.errors import ConfigError, ConfigFileError, DumpInputError, MsprobeError, OutputDirError
+from msprobe_core.errors import ConfigError, ConfigFileError, MsprobeError, OutputDirError
 from msprobe_core.files import step_recorder
 from msprobe_core.files.safe_names import NAME_MAX, TEMP_ROOM, is_plain_file_name, safe_file_name
 from msprobe_core.files.step_recorder import StepRecorder, read_frames, replay_journal

@@ -18,7 +18,7 @@ import sys
 import json
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Iterator, Sequence
 from unittest import mock
 
 import torch

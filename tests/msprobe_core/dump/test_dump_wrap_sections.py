@@ -9,7 +9,6 @@ import os
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from dump_models import ResidualAttention, TinyNet, make_data, train_steps
 from msprobe_core.errors import ConfigError
