@@ -94,7 +94,22 @@ def normalize(sections: Mapping[str, Mapping[str, Any]]) -> tuple[dict[str, Any]
                 values[canonical] = to_plain(content[hit])
                 origin[canonical] = f"{section}.{hit}"
                 break
+    _heads_without_grouped_query(sections, values, origin)
     return values, origin
+
+
+def _heads_without_grouped_query(sections: Mapping[str, Any], values: dict[str, Any], origin: dict[str, str]) -> None:
+    """Megatron's ``num_query_groups`` (default 1) means something only with ``group_query_attention``; without it
+    every attention head has its own key/value head, so ``num_key_value_heads`` is ``num_attention_heads``."""
+    section, _, name = origin.get("num_key_value_heads", "").partition(".")
+    content = sections.get(section)
+    if name != "num_query_groups" or not isinstance(content, Mapping) or content.get("group_query_attention", True):
+        return
+    if "num_attention_heads" in values:
+        values["num_key_value_heads"] = values["num_attention_heads"]
+        origin["num_key_value_heads"] = origin["num_attention_heads"]
+    else:
+        del values["num_key_value_heads"], origin["num_key_value_heads"]
 
 
 def optimizer_section(optimizer: Any) -> Optional[dict[str, Any]]:

@@ -39,3 +39,14 @@ def test_hf_and_deepspeed_names():
                                                              "lr_scheduler_type": "linear"}})
     assert doc["normalized"]["micro_batch_size"] == 4 and doc["normalized"]["lr_scheduler"] == "linear"
     assert hparams.flat_for_tensorboard(doc)["learning_rate"] == 5e-5
+
+
+def test_megatron_query_groups_count_only_with_grouped_query_attention():
+    def heads(**args):
+        doc = hparams.capture("megatron", {"args": {"num_attention_heads": 8, "num_query_groups": 1, **args}})
+        return doc["normalized"]["num_key_value_heads"], doc["origin"]["num_key_value_heads"]
+
+    assert heads(group_query_attention=False) == (8, "args.num_attention_heads")
+    assert heads(group_query_attention=True, num_query_groups=2) == (2, "args.num_query_groups")
+    hf = hparams.capture("transformers", {"model_config": {"num_attention_heads": 8, "num_key_value_heads": 2}})
+    assert hf["normalized"]["num_key_value_heads"] == 2
