@@ -25,21 +25,9 @@ PARAM = "decoder.layers.1.mlp.linear_fc1.weight"
 FAULT_ITERATION = 2
 
 
-@pytest.fixture(scope="module")
-def megatron_cpu():
-    patches = ms.CpuPatches().install()
-    ms.init_distributed()
-    ms.initialize_model_parallel()
-    yield
-    ms.destroy()
-    patches.remove()
-
-
 def _train(probe: MegatronProbe, iterations: int = 4) -> list[str]:
     """Megatron's schedule and optimizer; a NaN in ``PARAM`` before iteration ``FAULT_ITERATION``."""
     from types import SimpleNamespace
-
-    from megatron.core.pipeline_parallel import get_forward_backward_func
 
     model = ms.wrap_ddp(ms.gpt_chunks(ms.transformer_config(), seed=0))
     optimizer = ms.megatron_optimizer(model, ms.optimizer_config())
@@ -49,7 +37,7 @@ def _train(probe: MegatronProbe, iterations: int = 4) -> list[str]:
                            seq_length=ms.SEQ, iteration=0, use_distributed_optimizer=False)
     probe.setup(model, optimizer, None, args)
     param = dict(model[0].module.named_parameters())[PARAM]
-    data, step_fn = ms.batches(4, seed=1), get_forward_backward_func()
+    data = ms.batches(4, seed=1)
     losses = []
     try:
         for i in range(1, iterations + 1):
@@ -57,11 +45,7 @@ def _train(probe: MegatronProbe, iterations: int = 4) -> list[str]:
                 with torch.no_grad():
                     param.view(-1)[7] = math.nan
             probe.begin_iteration(i)
-            for m in model:
-                m.zero_grad_buffer()
-            optimizer.zero_grad()
-            reduced = step_fn(forward_step_func=ms.forward_step, data_iterator=data, model=model, num_microbatches=2,
-                              seq_length=ms.SEQ, micro_batch_size=4, forward_only=False)
+            reduced = ms.forward_backward(model, optimizer, data)
             optimizer.step()
             probe.end_iteration()
             losses.append(repr(ms.reported_loss(reduced)))
