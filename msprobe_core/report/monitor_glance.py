@@ -4,9 +4,10 @@ the few series that matter (its origin and the same metric of the modules beside
 A cell is how far the module's norms are from their own median at that step: for each norm series of the
 model's tensors (``{kind}_norm`` of activations, their gradients, weight gradients and weights; optimizer
 moments are left out: they ramp up from zero) the distance |ln(value) - median| to the median ln(value)
-of the whole run of that series (its own median: a series that jumped stays coloured from its jump on, a
-lasting shift shows as a band), and the cell the largest of its module's series (NaN or Inf: ``BAD``). A module's inputs count only when it has no output (they are the
-outputs of the module before it). Long runs are binned to at most ``MAX_COLUMNS`` columns (a bin shows its
+of that series over the whole run (a lasting shift late in the run shows as a band from its step on; one
+in the first half becomes the median, and the steps before it are coloured), and the cell the largest of
+its module's series (NaN or Inf: ``BAD``). A module's inputs count only when it has no output (they are
+the outputs of the module before it). Long runs are binned to at most ``MAX_COLUMNS`` columns (a bin shows its
 largest distance). Rows are the modules in the order their series first appear in the monitor's files (the
 CSV rows are in the order the data was produced: forward order); ties in natural order.
 """
