@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--output-dir", default="report_demo", help="the monitor output (replaced) and report.html")
     p.add_argument("--png", default=str(ROOT / "docs" / "monitor_report.png"), help="where the screenshot goes")
     p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--fault-step", type=int, default=15)
+    p.add_argument("--fault-step", type=int, default=20)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
 

@@ -1,14 +1,20 @@
-"""Anomaly files: ``<rank dir>/anomalies.json`` written per rank, read back and ordered across ranks (no torch).
+"""Anomaly files: ``<rank dir>/anomalies.json`` and ``anomalies.csv`` written per rank, read back (the JSON
+file) and ordered across ranks (no torch).
 
-The file is a JSON array of anomaly objects, one per event (see ``Anomaly.to_dict``: the origin of a fault,
-``reached`` and ``last_step`` say how far it spread), rewritten atomically (write a temporary file, then
-rename) at each step that found or grew something, so a reader never sees half a file.
+The JSON file is an array of anomaly objects, one per event (see ``Anomaly.to_dict``: the origin of a fault,
+``reached`` and ``last_step`` say how far it spread, ``capture`` the folder of the evidence captured after
+it); the CSV file holds the same records, one row per event under a header of the same field names (an
+empty cell for None), for a spreadsheet or ``pandas.read_csv``. Both are rewritten atomically (write a
+temporary file, then rename) at each step that found or grew something, so a reader never sees half a file.
 """
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
+from dataclasses import fields
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -18,13 +24,17 @@ from msprobe_core.monitor.alert_db import read_anomalies
 from msprobe_core.monitor.anomaly import Anomaly, order_key
 
 ANOMALY_FILE = "anomalies.json"
+ANOMALY_CSV = "anomalies.csv"
+CSV_FIELDS = tuple(f.name for f in fields(Anomaly))
+"""The header of ``anomalies.csv``: the fields of ``Anomaly``, in order."""
 
 
 class AnomalyFileWriter:
-    """Keeps one rank's anomalies and rewrites its ``anomalies.json`` when new ones arrive."""
+    """Keeps one rank's anomalies and rewrites its ``anomalies.json`` and ``anomalies.csv`` when new ones arrive."""
 
     def __init__(self, rank_dir: str | os.PathLike):
         self.path = Path(rank_dir) / ANOMALY_FILE
+        self.csv_path = Path(rank_dir) / ANOMALY_CSV
         self._items: list[dict] = []
 
     def add(self, anomalies: Iterable[Anomaly]) -> None:
@@ -42,6 +52,11 @@ class AnomalyFileWriter:
     def _flush(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(self.path, json.dumps(self._items, indent=1))
+        text = io.StringIO()
+        table = csv.DictWriter(text, CSV_FIELDS, lineterminator="\n")
+        table.writeheader()
+        table.writerows({k: "" if v is None else v for k, v in item.items()} for item in self._items)
+        write_text_atomic(self.csv_path, text.getvalue())
 
 
 def find_anomaly_files(monitor_dir: str | os.PathLike) -> list[Path]:

@@ -4,10 +4,10 @@ the few series that matter (its origin and the same metric of the modules beside
 A cell is how far the module's norms are from their own median at that step: for each norm series of the
 model's tensors (``{kind}_norm`` of activations, their gradients, weight gradients and weights; optimizer
 moments are left out: they ramp up from zero) the distance |ln(value) - median| to the median ln(value)
-of the series' previous ``WINDOW`` steps (the window ``AnomalyTurbulence`` judges a jump against, so a
-trend or a lasting shift fades instead of colouring the whole run), and the cell the largest of its
-module's series (NaN or Inf: ``BAD``). A module's inputs count only when it has no output (they are the
-outputs of the module before it). Long runs are binned to at most ``MAX_COLUMNS`` columns (a bin shows its
+of that series over the whole run (a lasting shift late in the run shows as a band from its step on; one
+in the first half becomes the median, and the steps before it are coloured), and the cell the largest of
+its module's series (NaN or Inf: ``BAD``). A module's inputs count only when it has no output (they are
+the outputs of the module before it). Long runs are binned to at most ``MAX_COLUMNS`` columns (a bin shows its
 largest distance). Rows are the modules in the order their series first appear in the monitor's files (the
 CSV rows are in the order the data was produced: forward order); ties in natural order.
 """
@@ -19,8 +19,6 @@ import re
 from typing import Any, Sequence
 
 MAX_COLUMNS = 400
-WINDOW = 20
-"""Previous steps a value is compared with (the turbulence rule's default window)."""
 HEAT_KINDS = ("actv", "actv_grad", "grad", "param")
 BAD = -1.0
 """A cell holding NaN or Inf."""
@@ -85,22 +83,16 @@ def glance(charts: Sequence[dict], anomalies: Sequence[dict], seen: Sequence[int
 
 
 def _distances(points: Sequence[Sequence[Any]]) -> list[tuple[int, float]]:
-    """(step, distance from the median of the previous ``WINDOW`` levels) of one series (0 at its first step)."""
-    out: list[tuple[int, float]] = []
-    levels: list[float] = []
-    for s, v in points:
-        if isinstance(v, str) or (isinstance(v, float) and not math.isfinite(v)):
-            out.append((s, BAD))
-            continue
-        if v == 0:
-            continue
-        y = math.log(abs(v))
-        recent = sorted(levels[-WINDOW:])
-        n = len(recent)
-        med = y if not n else recent[n // 2] if n % 2 else 0.5 * (recent[n // 2 - 1] + recent[n // 2])
-        out.append((s, round(abs(y - med), 3)))
-        levels.append(y)
-    return out
+    """(step, distance |ln|value| - median|) of one series, the median over the whole run's finite, non-zero
+    values; a NaN or Inf value is ``BAD``; zeros are left out (no level)."""
+    bad = [isinstance(v, str) or (isinstance(v, float) and not math.isfinite(v)) for _s, v in points]
+    levels = {i: math.log(abs(v)) for i, (_s, v) in enumerate(points) if not bad[i] and v != 0}
+    if levels:
+        ordered = sorted(levels.values())
+        n = len(ordered)
+        med = ordered[n // 2] if n % 2 else 0.5 * (ordered[n // 2 - 1] + ordered[n // 2])
+    return [(s, BAD if bad[i] else round(abs(levels[i] - med), 3))
+            for i, (s, _v) in enumerate(points) if bad[i] or i in levels]
 
 
 def _related(charts: Sequence[dict], module_of_chart: dict[int, str], seen: Sequence[int], chart: int) -> list[int]:

@@ -158,6 +158,20 @@ def forward_step(data_iterator, model):
     return output, functools.partial(loss_func, batch["loss_mask"])
 
 
+def forward_backward(model: list, optimizer: Any, data: Iterator[dict], num_microbatches: int = 2,
+                     micro_batch_size: int = 4) -> list:
+    """One iteration before ``optimizer.step()``: gradient buffers zeroed, then forward and backward of
+    ``num_microbatches`` micro-batches through Megatron's schedule; the schedule's reduced losses."""
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    for chunk in model:
+        chunk.zero_grad_buffer()
+    optimizer.zero_grad()
+    return get_forward_backward_func()(forward_step_func=forward_step, data_iterator=data, model=model,
+                                       num_microbatches=num_microbatches, seq_length=SEQ,
+                                       micro_batch_size=micro_batch_size, forward_only=False)
+
+
 def reported_loss(losses_reduced: list) -> Optional[float]:
     """The iteration's mean token loss from the schedule's ``forward_data_store`` (last stage only)."""
     if not losses_reduced:

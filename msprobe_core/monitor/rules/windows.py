@@ -78,6 +78,16 @@ class Windows:
         filled = self.filled(row)
         return float(np.median(np.diff(filled))) if len(filled) > 1 else 0.0
 
+    def largest_step(self, rows: np.ndarray) -> float:
+        """The largest step-to-step change, less its series' typical step, over the windows of ``rows``
+        (0 when none holds two levels): how far any of these series has moved in one step lately."""
+        steps = np.diff(self.levels[rows], axis=1)
+        held = ~np.isnan(steps)
+        if not held.any():
+            return 0.0
+        steps = steps[held.any(axis=1)]
+        return float(np.nanmax(np.abs(steps - np.nanmedian(steps, axis=1, keepdims=True))))
+
     def shift(self, row: int, by: float) -> None:
         """Move one row's levels by ``by`` (a series re-based after a jump)."""
         self.levels[row] += by

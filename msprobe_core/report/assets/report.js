@@ -392,7 +392,7 @@
     var page = el("div", "monitor");
     document.body.appendChild(page);
     var glance = el("section", "glance"); glance.id = "glance";
-    glance.appendChild(el("h2", null, "Run at a glance: how far each module's norms are from their median of the 20 steps before (\u00d7 factor); \u25c6 an alert"));
+    glance.appendChild(el("h2", null, "Run at a glance: how far each module's norms are from their own median over the run (\u00d7 factor); \u25c6 an alert"));
     page.appendChild(glance);
     heatmap(glance, G, A, function (k) { focusChart(k); });
     var alerts = el("section", "alerts"); alerts.id = "alerts";

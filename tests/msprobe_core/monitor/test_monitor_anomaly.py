@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import random
@@ -11,7 +12,7 @@ import torch
 from msprobe_core.cli import main as cli_main
 from msprobe_core.monitor.anomaly import Anomaly, order_key
 from msprobe_core.monitor.detector import AnomalyDetector
-from msprobe_core.monitor.anomaly_store import AnomalyFileWriter, load_anomalies
+from msprobe_core.monitor.anomaly_store import CSV_FIELDS, AnomalyFileWriter, load_anomalies
 from msprobe_core.monitor.config import load_monitor_config
 from msprobe_core.monitor.records import MetricRow
 from msprobe_core.monitor.shard_stats import combine_partials, partials_to_ops, shard_partials
@@ -110,6 +111,11 @@ def test_anomaly_files_and_command_line(tmp_path, capsys):
     w1.add([nan])
     raw = json.loads((tmp_path / "rank1" / "anomalies.json").read_text())
     assert len(raw) == 2 and raw[1]["value"] == "nan"
+    with open(tmp_path / "rank1" / "anomalies.csv", newline="", encoding="utf-8") as f:
+        table = list(csv.reader(f))  # the same records for a spreadsheet: one row per event, None empty
+    assert tuple(table[0]) == CSV_FIELDS and len(table) == 3
+    second = dict(zip(table[0], table[2]))
+    assert (second["name"], second["value"], second["baseline"], second["capture"]) == ("w", "nan", "", "")
     loaded = load_anomalies(tmp_path)
     assert [a.name for a in loaded] == ["layers.0.attn", "layers.1.mlp", "w"] and math.isnan(loaded[2].value)
 

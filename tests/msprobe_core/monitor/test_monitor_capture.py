@@ -1,12 +1,16 @@
 """Evidence on alert (``on_anomaly.dump``): a fault is injected, the alert names the capture folder, and the
 capture (the next step, scoped to the alerted module) opens with the compare reader. Plain ``TrainerMon`` on
-the TinyGPT of ``benchmarks/alert_models.py`` and the Hugging Face callback on the real Trainer."""
+the TinyGPT of ``benchmarks/alert_models.py``, two gloo ranks (each rank that alerted captures, one that did not
+captures nothing) and the Hugging Face callback on the real Trainer. DeepSpeed's and the Megatron flags' are in
+their integrations' tests."""
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import sqlite3
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -79,6 +83,9 @@ def test_an_alert_captures_the_next_step_of_its_module_and_the_numbers_do_not_ch
     assert weight["shape"] == [256, 64] and weight["Norm"] > 100  # the weight x50 (about 4.6 before)
 
     assert json.loads((tmp_path / "mon" / "rank0" / "anomalies.json").read_text())[0]["capture"] == str(folder)
+    with open(tmp_path / "mon" / "rank0" / "anomalies.csv", newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))  # the same record for a spreadsheet
+    assert (rows[0]["step"], rows[0]["module"], rows[0]["capture"]) == ("9", "blocks.0.fc1", str(folder))
     row = sqlite3.connect(str(tmp_path / "mon" / "alerts.db")).execute("SELECT step, capture FROM anomalies").fetchall()
     assert row == [(9, str(folder))]
     assert f"evidence: {folder}" in alert.describe()
@@ -141,3 +148,78 @@ def test_the_hugging_face_callback_captures_on_alert(tmp_path):
     assert dump.data and all(name.startswith("Functional.linear.") for name in dump.data)
     weight = dump.data["Functional.linear.0.forward"]["input_args"][1]
     assert weight["shape"] == [128, 64] and math.isnan(weight["Norm"])
+
+
+TWO_RANKS = textwrap.dedent("""
+    import json, math, sys
+    import torch, torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from msprobe_core.pytorch import TrainerMon
+    from msprobe_core.session import finish_distributed
+
+    tmp = sys.argv[1]
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    CONFIG = {"xy_distribution": True, "wg_distribution": True, "ops": ["min", "max", "norm", "nans"],
+              "format": ["csv"], "alert": {"rules": [{"rule_name": "AnomalyNan"}], "dump": True}}
+
+    def train(name, ddp, capture):
+        # a NaN put into the last layer's weight on rank 1 before step 2; with DDP the all-reduced
+        # gradients carry it to rank 0, without it rank 0 stays healthy
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+        net = DDP(model) if ddp else model
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        config = dict(CONFIG, on_anomaly={"dump": {}}) if capture else CONFIG
+        mon = TrainerMon(config, output_dir=f"{tmp}/{name}")
+        mon.set_monitor(net, 1, opt)
+        g = torch.Generator().manual_seed(rank)
+        losses = []
+        for step in range(5):
+            if step == 2 and rank == 1:
+                with torch.no_grad():
+                    model[2].weight.view(-1)[3] = math.nan
+            opt.zero_grad()
+            loss = net(torch.randn(8, 6, generator=g)).pow(2).mean()
+            loss.backward()
+            opt.step()
+            losses.append(float(loss).hex())
+        mon.close()
+        weights = [float(p.detach().double().sum()).hex() for p in model.parameters()]
+        alerts = [{"step": a.step, "module": a.module, "capture": a.capture} for a in mon.anomalies]
+        del net
+        return {"losses": losses, "weights": weights, "alerts": alerts}
+
+    result = {f"{name}_{mode}": train(f"{name}_{mode}", name == "ddp", mode == "cap")
+              for name in ("ddp", "local") for mode in ("ref", "cap")}
+    with open(f"{tmp}/rank{rank}.json", "w") as f:
+        json.dump(result, f)
+    finish_distributed()
+""")
+
+
+@pytest.mark.slow
+def test_every_rank_that_alerted_writes_its_capture_two_gloo_ranks(tmp_path):
+    from dist_run import run_two_ranks
+
+    run_two_ranks(TWO_RANKS, tmp_path, str(tmp_path), timeout=240, name="two_ranks.py")
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    for rank, result in enumerate(ranks):
+        for name in ("ddp", "local"):
+            ref, cap = result[f"{name}_ref"], result[f"{name}_cap"]
+            assert cap["losses"] == ref["losses"] and cap["weights"] == ref["weights"], (rank, name)
+            assert all(a["capture"] is None for a in ref["alerts"])
+            assert not (tmp_path / f"{name}_ref" / "captures").exists()
+            if name == "local" and rank == 0:  # this rank never alerted: it captures nothing
+                assert cap["alerts"] == [] and not list((tmp_path / "local_cap").glob("captures/*/*/rank0"))
+                continue
+            first = cap["alerts"][0]
+            folder = Path(first["capture"])
+            label = first["module"] or "model"
+            assert folder == (tmp_path / f"{name}_cap" / "captures" / f"step{first['step']}_{label}" /
+                              f"step{first['step'] + 1}" / f"rank{rank}"), (rank, name)
+            dump = load_rank_dump(folder)  # the compare reader
+            assert dump.data and (dump.task, dump.level) == ("statistics", "L1")
+            record = json.loads((tmp_path / f"{name}_cap" / f"rank{rank}" / "anomalies.json").read_text())[0]
+            assert record["capture"] == str(folder)
+    assert ranks[1]["local_cap"]["alerts"][0]["step"] == 2  # the faulty rank alerts at the fault's step

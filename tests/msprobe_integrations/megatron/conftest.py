@@ -4,6 +4,8 @@ shown as skips). Select them alone with ``-m megatron_training``."""
 
 import importlib.util
 
+import pytest
+
 
 def _has_megatron_training() -> bool:
     try:
@@ -13,3 +15,16 @@ def _has_megatron_training() -> bool:
 
 
 collect_ignore = [] if _has_megatron_training() else ["test_megatron_training.py"]
+
+
+@pytest.fixture(scope="module")
+def megatron_cpu():
+    """megatron-core on CPU in this process: the CPU patches, a one-rank gloo group, model parallel state."""
+    import megatron_support as ms
+
+    patches = ms.CpuPatches().install()
+    ms.init_distributed()
+    ms.initialize_model_parallel()
+    yield
+    ms.destroy()
+    patches.remove()

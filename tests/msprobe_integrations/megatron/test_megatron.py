@@ -133,16 +133,6 @@ def test_mindspeed_patch_manager_registration_contract():
 
 
 # ================================================================================ in-process, real megatron-core
-@pytest.fixture(scope="module")
-def megatron_cpu():
-    patches = ms.CpuPatches().install()
-    ms.init_distributed()
-    ms.initialize_model_parallel()
-    yield
-    ms.destroy()
-    patches.remove()
-
-
 class Spy:
     """Independent capture (plain hooks, no msprobe code) at one iteration of a run without the probe."""
 
@@ -174,8 +164,6 @@ class Spy:
 
 
 def train(kind: str, steps: int = 3, probe: MegatronProbe | None = None, spy: Spy | None = None):
-    from megatron.core.pipeline_parallel import get_forward_backward_func
-
     bf16, dist = kind == "bf16", kind == "distributed"
     model = ms.wrap_ddp(ms.gpt_chunks(ms.transformer_config(bf16=bf16), seed=0), use_distributed_optimizer=dist)
     optimizer = ms.megatron_optimizer(model, ms.optimizer_config(bf16=bf16, use_distributed_optimizer=dist))
@@ -188,18 +176,14 @@ def train(kind: str, steps: int = 3, probe: MegatronProbe | None = None, spy: Sp
                                lr=1e-2, clip_grad=1.0, train_iters=steps, bf16=bf16, seq_length=ms.SEQ, iteration=0,
                                use_distributed_optimizer=dist)
         probe.setup(model, optimizer, None, args)
-    data, step_fn = ms.batches(4, seed=1), get_forward_backward_func()
+    data = ms.batches(4, seed=1)
     losses, metrics = [], {}
     for i in range(1, steps + 1):
         if spy:
             spy.current = i
         if probe:
             probe.begin_iteration(i)
-        for m in model:
-            m.zero_grad_buffer()
-        optimizer.zero_grad()
-        reduced = step_fn(forward_step_func=ms.forward_step, data_iterator=data, model=model, num_microbatches=2,
-                          seq_length=ms.SEQ, micro_batch_size=4, forward_only=False)
+        reduced = ms.forward_backward(model, optimizer, data)
         if spy:
             spy.before_step(param)
         optimizer.step()
