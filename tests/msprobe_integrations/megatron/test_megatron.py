@@ -135,12 +135,8 @@ def test_mindspeed_patch_manager_registration_contract():
 # ================================================================================ in-process, real megatron-core
 @pytest.fixture(scope="module")
 def megatron_cpu():
-    patches = ms.CpuPatches().install()
-    ms.init_distributed()
-    ms.initialize_model_parallel()
-    yield
-    ms.destroy()
-    patches.remove()
+    with ms.megatron_on_cpu():
+        yield
 
 
 class Spy:

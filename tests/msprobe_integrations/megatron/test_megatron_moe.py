@@ -63,12 +63,8 @@ def megatron_cpu(monkeypatch):
 
     # GroupedMLP's forward needs the CUDA grouped_gemm package; building it (its weights) does not
     monkeypatch.setattr(gg, "assert_grouped_gemm_is_available", lambda: None)
-    patches = ms.CpuPatches().install()
-    ms.init_distributed()
-    ms.initialize_model_parallel()
-    yield
-    ms.destroy()
-    patches.remove()
+    with ms.megatron_on_cpu():
+        yield
 
 
 def test_grouped_mlp_weights_split_as_its_forward_reads_them(megatron_cpu, tmp_path):
