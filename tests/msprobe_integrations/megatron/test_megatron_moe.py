@@ -92,3 +92,39 @@ def test_grouped_mlp_weights_split_as_its_forward_reads_them(megatron_cpu, tmp_p
             assert got["norm"] == pytest.approx(float(w[e].norm()), rel=1e-5)
             assert (got["min"], got["max"]) == (float(w[e].min()), float(w[e].max()))
             assert got["mean"] == pytest.approx(float(w[e].mean()), rel=1e-4, abs=1e-7)
+
+
+@pytest.fixture
+def megatron_router():
+    with ms.megatron_on_cpu():
+        yield
+
+
+@pytest.mark.parametrize("score", ["softmax", "sigmoid"])
+def test_router_entropy_uses_the_routers_score_function(megatron_router, tmp_path, score):
+    """megatron-core ``TopKRouter`` with ``moe_router_score_function`` softmax or sigmoid (DeepSeek-V3 style): the
+    entropy is that of the router's own probabilities (sigmoid scores normalised over the experts)."""
+    import torch
+    from megatron.core.process_groups_config import ProcessGroupCollection
+    from megatron.core.transformer.moe.router import TopKRouter
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from msprobe_core.monitor.module_hooks import ROOT_NAME
+    from msprobe_core.monitor.trainer_mon import TrainerMon
+
+    cfg = TransformerConfig(num_layers=1, hidden_size=16, num_attention_heads=4, ffn_hidden_size=24,
+                            use_cpu_initialization=True, num_moe_experts=8, moe_router_topk=2,
+                            moe_router_score_function=score, moe_router_load_balancing_type="none")
+    torch.manual_seed(0)
+    router = TopKRouter(cfg, pg_collection=ProcessGroupCollection.use_mpu_process_groups())
+    mon = TrainerMon({"format": "api"}, output_dir=tmp_path)
+    mon.set_monitor(router, optimizer=torch.optim.SGD(router.parameters(), lr=0.0))
+    x = torch.randn(12, 2, 16)  # [sequence, batch, hidden]
+    probs, routing_map = router(x)
+    mon.step()
+    got = mon.get_metrics()["metrics"]["router"][ROOT_NAME]
+    mon.close()
+    logits = router.gating(x).detach().reshape(-1, 8).double()
+    p = torch.softmax(logits, -1) if score == "softmax" else torch.sigmoid(logits) / torch.sigmoid(logits).sum(-1, True)
+    assert got["entropy"] == pytest.approx(float(torch.special.entr(p).sum(-1).mean()), rel=1e-5)
+    assert [got[f"load.{e}"] for e in range(8)] == routing_map.reshape(-1, 8).sum(0).tolist()
