@@ -2,7 +2,8 @@
 
 Found once, when the monitor attaches (``ExpertPlan.build``):
 
-* **Fused expert tensors** hold every expert of a layer in one parameter. HF transformers 5
+* **Fused expert tensors** hold every expert of a layer in one parameter (a router's ``[E, hidden]`` weight,
+  megatron-core ``TopKRouter`` or HF ``*TopKRouter``, is not one: its whole-tensor row stays). HF transformers 5
   (``Qwen3MoeExperts``, ``MixtralExperts``, any module with ``num_experts`` whose parameter's first
   dimension is that count): ``experts.gate_up_proj`` ``[E, 2f, h]``, ``experts.down_proj`` ``[E, h, f]``.
   megatron-core ``GroupedMLP``: ``weight1`` ``[h, E*f1]`` and ``weight2`` ``[E*f2, h]``, whose memory its
@@ -38,6 +39,7 @@ import torch
 from torch import nn
 
 from msprobe_core.monitor.collector import StepCollector
+from msprobe_core.monitor.moe.routers import is_router
 from msprobe_core.monitor.shard_stats import combine_partials, partials_to_ops
 
 _GROUPED = ("weight1", "weight2")
@@ -191,7 +193,7 @@ def _fused_spec(name: str, prefix: str, module: nn.Module, p: nn.Parameter) -> F
             return FusedExperts(name, owner, local, tuple(p.shape), offset, total, group)
         return None
     local = getattr(module, "num_experts", None)
-    if isinstance(local, int) and local > 1 and p.dim() >= 2 and p.shape[0] == local:
+    if isinstance(local, int) and local > 1 and p.dim() >= 2 and p.shape[0] == local and not is_router(module):
         return FusedExperts(name, owner, local, tuple(p.shape), 0, local, None)
     return None
 

@@ -373,6 +373,11 @@ def find_routers(chunks: Sequence[nn.Module], patterns: Sequence[str], is_active
     return taps
 
 
+def is_router(m: nn.Module) -> bool:
+    """Whether ``m`` is a router found automatically (its weight rows are the experts' router rows, not experts)."""
+    return _auto_kind(m) is not None
+
+
 def _auto_kind(m: nn.Module) -> str | None:
     cls = type(m).__name__
     if cls == "TopKRouter" and type(m).__module__.startswith("megatron."):
@@ -406,4 +411,4 @@ def router_weight(m: nn.Module) -> torch.Tensor | None:
     return found[0] if len(found) == 1 else None
 
 
-__all__ = ["RouterStep", "RouterTap", "find_routers"]
+__all__ = ["RouterStep", "RouterTap", "find_routers", "is_router"]

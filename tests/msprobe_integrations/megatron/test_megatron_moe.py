@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import csv
 import json
+import math
+import os
 import sys
 
 import pytest
 
 pytest.importorskip("megatron.core")
 import megatron_support as ms  # noqa: E402
+from dist_run import torchrun  # noqa: E402
 
 ITERS = 40
 MOE = ["--num-experts", "8", "--moe-router-topk", "2", "--moe-expert-capacity-factor", "1.5", "--lr", "1e-3",
@@ -128,3 +131,34 @@ def test_router_entropy_uses_the_routers_score_function(megatron_router, tmp_pat
     p = torch.softmax(logits, -1) if score == "softmax" else torch.sigmoid(logits) / torch.sigmoid(logits).sum(-1, True)
     assert got["entropy"] == pytest.approx(float(torch.special.entr(p).sum(-1).mean()), rel=1e-5)
     assert [got[f"load.{e}"] for e in range(8)] == routing_map.reshape(-1, 8).sum(0).tolist()
+
+
+def _rows(path) -> dict[str, dict[str, float]]:
+    with open(path, newline="") as f:
+        return {r["name"]: {k: float(v) for k, v in r.items() if k not in ("name", "step")} for r in csv.DictReader(f)}
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_per_expert_optimizer_states_under_the_distributed_optimizer_equal_the_full_ones(tmp_path):
+    """Two data-parallel ranks, MoE (4 ``SequentialMLP`` experts, top-2): with the distributed optimizer each
+    expert's weights, gradients and Adam states are shards combined over the ranks; their per-expert rows equal
+    the non-distributed optimizer's, on both ranks. A router's weight is not split into per-expert rows."""
+    cfg = tmp_path / "monitor.json"
+    cfg.write_text(json.dumps({"wg_distribution": True, "mv_distribution": True, "param_distribution": True,
+                               "ops": ["min", "max", "norm", "mean"], "format": ["csv"]}))
+    for name, extra in (("full", []), ("sharded", ["--use-distributed-optimizer"])):
+        torchrun(os.path.join(ms.ROOT, "recipes", "megatron_core_gpt.py"), "--train-iters", "2", "--num-experts", "4",
+                 "--moe-router-topk", "2", "--msprobe-monitor-config", str(cfg), "--msprobe-monitor-output-dir",
+                 str(tmp_path / name), *extra, timeout=300, cwd=ms.ROOT, env={"PYTHONWARNINGS": "ignore"})
+    for kind in ("grad", "param", "exp_avg", "exp_avg_sq"):
+        full = _rows(tmp_path / "full" / "rank0" / f"{kind}_2-2.csv")
+        experts = {f"decoder.layers.{n}.mlp.experts.linear_fc{fc}.weight.{e}" for n in (0, 1) for fc in (1, 2)
+                   for e in range(4)}
+        assert experts <= full.keys() and not any(".router.weight." in n for n in full), kind
+        for rank in (0, 1):
+            sharded = _rows(tmp_path / "sharded" / f"rank{rank}" / f"{kind}_2-2.csv")
+            assert sharded.keys() == full.keys()
+            for name in experts:
+                for op, v in full[name].items():
+                    assert math.isclose(sharded[name][op], v, rel_tol=2e-5, abs_tol=1e-9), (kind, name, op)
