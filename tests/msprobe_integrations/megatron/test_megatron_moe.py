@@ -162,3 +162,35 @@ def test_per_expert_optimizer_states_under_the_distributed_optimizer_equal_the_f
             for name in experts:
                 for op, v in full[name].items():
                     assert math.isclose(sharded[name][op], v, rel_tol=2e-5, abs_tol=1e-9), (kind, name, op)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_expert_parallel_two_ranks_equal_the_one_rank_run(tmp_path):
+    """megatron-core ``expert_model_parallel_size=2`` on two gloo ranks (4 ``SequentialMLP`` experts, top-2,
+    ``allgather`` dispatcher; ``megatron_ep_run.py``) against one rank with ``expert_model_parallel_size=1`` whose
+    two micro-batches per iteration are the two ranks' batches (same initial weights). Each rank writes its own
+    experts under their global indices, equal to the one-rank run's (rtol 1e-5; abs 1e-7 for gradients of about
+    1e-3 whose float32 sums run in another order); every rank writes every router's load summed over the
+    expert-parallel group (each rank routes its own tokens), equal to the one-rank run's."""
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "megatron_ep_run.py")
+    env = {"PYTHONWARNINGS": "ignore"}
+    torchrun(script, "ref", str(tmp_path), nproc=1, timeout=300, cwd=ms.ROOT, env=env)
+    torchrun(script, "ep", str(tmp_path), nproc=2, timeout=300, cwd=ms.ROOT, env=env)
+    ref = json.loads((tmp_path / "ref.rank0.json").read_text())["metrics"]
+    ranks = [json.loads((tmp_path / f"ep.rank{r}.json").read_text())["metrics"] for r in (0, 1)]
+    experts = {r: {f"decoder.layers.{n}.mlp.experts.linear_fc{fc}.weight.{e}" for n in (0, 1) for fc in (1, 2)
+                   for e in (2 * r, 2 * r + 1)} for r in (0, 1)}
+    for step, want in enumerate(ref):
+        want = want["metrics"]
+        for r in (0, 1):
+            mine = ranks[r][step]["metrics"]
+            for layer, health in want["router"].items():
+                got = mine["router"][layer]
+                assert [got[f"load.{e}"] for e in range(4)] == [health[f"load.{e}"] for e in range(4)]
+                assert got["entropy"] == pytest.approx(health["entropy"], rel=1e-5)
+            for kind in ("param", "grad", "exp_avg", "exp_avg_sq"):
+                assert {n for n in mine[kind] if ".experts." in n} == experts[r], (kind, r)
+                for name in experts[r]:
+                    for op, v in want[kind][name].items():
+                        assert math.isclose(mine[kind][name][op], v, rel_tol=1e-5, abs_tol=1e-7), (step, kind, name, op)
