@@ -106,3 +106,32 @@ def test_expert_parallel_two_ranks_equal_the_one_process_run(single, ep):
                     expert_rows += 1
                     assert all(_close(mine[kind][name][op], want[kind][name][op]) for op in OPS), (kind, name)
     assert expert_rows == 2 * ds_moe_run.STEPS * len(KINDS) * len(EXPERT_PARAMS) * ds_moe_run.EXPERTS
+
+
+@pytest.mark.parametrize("sparse", [True, False])
+def test_gate_routes_read_from_either_output_form(tmp_path, sparse):
+    """DeepSpeed's ``TopKGate`` returns sparse routes (``indices [k, T]``, -1 = dropped; what ``MOELayer`` asks
+    for) or, with ``sparse_routes=False`` (older DeepSpeed's only form), a dense ``dispatch_mask [T, E, C]``:
+    both give the same load and dropped routes, equal to the routes the gate returned; the gate itself is
+    unchanged by the tap (same outputs with and without it)."""
+    import torch
+    from deepspeed.moe.sharded_moe import TopKGate
+
+    from msprobe_core.monitor.trainer_mon import TrainerMon
+
+    torch.manual_seed(0)
+    gate = TopKGate(16, 4, k=2, capacity_factor=1.0, min_capacity=2, top2_2nd_expert_sampling=False)
+    x = torch.randn(24, 16)
+    plain = gate(x, None, sparse)
+    mon = TrainerMon({"format": "api"}, output_dir=tmp_path)
+    mon.set_monitor(gate, optimizer=torch.optim.SGD(gate.parameters(), lr=0.0))
+    out = gate(x, None, sparse)
+    mon.step()
+    got = mon.get_metrics()["metrics"]["router"]["model"]
+    mon.close()
+    assert all(torch.equal(a, b) for a, b in zip(plain, out) if isinstance(a, torch.Tensor))
+    routes = gate(x, None, True)[3].long().reshape(-1)
+    assert [got[f"load.{e}"] for e in range(4)] == torch.bincount(routes[routes >= 0], minlength=4).tolist()
+    assert got["dropped_tokens"] == int((routes < 0).sum()) > 0
+    p = torch.softmax(torch.nn.functional.linear(x, gate.wg.weight.detach()), -1)
+    assert got["entropy"] == pytest.approx(float(torch.special.entr(p).sum(-1).mean()), rel=1e-5)
