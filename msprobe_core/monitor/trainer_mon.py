@@ -414,7 +414,7 @@ class TrainerMon:
         if not tensors:
             return
         if self._moe is not None:
-            tensors = self._moe.rename(kind, tensors, self.reader.sharded and kind in (GRAD, EXP_AVG, EXP_AVG_SQ, PARAM))
+            tensors = self._moe.rename(kind, tensors, self.reader.sharded)
         if self.reader.sharded and kind in (GRAD, EXP_AVG, EXP_AVG_SQ, PARAM):
             self._record_sharded(kind, tensors)
         elif self._step.collecting:

@@ -50,9 +50,10 @@ class MoEMonitor:
             return None
         return cls(config, plan, taps, rank_dir, pp_stage)
 
-    def rename(self, kind: str, tensors: Mapping[str, torch.Tensor], sharded: bool = False) -> Mapping[str, torch.Tensor]:
-        """Per-expert module parameters under names that end in the expert index (``sharded``: shards to be
-        combined, see ``ExpertPlan.rename``)."""
+    def rename(self, kind: str, tensors: Mapping[str, torch.Tensor],
+               sharded: bool = False) -> Mapping[str, torch.Tensor]:
+        """Per-expert module parameters under names that end in the expert index (``sharded``: the reader's
+        weights, gradients and moments are shards to be combined, see ``ExpertPlan.rename``)."""
         return self.plan.rename(tensors, sharded) if kind in _PARAM_KINDS else tensors
 
     def record(self, collector: StepCollector, kind: str, tensors: Mapping[str, torch.Tensor],
