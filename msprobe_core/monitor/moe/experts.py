@@ -24,8 +24,14 @@ so every rank writes every expert. Per-expert modules (megatron-core ``Sequentia
 its own experts' rows under their global indices. Under a sharded state reader (ZeRO, a distributed
 optimizer) every rank must hand the same names to the combining all-reduce, so ``rename(..., sharded=True)``
 adds an empty shard under the name of every expert held elsewhere: the combine then adds each expert's
-shards from the ranks that hold it, and every rank writes every expert. A sharded reader's flat shards of
-a fused tensor do not follow expert boundaries: those are not split (the whole-tensor row stays).
+shards from the ranks that hold it, and every rank writes every expert.
+
+A sharded reader's shards of a fused tensor (ZeRO-1/2 fragments: contiguous pieces of the flattened
+parameter, cut anywhere) are split at the expert boundaries they cross where the reader tells where each
+piece starts (``StateReader.shard_start``): each element is given to its expert by index
+(``index_add`` / ``scatter_reduce``, no loop over experts) and the per-expert partials are combined over the
+reader's group with the whole-tensor rows' (``record_shards``). Where the reader cannot tell (Megatron's
+distributed optimizer, FSDP, ZeRO-3), only the whole-tensor row is written.
 """
 
 from __future__ import annotations
@@ -174,12 +180,57 @@ class ExpertPlan:
             if group is not None:
                 partials = combine_partials(partials, group)
             block = partials_to_ops(partials, ops)
-            base = collector.add_block(block)
-            for spec, t in items:
-                numel = t.numel() // spec.local
-                for e, row_name in enumerate(spec.row_names):
-                    collector.add_entry(kind, row_name, spec.module, micro_step, numel, (block.device, base + e))
-                base += spec.total
+            _add_rows(collector, kind, [spec for spec, _ in items], block, micro_step)
+
+    @torch.no_grad()
+    def record_shards(self, collector: StepCollector, ops: Sequence[str], eps: float, kind: str,
+                      tensors: Mapping[str, torch.Tensor], starts: Mapping[str, int], group: Any,
+                      collecting: bool) -> None:
+        """Per-expert rows of the fused expert tensors among a sharded reader's flat shards (``starts``: where
+        each shard begins in its parameter), combined over ``group`` (two all-reduces). Every rank of the group
+        calls it with the same names (a rank without a piece hands an empty shard); only a ``collecting`` rank
+        writes the rows."""
+        names = sorted(n for n in starts if n in tensors and isinstance(tensors[n], torch.Tensor)
+                       and self.fused[n].group is None)  # (expert-parallel fused experts: not from shards)
+        if not names:
+            return
+        specs = [self.fused[n] for n in names]
+        partials = torch.cat([shard_expert_partials(s, tensors[n], starts[n], eps) for s, n in zip(specs, names)])
+        block = partials_to_ops(combine_partials(partials, group), ops)
+        if collecting:
+            _add_rows(collector, kind, specs, block, None)
+
+
+def _add_rows(collector: StepCollector, kind: str, specs: Sequence[FusedExperts], block: torch.Tensor,
+              micro_step: int | None) -> None:
+    """The per-expert rows of ``specs`` (``spec.total`` rows each, in order) from ``block``."""
+    base = collector.add_block(block)
+    for spec in specs:
+        numel = math.prod(spec.shape) // spec.local
+        for e, row_name in enumerate(spec.row_names):
+            collector.add_entry(kind, row_name, spec.module, micro_step, numel, (block.device, base + e))
+        base += spec.total
+
+
+@torch.no_grad()
+def shard_expert_partials(spec: FusedExperts, shard: torch.Tensor, start: int, eps: float) -> torch.Tensor:
+    """Partial statistics of each expert (``shard_stats.PARTIAL_FIELDS`` order, float64 ``[spec.total, 7]``) of
+    a flat shard holding the parameter's elements ``start .. start + shard.numel() - 1`` (row-major); experts
+    it does not touch are empty rows."""
+    x = shard.detach().reshape(-1)
+    x = x.double() if x.is_floating_point() else x.to(torch.float64)
+    e = spec.total
+    per = math.prod(spec.shape) // spec.local
+    ids = torch.arange(start, start + x.numel(), device=x.device) // per + spec.offset
+    zeros = torch.zeros(e, dtype=torch.float64, device=x.device)
+
+    def per_expert(v: torch.Tensor) -> torch.Tensor:
+        return zeros.index_add(0, ids, v)
+
+    inf = torch.full_like(zeros, math.inf)
+    return torch.stack([per_expert(x), per_expert(x * x), per_expert(torch.isnan(x).double()),
+                        per_expert((x.abs() <= eps).double()), torch.bincount(ids, minlength=e)[:e].double(),
+                        inf.scatter_reduce(0, ids, x, "amin"), (-inf).scatter_reduce(0, ids, x, "amax")], dim=1)
 
 
 def _fused_spec(name: str, prefix: str, module: nn.Module, p: nn.Parameter) -> FusedExperts | None:

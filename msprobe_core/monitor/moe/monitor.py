@@ -23,6 +23,7 @@ from msprobe_core.monitor.moe.router_writer import RouterWriter
 from msprobe_core.monitor.moe.routers import SUMMED, RouterStep, RouterTap, find_routers
 from msprobe_core.monitor.records import EXP_AVG, EXP_AVG_SQ, GRAD, PARAM
 from msprobe_core.monitor.rules.moe import MoERules
+from msprobe_core.monitor.state_readers import StateReader
 
 _PARAM_KINDS = (PARAM, GRAD, EXP_AVG, EXP_AVG_SQ)
 
@@ -61,6 +62,21 @@ class MoEMonitor:
         """Per-expert rows of the fused expert tensors among ``tensors``."""
         if kind in _PARAM_KINDS and self.plan.fused:
             self.plan.record(collector, self.config.ops, self.config.eps, kind, tensors, micro_step)
+
+    def record_shards(self, collector: StepCollector, kind: str, tensors: Mapping[str, torch.Tensor],
+                      reader: StateReader, params: Mapping[str, nn.Parameter], group: Any, collecting: bool) -> None:
+        """Per-expert rows of the fused expert tensors among a sharded reader's ``tensors`` (flat shards), combined
+        over ``group``; called by every rank that takes part in the step's sharded all-reduces (``collecting``:
+        this rank writes the rows)."""
+        if kind not in _PARAM_KINDS or not self.plan.fused:
+            return
+        starts = {}
+        for name in tensors:
+            if name in self.plan.fused:
+                start = reader.shard_start(name, params.get(name))
+                if start is not None:
+                    starts[name] = start
+        self.plan.record_shards(collector, self.config.ops, self.config.eps, kind, tensors, starts, group, collecting)
 
     def new_step(self) -> None:
         for t in self.taps:

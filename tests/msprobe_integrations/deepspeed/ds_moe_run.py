@@ -7,6 +7,9 @@ Modes:
   (monitor on): losses, the monitor's metrics per step, the captured routes and entropies. Then the reference of
   ``ep``: ep_size 1, ZeRO-2, one process whose two micro-batches per step are the two ranks' batches.
 * ``ep`` (two ranks): ep_size 2 (experts 0-1 on rank 0, 2-3 on rank 1), ZeRO-2, each rank its own batch.
+* ``fused`` (two ranks): a model whose experts are one fused tensor (HF transformers 5 style: a module with
+  ``num_experts`` and a ``[num_experts, ...]`` parameter, odd sizes so that ZeRO's partitions cut experts in
+  the middle), under ZeRO 0 and ZeRO-2, each rank its own batch.
 """
 
 from __future__ import annotations
@@ -173,13 +176,69 @@ def run_ep(out: Path) -> dict:
     return {"rank": rank, "losses": losses, "metrics": metrics, "optimizer": type(engine.optimizer).__name__}
 
 
+def fused_model():
+    import torch
+
+    class FusedExperts(torch.nn.Module):  # the layout of transformers 5's Qwen3MoeExperts, dense routing
+        def __init__(self):
+            super().__init__()
+            self.num_experts = 5
+            self.down_proj = torch.nn.Parameter(torch.randn(5, 7, 9) * 0.3)
+
+        def forward(self, h, weights):
+            return torch.einsum("te,eoi,ti->to", weights, self.down_proj, h)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inp = torch.nn.Linear(8, 9)
+            self.gate = torch.nn.Linear(9, 5, bias=False)
+            self.experts = FusedExperts()
+            self.out = torch.nn.Linear(7, 3)
+
+        def forward(self, x):
+            h = torch.tanh(self.inp(x)).reshape(-1, 9)
+            return self.out(self.experts(h, torch.softmax(self.gate(h), -1))).reshape(*x.shape[:-1], 3)
+
+    torch.manual_seed(0)
+    return Net()
+
+
+def run_fused(out: Path) -> dict:
+    import torch
+
+    from msprobe_integrations import deepspeed as msds
+    from msprobe_integrations.deepspeed import get_patch, unpatch
+
+    ds_support.init_distributed()
+    rank = torch.distributed.get_rank()
+    result: dict[str, Any] = {"rank": rank}
+    for stage in (0, 2):
+        model = fused_model()
+        config = {"train_micro_batch_size_per_gpu": TOKENS[0], "zero_optimization": {"stage": stage},
+                  "steps_per_print": 10 ** 9}
+        engine, _, _, _ = msds.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-2),
+                                          config=config, monitor_config_path=MONITOR,
+                                          monitor_output_dir=str(out.parent / f"mon_fused_z{stage}"))
+        losses, metrics = [], []
+        for x, y in batches(STEPS, seed=20 + rank):
+            loss = torch.nn.functional.mse_loss(engine(x), y)
+            engine.backward(loss)
+            engine.step()
+            losses.append(float(loss.item()).hex())
+            metrics.append(get_patch(engine).session.monitor.get_metrics())
+        unpatch(engine)
+        result[f"z{stage}"] = {"losses": losses, "metrics": metrics, "optimizer": type(engine.optimizer).__name__}
+    return result
+
+
 def main() -> None:
     mode, out = sys.argv[1], Path(sys.argv[2])
     if mode == "single":
         result = run_single(out)
     else:
         out = out.with_suffix(f".rank{os.environ['RANK']}.json")
-        result = run_ep(out)
+        result = run_ep(out) if mode == "ep" else run_fused(out)
     out.write_text(json.dumps(result))
 
 

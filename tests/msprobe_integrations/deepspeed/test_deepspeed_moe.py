@@ -135,3 +135,26 @@ def test_gate_routes_read_from_either_output_form(tmp_path, sparse):
     assert got["dropped_tokens"] == int((routes < 0).sum()) > 0
     p = torch.softmax(torch.nn.functional.linear(x, gate.wg.weight.detach()), -1)
     assert got["entropy"] == pytest.approx(float(torch.special.entr(p).sum(-1).mean()), rel=1e-5)
+
+
+@pytest.fixture(scope="module")
+def fused(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ds_moe_fused") / "out.json"
+    torchrun(ds_moe_run.__file__, "fused", str(out), timeout=420, cwd=ds_support.ROOT,
+             env={"DS_ACCELERATOR": "cpu", "TOKENIZERS_PARALLELISM": "false"})
+    return [json.loads(out.with_name(f"out.rank{r}.json").read_text()) for r in (0, 1)]
+
+
+def test_fused_experts_split_from_zero2_fragments_equal_zero0(fused):
+    """A fused expert tensor (transformers 5 layout, ``[5, 7, 9]``) under ZeRO-2 on two ranks, whose partitions
+    cut it inside an expert: each expert's weight, gradient and Adam rows, split from the flat fragments and
+    combined over the ranks, equal ZeRO 0's (full tensors) on both ranks, every step."""
+    experts = {"experts.down_proj"} | {f"experts.down_proj.{e}" for e in range(5)}
+    for rank in fused:
+        assert rank["z2"]["optimizer"] == "DeepSpeedZeroOptimizer" and rank["z0"]["losses"] == rank["z2"]["losses"]
+        for z0, z2 in zip(rank["z0"]["metrics"], rank["z2"]["metrics"]):
+            for kind in KINDS:
+                assert experts <= set(z0["metrics"][kind]) and experts <= set(z2["metrics"][kind]), kind
+                for name in experts:
+                    want, got = z0["metrics"][kind][name], z2["metrics"][kind][name]
+                    assert all(_close(got[op], want[op]) for op in OPS), (rank["rank"], kind, name)
