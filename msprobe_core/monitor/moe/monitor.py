@@ -1,7 +1,8 @@
 """``MoEMonitor``: what ``TrainerMon`` calls for mixture-of-experts models (nothing when the model has none).
 
 ``TrainerMon`` holds one (or None) and calls it at five places: ``attach`` when it attaches to a model,
-``rename``/``record`` when it records weights, gradients and optimizer states, ``new_step`` when a step
+``rename``/``record`` when it records weights, gradients and optimizer states (``record_shards`` for a
+sharded reader's, on every rank that joins the sharded all-reduces), ``new_step`` when a step
 begins, ``finish`` when a monitored step is written (router series written, MoE rules judged; the returned
 ``StepVerdict`` goes to the rank's ``AlertCenter``) and ``remove`` when it detaches.
 """
