@@ -61,6 +61,12 @@ class StateReader(ABC):
         """The element count of the full tensor named ``name`` (a shard's reader knows it)."""
         return int(getattr(param, "ds_numel", 0) or (param.numel() if param is not None else 0))
 
+    def shard_start(self, name: str, param: Any) -> int | None:
+        """Where this rank's shard of ``name`` starts among the parameter's elements in row-major order, for a
+        sharded reader whose shards are contiguous pieces of the flattened parameter (ZeRO-1/2 fragments); None
+        where that is not known (per-expert rows of a fused expert tensor are then not made from shards)."""
+        return None
+
     def combined_partials(self, engine: StatsEngine, names: Sequence[str], tensors: Mapping[str, Any],
                           group: Any) -> torch.Tensor:
         """Full-tensor partial statistics (``shard_stats``) of this rank's ``tensors`` in ``names`` order,

@@ -414,9 +414,12 @@ class TrainerMon:
         if not tensors:
             return
         if self._moe is not None:
-            tensors = self._moe.rename(kind, tensors)
+            tensors = self._moe.rename(kind, tensors, self.reader.sharded)
         if self.reader.sharded and kind in (GRAD, EXP_AVG, EXP_AVG_SQ, PARAM):
             self._record_sharded(kind, tensors)
+            if self._moe is not None:  # per-expert rows of fused expert tensors from their shards
+                self._moe.record_shards(self.collector, kind, tensors, self.reader, self._params, self._shard_group(),
+                                        self._step.collecting)
         elif self._step.collecting:
             items = [(name, module if module is not None else owner_module(name), t) for name, t in tensors.items()
                      if isinstance(t, torch.Tensor)]

@@ -137,6 +137,10 @@ class FragmentReader(StateReader):
             out[name] = unscale(frag, scale)
         return out
 
+    def shard_start(self, name: str, param: Any) -> Optional[int]:
+        hm = getattr(param, "_hp_mapping", None)
+        return int(hm.lp_fragment_address.start) if hm is not None else 0  # no piece here: an empty shard
+
     def optimizer_states(self, optimizer: Any, params: Mapping[str, torch.nn.Parameter]) -> dict[str, dict[str, torch.Tensor]]:
         zero = self.engine.optimizer
         keys = state_keys(zero)

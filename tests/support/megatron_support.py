@@ -9,6 +9,7 @@ re-exported here.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import subprocess
@@ -38,6 +39,20 @@ def destroy() -> None:
     """The end of a megatron-core run (the caller released its model chunks and optimizer): the recipe's
     ``finish_megatron``, without a barrier (called from ``finally`` blocks, where another rank may be gone)."""
     finish_megatron(barrier=False)
+
+
+@contextlib.contextmanager
+def megatron_on_cpu(tp: int = 1, pp: int = 1) -> Iterator[None]:
+    """In-process megatron-core on the CPU for the length of the block: the CPU stand-ins installed, a one-rank
+    gloo group and the model-parallel state; all undone on leaving (the tests' shared fixture body)."""
+    patches = CpuPatches().install()
+    try:
+        init_distributed()
+        initialize_model_parallel(tp, pp)
+        yield
+    finally:
+        destroy()
+        patches.remove()
 
 
 # ------------------------------------------------------------------------------------------ child processes

@@ -2,7 +2,8 @@
 
 Found once, when the monitor attaches (``ExpertPlan.build``):
 
-* **Fused expert tensors** hold every expert of a layer in one parameter. HF transformers 5
+* **Fused expert tensors** hold every expert of a layer in one parameter (a router's ``[E, hidden]`` weight,
+  megatron-core ``TopKRouter`` or HF ``*TopKRouter``, is not one: its whole-tensor row stays). HF transformers 5
   (``Qwen3MoeExperts``, ``MixtralExperts``, any module with ``num_experts`` whose parameter's first
   dimension is that count): ``experts.gate_up_proj`` ``[E, 2f, h]``, ``experts.down_proj`` ``[E, h, f]``.
   megatron-core ``GroupedMLP``: ``weight1`` ``[h, E*f1]`` and ``weight2`` ``[E*f2, h]``, whose memory its
@@ -11,14 +12,26 @@ Found once, when the monitor attaches (``ExpertPlan.build``):
   whole-tensor row; every statistic of every expert comes from one reduction over the non-expert
   dimensions (no Python loop over experts).
 * **Per-expert modules** (megatron-core ``SequentialMLP`` ``experts.local_experts.N.*``, ``TEGroupedMLP``
-  ``experts.linear_fc1.weightN``, older HF ``experts.N.*``): their rows are renamed so that the name ends
-  in the (global) expert index, ``...experts.linear_fc1.weight.3``: no extra work.
+  ``experts.linear_fc1.weightN``, DeepSpeed MoE ``deepspeed_moe.experts.deepspeed_experts.N.*``, older HF
+  ``experts.N.*``): their rows are renamed so that the name ends in the (global) expert index,
+  ``...experts.linear_fc1.weight.3``: no extra work. Their optimizer states are renamed the same way.
 
 With expert parallelism (megatron-core ``ep_group`` of more than one rank) each rank holds the experts
 ``offset .. offset + local - 1``; per-expert partial statistics are placed at their global rows and combined
 over the expert-parallel group like any other shard (``shard_stats``: two all-reduces per kind and step),
-so every rank writes every expert. A sharded state reader (ZeRO, a distributed optimizer) hands out flat
-shards that do not follow expert boundaries: those are not split (the whole-tensor row stays).
+so every rank writes every expert. Per-expert modules (megatron-core ``SequentialMLP``, DeepSpeed
+``MOELayer``, whose ``ep_group`` spans several ranks) keep each expert whole on its rank: each rank writes
+its own experts' rows under their global indices. Under a sharded state reader (ZeRO, a distributed
+optimizer) every rank must hand the same names to the combining all-reduce, so ``rename(..., sharded=True)``
+adds an empty shard under the name of every expert held elsewhere: the combine then adds each expert's
+shards from the ranks that hold it, and every rank writes every expert.
+
+A sharded reader's shards of a fused tensor (ZeRO-1/2 fragments: contiguous pieces of the flattened
+parameter, cut anywhere) are split at the expert boundaries they cross where the reader tells where each
+piece starts (``StateReader.shard_start``): each element is given to its expert by index
+(``index_add`` / ``scatter_reduce``, no loop over experts) and the per-expert partials are combined over the
+reader's group with the whole-tensor rows' (``record_shards``). Where the reader cannot tell (Megatron's
+distributed optimizer, FSDP, ZeRO-3), only the whole-tensor row is written.
 """
 
 from __future__ import annotations
@@ -32,10 +45,12 @@ import torch
 from torch import nn
 
 from msprobe_core.monitor.collector import StepCollector
+from msprobe_core.monitor.moe.routers import is_router
 from msprobe_core.monitor.shard_stats import combine_partials, partials_to_ops
 
 _GROUPED = ("weight1", "weight2")
 _SEQUENTIAL = re.compile(r"^(?P<head>.*\.experts)\.local_experts\.(?P<idx>\d+)\.(?P<rest>.+)$")
+_DEEPSPEED = re.compile(r"^(?P<head>.*\.experts)\.deepspeed_experts\.(?P<idx>\d+)\.(?P<rest>.+)$")
 _HF_PER_EXPERT = re.compile(r"^(?P<head>.*\.experts)\.(?P<idx>\d+)\.(?P<rest>.+)$")
 _TE_GROUPED = re.compile(r"^(?P<head>.*\.experts)\.(?P<rest>.+\.weight)(?P<idx>\d+)$")
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
@@ -88,9 +103,13 @@ def _group_size(group: Any) -> int:
 class ExpertPlan:
     """What to split and what to rename, decided once for a model."""
 
-    def __init__(self, fused: Mapping[str, FusedExperts], renames: Mapping[str, str]):
+    def __init__(self, fused: Mapping[str, FusedExperts], renames: Mapping[str, str],
+                 elsewhere: Mapping[str, Sequence[str]] | None = None):
         self.fused = dict(fused)
         self.renames = dict(renames)
+        self.elsewhere = {k: tuple(v) for k, v in (elsewhere or {}).items()}
+        """Expert-parallel per-expert modules: the new name of this rank's first expert's parameter -> the names
+        of the same parameter of the experts other ranks hold."""
 
     def __bool__(self) -> bool:
         return bool(self.fused or self.renames)
@@ -99,33 +118,49 @@ class ExpertPlan:
     def build(cls, chunks: Sequence[nn.Module], params: Mapping[str, nn.Parameter]) -> "ExpertPlan":
         """Find the fused expert tensors and per-expert module parameters among ``params``."""
         owners: dict[int, tuple[str, nn.Module]] = {}
-        offsets: dict[str, int] = {}  # SequentialMLP name -> global index of its first expert
+        layouts: dict[str, tuple[int, int, int]] = {}  # experts module name -> (offset, local, total) of its experts
         multi = len(chunks) > 1
         for c, chunk in enumerate(chunks):
             for mname, module in chunk.named_modules():
-                if type(module).__name__ == "SequentialMLP":
-                    offsets[(f"{c}:" if multi else "") + mname] = _ep(module, int(module.num_local_experts))[0]
+                head = _experts_head(mname, module)
+                if head is not None:
+                    local = int(module.num_local_experts)
+                    offset, total, _ = _ep(module, local)
+                    layouts[(f"{c}:" if multi else "") + head] = (offset, local, total)
                 for pname, p in module.named_parameters(recurse=False):
                     owners.setdefault(id(p), ((f"{c}:" if multi else "") + (f"{mname}." if mname else ""), module))
         fused: dict[str, FusedExperts] = {}
         renames: dict[str, str] = {}
+        elsewhere: dict[str, list[str]] = {}
         for name, p in params.items():
             prefix, module = owners.get(id(p), ("", None))
             spec = _fused_spec(name, prefix, module, p) if module is not None else None
             if spec is not None:
                 fused[name] = spec
                 continue
-            new = _per_expert_name(name, module, offsets)
-            if new is not None:
-                renames[name] = new
-        return cls(fused, renames)
+            found = _per_expert_name(name, module, layouts)
+            if found is not None:
+                renames[name], head, rest, idx = found
+                offset, local, total = layouts.get(head, (0, 0, 0))
+                if total > local and idx == offset:
+                    elsewhere[renames[name]] = [f"{head}.{rest}.{g}" for g in range(total)
+                                                if not offset <= g < offset + local]
+        return cls(fused, renames, elsewhere)
 
-    def rename(self, tensors: Mapping[str, torch.Tensor]) -> Mapping[str, torch.Tensor]:
-        """``tensors`` with per-expert module parameters under their expert-indexed names."""
+    def rename(self, tensors: Mapping[str, torch.Tensor], sharded: bool = False) -> Mapping[str, torch.Tensor]:
+        """``tensors`` with per-expert module parameters under their expert-indexed names; ``sharded`` (the
+        tensors are shards to be combined over the ranks): plus an empty shard for each expert-parallel expert
+        held by another rank."""
         if not self.renames:
             return tensors
         get = self.renames.get
-        return {get(n, n): t for n, t in tensors.items()}
+        out = {get(n, n): t for n, t in tensors.items()}
+        if sharded and self.elsewhere:
+            for name, others in self.elsewhere.items():
+                t = out.get(name)
+                if isinstance(t, torch.Tensor):
+                    out.update((o, t.new_empty(0)) for o in others)
+        return out
 
     @torch.no_grad()
     def record(self, collector: StepCollector, ops: Sequence[str], eps: float, kind: str,
@@ -145,12 +180,57 @@ class ExpertPlan:
             if group is not None:
                 partials = combine_partials(partials, group)
             block = partials_to_ops(partials, ops)
-            base = collector.add_block(block)
-            for spec, t in items:
-                numel = t.numel() // spec.local
-                for e, row_name in enumerate(spec.row_names):
-                    collector.add_entry(kind, row_name, spec.module, micro_step, numel, (block.device, base + e))
-                base += spec.total
+            _add_rows(collector, kind, [spec for spec, _ in items], block, micro_step)
+
+    @torch.no_grad()
+    def record_shards(self, collector: StepCollector, ops: Sequence[str], eps: float, kind: str,
+                      tensors: Mapping[str, torch.Tensor], starts: Mapping[str, int], group: Any,
+                      collecting: bool) -> None:
+        """Per-expert rows of the fused expert tensors among a sharded reader's flat shards (``starts``: where
+        each shard begins in its parameter), combined over ``group`` (two all-reduces). Every rank of the group
+        calls it with the same names (a rank without a piece hands an empty shard); only a ``collecting`` rank
+        writes the rows."""
+        names = sorted(n for n in starts if n in tensors and isinstance(tensors[n], torch.Tensor)
+                       and self.fused[n].group is None)  # (expert-parallel fused experts: not from shards)
+        if not names:
+            return
+        specs = [self.fused[n] for n in names]
+        partials = torch.cat([shard_expert_partials(s, tensors[n], starts[n], eps) for s, n in zip(specs, names)])
+        block = partials_to_ops(combine_partials(partials, group), ops)
+        if collecting:
+            _add_rows(collector, kind, specs, block, None)
+
+
+def _add_rows(collector: StepCollector, kind: str, specs: Sequence[FusedExperts], block: torch.Tensor,
+              micro_step: int | None) -> None:
+    """The per-expert rows of ``specs`` (``spec.total`` rows each, in order) from ``block``."""
+    base = collector.add_block(block)
+    for spec in specs:
+        numel = math.prod(spec.shape) // spec.local
+        for e, row_name in enumerate(spec.row_names):
+            collector.add_entry(kind, row_name, spec.module, micro_step, numel, (block.device, base + e))
+        base += spec.total
+
+
+@torch.no_grad()
+def shard_expert_partials(spec: FusedExperts, shard: torch.Tensor, start: int, eps: float) -> torch.Tensor:
+    """Partial statistics of each expert (``shard_stats.PARTIAL_FIELDS`` order, float64 ``[spec.total, 7]``) of
+    a flat shard holding the parameter's elements ``start .. start + shard.numel() - 1`` (row-major); experts
+    it does not touch are empty rows."""
+    x = shard.detach().reshape(-1)
+    x = x.double() if x.is_floating_point() else x.to(torch.float64)
+    e = spec.total
+    per = math.prod(spec.shape) // spec.local
+    ids = torch.arange(start, start + x.numel(), device=x.device) // per + spec.offset
+    zeros = torch.zeros(e, dtype=torch.float64, device=x.device)
+
+    def per_expert(v: torch.Tensor) -> torch.Tensor:
+        return zeros.index_add(0, ids, v)
+
+    inf = torch.full_like(zeros, math.inf)
+    return torch.stack([per_expert(x), per_expert(x * x), per_expert(torch.isnan(x).double()),
+                        per_expert((x.abs() <= eps).double()), torch.bincount(ids, minlength=e)[:e].double(),
+                        inf.scatter_reduce(0, ids, x, "amin"), (-inf).scatter_reduce(0, ids, x, "amax")], dim=1)
 
 
 def _fused_spec(name: str, prefix: str, module: nn.Module, p: nn.Parameter) -> FusedExperts | None:
@@ -164,25 +244,36 @@ def _fused_spec(name: str, prefix: str, module: nn.Module, p: nn.Parameter) -> F
             return FusedExperts(name, owner, local, tuple(p.shape), offset, total, group)
         return None
     local = getattr(module, "num_experts", None)
-    if isinstance(local, int) and local > 1 and p.dim() >= 2 and p.shape[0] == local:
+    if isinstance(local, int) and local > 1 and p.dim() >= 2 and p.shape[0] == local and not is_router(module):
         return FusedExperts(name, owner, local, tuple(p.shape), 0, local, None)
     return None
 
 
-def _per_expert_name(name: str, module: nn.Module | None, offsets: Mapping[str, int]) -> str | None:
-    """``...experts.rest.N`` for a parameter of one expert's module, or None."""
-    cls = type(module).__name__ if module is not None else ""
-    m = _SEQUENTIAL.match(name)
-    if m is not None:
-        return f"{m['head']}.{m['rest']}.{int(m['idx']) + offsets.get(m['head'], 0)}"
-    if cls.startswith("TE") or "Grouped" in cls:
-        m = _TE_GROUPED.match(name)
-        if m is not None:
-            return f"{m['head']}.{m['rest']}.{m['idx']}"
-    m = _HF_PER_EXPERT.match(name)
-    if m is not None:
-        return f"{m['head']}.{m['rest']}.{m['idx']}"
+def _experts_head(mname: str, module: nn.Module) -> str | None:
+    """The name under which a per-expert container's experts are named: megatron-core ``SequentialMLP``
+    (itself, ``...experts``) or DeepSpeed's ``MOELayer`` (its ``experts``); None for any other module."""
+    cls = type(module).__name__
+    if cls == "SequentialMLP":
+        return mname
+    if cls == "MOELayer" and type(module).__module__.startswith("deepspeed.") and hasattr(module, "num_local_experts"):
+        return f"{mname}.experts" if mname else "experts"
     return None
+
+
+def _per_expert_name(name: str, module: nn.Module | None,
+                     layouts: Mapping[str, tuple[int, int, int]]) -> tuple[str, str, str, int] | None:
+    """(``...experts.rest.N``, head, rest, global N) for a parameter of one expert's module, or None."""
+    cls = type(module).__name__ if module is not None else ""
+    m = _SEQUENTIAL.match(name) or _DEEPSPEED.match(name)
+    if m is not None:
+        idx = int(m["idx"]) + layouts.get(m["head"], (0, 0, 0))[0]
+    else:
+        m = _TE_GROUPED.match(name) if cls.startswith("TE") or "Grouped" in cls else None
+        m = m or _HF_PER_EXPERT.match(name)
+        if m is None:
+            return None
+        idx = int(m["idx"])
+    return f"{m['head']}.{m['rest']}.{idx}", m["head"], m["rest"], idx
 
 
 @torch.no_grad()

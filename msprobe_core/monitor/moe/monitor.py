@@ -1,7 +1,8 @@
 """``MoEMonitor``: what ``TrainerMon`` calls for mixture-of-experts models (nothing when the model has none).
 
 ``TrainerMon`` holds one (or None) and calls it at five places: ``attach`` when it attaches to a model,
-``rename``/``record`` when it records weights, gradients and optimizer states, ``new_step`` when a step
+``rename``/``record`` when it records weights, gradients and optimizer states (``record_shards`` for a
+sharded reader's, on every rank that joins the sharded all-reduces), ``new_step`` when a step
 begins, ``finish`` when a monitored step is written (router series written, MoE rules judged; the returned
 ``StepVerdict`` goes to the rank's ``AlertCenter``) and ``remove`` when it detaches.
 """
@@ -20,9 +21,10 @@ from msprobe_core.monitor.detector import StepVerdict
 from msprobe_core.monitor.events import EventTracker
 from msprobe_core.monitor.moe.experts import ExpertPlan
 from msprobe_core.monitor.moe.router_writer import RouterWriter
-from msprobe_core.monitor.moe.routers import RouterStep, RouterTap, find_routers
+from msprobe_core.monitor.moe.routers import SUMMED, RouterStep, RouterTap, find_routers
 from msprobe_core.monitor.records import EXP_AVG, EXP_AVG_SQ, GRAD, PARAM
 from msprobe_core.monitor.rules.moe import MoERules
+from msprobe_core.monitor.state_readers import StateReader
 
 _PARAM_KINDS = (PARAM, GRAD, EXP_AVG, EXP_AVG_SQ)
 
@@ -50,15 +52,32 @@ class MoEMonitor:
             return None
         return cls(config, plan, taps, rank_dir, pp_stage)
 
-    def rename(self, kind: str, tensors: Mapping[str, torch.Tensor]) -> Mapping[str, torch.Tensor]:
-        """Per-expert module parameters under names that end in the expert index."""
-        return self.plan.rename(tensors) if kind in _PARAM_KINDS else tensors
+    def rename(self, kind: str, tensors: Mapping[str, torch.Tensor],
+               sharded: bool = False) -> Mapping[str, torch.Tensor]:
+        """Per-expert module parameters under names that end in the expert index (``sharded``: the reader's
+        weights, gradients and moments are shards to be combined, see ``ExpertPlan.rename``)."""
+        return self.plan.rename(tensors, sharded) if kind in _PARAM_KINDS else tensors
 
     def record(self, collector: StepCollector, kind: str, tensors: Mapping[str, torch.Tensor],
                micro_step: int | None = None) -> None:
         """Per-expert rows of the fused expert tensors among ``tensors``."""
         if kind in _PARAM_KINDS and self.plan.fused:
             self.plan.record(collector, self.config.ops, self.config.eps, kind, tensors, micro_step)
+
+    def record_shards(self, collector: StepCollector, kind: str, tensors: Mapping[str, torch.Tensor],
+                      reader: StateReader, params: Mapping[str, nn.Parameter], group: Any, collecting: bool) -> None:
+        """Per-expert rows of the fused expert tensors among a sharded reader's ``tensors`` (flat shards), combined
+        over ``group``; called by every rank that takes part in the step's sharded all-reduces (``collecting``:
+        this rank writes the rows)."""
+        if kind not in _PARAM_KINDS or not self.plan.fused:
+            return
+        starts = {}
+        for name in tensors:
+            if name in self.plan.fused:
+                start = reader.shard_start(name, params.get(name))
+                if start is not None:
+                    starts[name] = start
+        self.plan.record_shards(collector, self.config.ops, self.config.eps, kind, tensors, starts, group, collecting)
 
     def new_step(self) -> None:
         for t in self.taps:
@@ -68,21 +87,28 @@ class MoEMonitor:
     def finish(self, rank: int, step: int, events: EventTracker, latest: dict[str, Any] | None = None) -> StepVerdict:
         """Write this step's router series (one host copy for every router) and judge them; what the rules find
         is grouped into events by the rank's ``events`` (shared with the other rules, so event numbers stay
-        one sequence)."""
+        one sequence). Expert-parallel routers are summed over their group first (``sum_over_groups``)."""
         verdict = StepVerdict(step)
-        flats = [(t, t.flat()) for t in self.taps]
-        flats = [(t, f) for t, f in flats if f is not None]
+        flats = []
+        for t in self.taps:
+            group = t.group if not self.config.module_ranks else None  # every rank of the group collects the step
+            f = t.flat(_device(t) if group is not None else None)
+            if f is not None:
+                flats.append((t, group, f))
         if not flats:
             return verdict
-        device = flats[0][1].device
-        host = torch.cat([f.to(device) for _, f in flats]).cpu().tolist()
+        sum_over_groups(flats)
+        device = flats[0][2].device
+        host = torch.cat([f.to(device) for _, _, f in flats]).cpu().tolist()
         steps: list[RouterStep] = []
         at = 0
-        for t, f in flats:
-            steps.append(t.step(host[at:at + f.numel()]))
+        for t, _, f in flats:
+            s = t.step(host[at:at + f.numel()])
             at += f.numel()
+            if s is not None:
+                steps.append(s)
         self.writer.write(step, steps, latest)
-        if self.rules:
+        if self.rules and steps:
             found = self.rules.judge(rank, step, steps)
             if found:
                 verdict.opened, verdict.grew = events.add(step, found, ())
@@ -93,3 +119,25 @@ class MoEMonitor:
             t.remove()
         self.taps = []
         self.writer.close()
+
+
+def _device(tap: RouterTap) -> torch.device:
+    p = next(tap.module.parameters(), None)
+    return p.device if p is not None else torch.device("cpu")
+
+
+def sum_over_groups(flats: Sequence[tuple[RouterTap, Any, torch.Tensor]]) -> None:
+    """Sums, in place, the additive part of each expert-parallel router's step (loads, tokens, entropy sums,
+    dropped tokens) over its group: one all-reduce per group and step for all its routers. Every rank of a
+    group has the same routers in the same order (the same model)."""
+    by_group: dict[int, tuple[Any, list[tuple[torch.Tensor, int]]]] = {}
+    for t, group, f in flats:
+        if group is not None:
+            by_group.setdefault(id(group), (group, []))[1].append((f, t.num_experts + SUMMED))
+    for group, items in by_group.values():
+        block = torch.cat([f[:n] for f, n in items])
+        torch.distributed.all_reduce(block, group=group)
+        at = 0
+        for f, n in items:
+            f[:n] = block[at:at + n]
+            at += n

@@ -186,3 +186,20 @@ def test_rules_starvation_imbalance_and_entropy_name_layer_and_expert():
     assert [(a.rule, a.name, a.module) for a in jump] == [("ImbalanceJump", "layer.gate.0", "layer.gate"),
                                                           ("EntropyCollapse", "layer.gate.0", "layer.gate")]
     assert "below" in jump[1].describe() and "above" in jump[0].describe()
+
+
+def test_flat_shards_cut_mid_expert_combine_to_every_experts_statistics():
+    """ZeRO-style flat fragments of a fused expert tensor, cut anywhere (here 3 ranks' pieces of 8 experts of
+    15 elements, one rank with no piece): the per-expert partials of the pieces combine to each expert's own."""
+    from msprobe_core.monitor.moe.experts import shard_expert_partials
+
+    torch.manual_seed(2)
+    full = torch.randn(8, 3, 5)
+    full[5, 1, 2] = float("nan")
+    spec = FusedExperts("w", "m", 8, (8, 3, 5), total=8)
+    flat = full.reshape(-1)
+    cuts = [(0, 37), (37, 37), (37, 120)]  # the middle rank holds nothing
+    blocks = [shard_expert_partials(spec, flat[a:b], a, 1e-8) for a, b in cuts]
+    got = partials_to_ops(combine_partials(blocks), OPS)
+    for e in range(8):
+        assert _close(got[e].tolist(), _direct(full[e])), e

@@ -52,10 +52,11 @@ def child_env(**extra: str) -> dict:
     return env
 
 
-def run_single(mode: str, out: Path, port: int) -> dict:
-    """``python ds_support.py MODE OUT`` as a one-process group on ``port`` (from the test); the JSON it wrote."""
+def run_single(mode: str, out: Path, port: int, script: str = __file__) -> dict:
+    """``python SCRIPT MODE OUT`` (default this file) as a one-process group on ``port`` (from the test); the JSON
+    it wrote."""
     env = child_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
-    proc = subprocess.run([sys.executable, __file__, mode, str(out)], env=env, cwd=ROOT, capture_output=True,
+    proc = subprocess.run([sys.executable, script, mode, str(out)], env=env, cwd=ROOT, capture_output=True,
                           text=True, timeout=420)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return json.loads(out.read_text())

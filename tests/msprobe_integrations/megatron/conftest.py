@@ -22,9 +22,5 @@ def megatron_cpu():
     """megatron-core on CPU in this process: the CPU patches, a one-rank gloo group, model parallel state."""
     import megatron_support as ms
 
-    patches = ms.CpuPatches().install()
-    ms.init_distributed()
-    ms.initialize_model_parallel()
-    yield
-    ms.destroy()
-    patches.remove()
+    with ms.megatron_on_cpu():
+        yield

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import csv
 import json
+import math
+import os
 import sys
 
 import pytest
 
 pytest.importorskip("megatron.core")
 import megatron_support as ms  # noqa: E402
+from dist_run import torchrun  # noqa: E402
 
 ITERS = 40
 MOE = ["--num-experts", "8", "--moe-router-topk", "2", "--moe-expert-capacity-factor", "1.5", "--lr", "1e-3",
@@ -63,12 +66,8 @@ def megatron_cpu(monkeypatch):
 
     # GroupedMLP's forward needs the CUDA grouped_gemm package; building it (its weights) does not
     monkeypatch.setattr(gg, "assert_grouped_gemm_is_available", lambda: None)
-    patches = ms.CpuPatches().install()
-    ms.init_distributed()
-    ms.initialize_model_parallel()
-    yield
-    ms.destroy()
-    patches.remove()
+    with ms.megatron_on_cpu():
+        yield
 
 
 def test_grouped_mlp_weights_split_as_its_forward_reads_them(megatron_cpu, tmp_path):
@@ -96,3 +95,102 @@ def test_grouped_mlp_weights_split_as_its_forward_reads_them(megatron_cpu, tmp_p
             assert got["norm"] == pytest.approx(float(w[e].norm()), rel=1e-5)
             assert (got["min"], got["max"]) == (float(w[e].min()), float(w[e].max()))
             assert got["mean"] == pytest.approx(float(w[e].mean()), rel=1e-4, abs=1e-7)
+
+
+@pytest.fixture
+def megatron_router():
+    with ms.megatron_on_cpu():
+        yield
+
+
+@pytest.mark.parametrize("score", ["softmax", "sigmoid"])
+def test_router_entropy_uses_the_routers_score_function(megatron_router, tmp_path, score):
+    """megatron-core ``TopKRouter`` with ``moe_router_score_function`` softmax or sigmoid (DeepSeek-V3 style): the
+    entropy is that of the router's own probabilities (sigmoid scores normalised over the experts)."""
+    import torch
+    from megatron.core.process_groups_config import ProcessGroupCollection
+    from megatron.core.transformer.moe.router import TopKRouter
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from msprobe_core.monitor.module_hooks import ROOT_NAME
+    from msprobe_core.monitor.trainer_mon import TrainerMon
+
+    cfg = TransformerConfig(num_layers=1, hidden_size=16, num_attention_heads=4, ffn_hidden_size=24,
+                            use_cpu_initialization=True, num_moe_experts=8, moe_router_topk=2,
+                            moe_router_score_function=score, moe_router_load_balancing_type="none")
+    torch.manual_seed(0)
+    router = TopKRouter(cfg, pg_collection=ProcessGroupCollection.use_mpu_process_groups())
+    mon = TrainerMon({"format": "api"}, output_dir=tmp_path)
+    mon.set_monitor(router, optimizer=torch.optim.SGD(router.parameters(), lr=0.0))
+    x = torch.randn(12, 2, 16)  # [sequence, batch, hidden]
+    probs, routing_map = router(x)
+    mon.step()
+    got = mon.get_metrics()["metrics"]["router"][ROOT_NAME]
+    mon.close()
+    logits = router.gating(x).detach().reshape(-1, 8).double()
+    p = torch.softmax(logits, -1) if score == "softmax" else torch.sigmoid(logits) / torch.sigmoid(logits).sum(-1, True)
+    assert got["entropy"] == pytest.approx(float(torch.special.entr(p).sum(-1).mean()), rel=1e-5)
+    assert [got[f"load.{e}"] for e in range(8)] == routing_map.reshape(-1, 8).sum(0).tolist()
+
+
+def _rows(path) -> dict[str, dict[str, float]]:
+    with open(path, newline="") as f:
+        return {r["name"]: {k: float(v) for k, v in r.items() if k not in ("name", "step")} for r in csv.DictReader(f)}
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_per_expert_optimizer_states_under_the_distributed_optimizer_equal_the_full_ones(tmp_path):
+    """Two data-parallel ranks, MoE (4 ``SequentialMLP`` experts, top-2): with the distributed optimizer each
+    expert's weights, gradients and Adam states are shards combined over the ranks; their per-expert rows equal
+    the non-distributed optimizer's, on both ranks. A router's weight is not split into per-expert rows."""
+    cfg = tmp_path / "monitor.json"
+    cfg.write_text(json.dumps({"wg_distribution": True, "mv_distribution": True, "param_distribution": True,
+                               "ops": ["min", "max", "norm", "mean"], "format": ["csv"]}))
+    for name, extra in (("full", []), ("sharded", ["--use-distributed-optimizer"])):
+        torchrun(os.path.join(ms.ROOT, "recipes", "megatron_core_gpt.py"), "--train-iters", "2", "--num-experts", "4",
+                 "--moe-router-topk", "2", "--msprobe-monitor-config", str(cfg), "--msprobe-monitor-output-dir",
+                 str(tmp_path / name), *extra, timeout=300, cwd=ms.ROOT, env={"PYTHONWARNINGS": "ignore"})
+    for kind in ("grad", "param", "exp_avg", "exp_avg_sq"):
+        full = _rows(tmp_path / "full" / "rank0" / f"{kind}_2-2.csv")
+        experts = {f"decoder.layers.{n}.mlp.experts.linear_fc{fc}.weight.{e}" for n in (0, 1) for fc in (1, 2)
+                   for e in range(4)}
+        assert experts <= full.keys() and not any(".router.weight." in n for n in full), kind
+        for rank in (0, 1):
+            sharded = _rows(tmp_path / "sharded" / f"rank{rank}" / f"{kind}_2-2.csv")
+            assert sharded.keys() == full.keys()
+            for name in experts:
+                for op, v in full[name].items():
+                    assert math.isclose(sharded[name][op], v, rel_tol=2e-5, abs_tol=1e-9), (kind, name, op)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_expert_parallel_two_ranks_equal_the_one_rank_run(tmp_path):
+    """megatron-core ``expert_model_parallel_size=2`` on two gloo ranks (4 ``SequentialMLP`` experts, top-2,
+    ``allgather`` dispatcher; ``megatron_ep_run.py``) against one rank with ``expert_model_parallel_size=1`` whose
+    two micro-batches per iteration are the two ranks' batches (same initial weights). Each rank writes its own
+    experts under their global indices, equal to the one-rank run's (rtol 1e-5; abs 1e-7 for gradients of about
+    1e-3 whose float32 sums run in another order); every rank writes every router's load summed over the
+    expert-parallel group (each rank routes its own tokens), equal to the one-rank run's."""
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "megatron_ep_run.py")
+    env = {"PYTHONWARNINGS": "ignore"}
+    torchrun(script, "ref", str(tmp_path), nproc=1, timeout=300, cwd=ms.ROOT, env=env)
+    torchrun(script, "ep", str(tmp_path), nproc=2, timeout=300, cwd=ms.ROOT, env=env)
+    ref = json.loads((tmp_path / "ref.rank0.json").read_text())["metrics"]
+    ranks = [json.loads((tmp_path / f"ep.rank{r}.json").read_text())["metrics"] for r in (0, 1)]
+    experts = {r: {f"decoder.layers.{n}.mlp.experts.linear_fc{fc}.weight.{e}" for n in (0, 1) for fc in (1, 2)
+                   for e in (2 * r, 2 * r + 1)} for r in (0, 1)}
+    for step, want in enumerate(ref):
+        want = want["metrics"]
+        for r in (0, 1):
+            mine = ranks[r][step]["metrics"]
+            for layer, health in want["router"].items():
+                got = mine["router"][layer]
+                assert [got[f"load.{e}"] for e in range(4)] == [health[f"load.{e}"] for e in range(4)]
+                assert got["entropy"] == pytest.approx(health["entropy"], rel=1e-5)
+            for kind in ("param", "grad", "exp_avg", "exp_avg_sq"):
+                assert {n for n in mine[kind] if ".experts." in n} == experts[r], (kind, r)
+                for name in experts[r]:
+                    for op, v in want[kind][name].items():
+                        assert math.isclose(mine[kind][name][op], v, rel_tol=1e-5, abs_tol=1e-7), (step, kind, name, op)
