@@ -23,7 +23,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
-from msprobe_core.monitor.collector import StepCollector
+from msprobe_core.monitor.collector import Slot, StepCollector
 from msprobe_core.monitor.config import IOSpec
 from msprobe_core.monitor.records import ACTV, ACTV_GRAD
 from msprobe_core.common.tool_guard import tool_work
@@ -63,9 +63,12 @@ def tensor_leaves(obj: Any, prefix: str = "", depth: int = 0) -> list[tuple[str,
     return out
 
 
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
 def _identity(t: torch.Tensor) -> tuple[int, int, int]:
     """Same object, same version, same storage: the values cannot have changed in between."""
-    local = local_view(t)
+    local = t if type(t) in _PLAIN else local_view(t)
     return id(t), local._version, local.data_ptr()
 
 
@@ -77,10 +80,44 @@ def _select(leaves: list[tuple[str, torch.Tensor]], index: int | None) -> list[t
     return [leaves[index]] if index < len(leaves) else []
 
 
-def _named(base: str, direction: str, leaves: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
-    if len(leaves) == 1:
-        return [(f"{base}.{direction}", leaves[0][1])]
-    return [(f"{base}.{direction}.{suffix}", t) for suffix, t in leaves]
+def _input_leaves(args: Any, kwargs: Any) -> list[tuple[str, torch.Tensor]]:
+    """``tensor_leaves`` of a call's arguments, with the usual call (one tensor, no keywords) made cheap."""
+    if not kwargs and len(args) == 1 and type(args[0]) in _PLAIN:
+        return [("0", args[0])] if _is_float(args[0]) else []
+    return tensor_leaves(args) + tensor_leaves(kwargs, "")
+
+
+def _output_leaves(output: Any) -> list[tuple[str, torch.Tensor]]:
+    if type(output) in _PLAIN:
+        return [("", output)] if _is_float(output) else []
+    return tensor_leaves(output)
+
+
+class _Site:
+    """One hooked module: its name, its spec, its chunk and the row names of its calls, each made once."""
+
+    __slots__ = ("name", "spec", "chunk", "_names")
+
+    def __init__(self, name: str, spec: IOSpec, chunk: int):
+        self.name = name
+        self.spec = spec
+        self.chunk = chunk
+        self._names: dict[tuple[int, str, str | None], str] = {}
+
+    def named(self, count: int, direction: str,
+              leaves: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
+        """``{name}[.call{count}].{direction}[.{index path}]`` of each leaf (the path only with several)."""
+        names = self._names
+        single = len(leaves) == 1
+        out = []
+        for suffix, t in leaves:
+            key = (count, direction, None if single else suffix)
+            full = names.get(key)
+            if full is None:
+                base = self.name if count == 0 else f"{self.name}.call{count}"
+                full = names[key] = f"{base}.{direction}" if single else f"{base}.{direction}.{suffix}"
+            out.append((full, t))
+        return out
 
 
 class ActivationHooks:
@@ -96,8 +133,11 @@ class ActivationHooks:
         self._handles: list[Any] = []
         self._micro: list[int] = []
         self._calls: dict[str, int] = {}
-        self._fwd_rows: dict[tuple[int, int, int], tuple[weakref.ref, tuple[torch.device, int]]] = {}
-        self._bwd_names: dict[tuple[int, int, int], tuple[weakref.ref, list[tuple[str, str]]]] = {}
+        # per step, by tensor identity (few objects the garbage collector tracks: this runs per tensor)
+        self._refs: dict[tuple[int, int, int], weakref.ref] = {}
+        self._fwd_slots: dict[tuple[int, int, int], Slot] = {}
+        self._bwd_names: dict[tuple[int, int, int], list] = {}
+        """[micro, step token, (name, module), (name, module), ...] of a tensor with a gradient hook."""
         self._failed = False
         self.module_names: list[str] = []
 
@@ -118,7 +158,7 @@ class ActivationHooks:
                 spec = select(qualified)
                 if spec is None:
                     continue
-                hook = partial(self._on_forward, qualified, spec, c)
+                hook = partial(self._on_forward, _Site(qualified, spec, c))
                 if compiled:
                     hook = opaque_to_compiler(hook)
                 self._handles.append(module.register_forward_hook(hook, with_kwargs=True))
@@ -137,7 +177,8 @@ class ActivationHooks:
         """Forget micro-batch counters and per-step tensor identities."""
         self._micro = [-1] * len(self._micro)
         self._calls.clear()
-        self._fwd_rows.clear()
+        self._refs.clear()
+        self._fwd_slots.clear()
         self._bwd_names.clear()
 
     # ------------------------------------------------------------------------------------------ hooks
@@ -146,84 +187,81 @@ class ActivationHooks:
             self._micro[chunk] += 1
             if chunk == 0:
                 self._calls.clear()
-                self._fwd_rows.clear()
+                self._refs.clear()
+                self._fwd_slots.clear()
                 self._bwd_names.clear()
 
-    def _on_forward(self, name: str, spec: IOSpec, chunk: int, module: nn.Module, args: Any,
-                    kwargs: Any, output: Any) -> None:
+    def _on_forward(self, site: _Site, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
         if not module.training or not self._is_active() or in_backward():
             return
         try:
             with tool_work():  # the monitor's own tensor work never shows up in an L1 dump
-                self._capture(name, spec, max(self._micro[chunk], 0), args, kwargs, output)
+                self._capture(site, max(self._micro[site.chunk], 0), args, kwargs, output)
         except Exception:  # never break the training step
             if not self._failed:
                 self._failed = True
-                logger.exception("monitor: activation hook of '%s' failed; activation statistics may be incomplete", name)
+                logger.exception("monitor: activation hook of '%s' failed; activation statistics may be incomplete",
+                                 site.name)
 
-    def _capture(self, name: str, spec: IOSpec, micro: int, args: Any, kwargs: Any, output: Any) -> None:
+    def _capture(self, site: _Site, micro: int, args: Any, kwargs: Any, output: Any) -> None:
+        name, spec = site.name, site.spec
         count = self._calls.get(name, 0)
         self._calls[name] = count + 1
-        base = name if count == 0 else f"{name}.call{count}"
-        ins = tensor_leaves(args) + tensor_leaves(kwargs, "")
-        outs = tensor_leaves(output)
+        ins = _input_leaves(args, kwargs)
+        outs = _output_leaves(output)
         if self.forward:
-            selected = _named(base, "input", _select(ins, spec.input)) + _named(base, "output", _select(outs, spec.output))
+            selected = site.named(count, "input", _select(ins, spec.input)) + site.named(count, "output",
+                                                                                        _select(outs, spec.output))
             if selected:
                 self._record_forward(name, selected, micro)
         if self.backward:
-            selected = (_named(base, "input", _select(ins, spec.input_grad))
-                        + _named(base, "output", _select(outs, spec.output_grad)))
+            selected = (site.named(count, "input", _select(ins, spec.input_grad))
+                        + site.named(count, "output", _select(outs, spec.output_grad)))
             for full, t in selected:
                 if t.requires_grad:
                     self._register_grad(full, name, t, micro)
 
+    def _seen(self, key: tuple[int, int, int], t: torch.Tensor) -> bool:
+        """Whether ``t`` (identity ``key``) was seen before in this step; from now on it is."""
+        ref = self._refs.get(key)
+        if ref is not None and ref() is t:
+            return True
+        self._refs[key] = weakref.ref(t)
+        self._fwd_slots.pop(key, None)  # a dead tensor's identity, reused
+        self._bwd_names.pop(key, None)
+        return False
+
     def _record_forward(self, module: str, selected: list[tuple[str, torch.Tensor]], micro: int) -> None:
-        todo: list[torch.Tensor] = []
-        keys: list[tuple[int, int, int]] = []
-        places: list[tuple[torch.device, int] | None] = []
-        for _, t in selected:
+        slots, collector = self._fwd_slots, self.collector
+        for full, t in selected:
             key = _identity(t)
-            hit = self._fwd_rows.get(key)
-            if hit is not None and hit[0]() is t:
-                places.append(hit[1])
-            else:
-                places.append(None)
-                if key not in keys:
-                    todo.append(t)
-                    keys.append(key)
-        if todo:
-            computed = self.collector.compute(todo)
-            for t, key, where in zip(todo, keys, computed):
-                self._fwd_rows[key] = (weakref.ref(t), where)
-        for (full, t), where in zip(selected, places):
+            where = slots.get(key) if self._seen(key, t) else None
             if where is None:
-                where = self._fwd_rows[_identity(t)][1]
-            self.collector.add_entry(ACTV, full, module, micro, t.numel(), where, external=not t.requires_grad)
+                where = slots[key] = collector.slot(t)
+            collector.add_entry(ACTV, full, module, micro, t.numel(), where, external=not t.requires_grad)
 
     def _register_grad(self, full: str, module: str, t: torch.Tensor, micro: int) -> None:
         key = _identity(t)
-        hit = self._bwd_names.get(key)
-        if hit is not None and hit[0]() is t:
-            hit[1].append((full, module))
+        entry = self._bwd_names.get(key) if self._seen(key, t) else None
+        if entry is not None:
+            entry.append((full, module))
             return
-        names = [(full, module)]
-        self._bwd_names[key] = (weakref.ref(t), names)
-        t.register_hook(self._grad_hook(names, micro, self._step_token()))
+        entry = self._bwd_names[key] = [micro, self._step_token(), (full, module)]
+        t.register_hook(partial(self._on_grad, entry))
 
-    def _grad_hook(self, names: list[tuple[str, str]], micro: int, token: int) -> Callable[[torch.Tensor], None]:
-        def hook(grad: torch.Tensor) -> None:
-            if token != self._step_token() or not self._is_active() or not _is_float(grad):
-                return None
-            try:
-                with tool_work():
-                    where = self.collector.compute([grad])[0]
-                for full, module in names:
-                    self.collector.add_entry(ACTV_GRAD, full, module, micro, grad.numel(), where)
-            except Exception:  # never break the backward pass
-                if not self._failed:
-                    self._failed = True
-                    logger.exception("monitor: gradient hook of '%s' failed", names[0][0])
+    def _on_grad(self, entry: list, grad: torch.Tensor) -> None:
+        """The gradient hook of a tensor (``entry``: see ``_bwd_names``); returns None: the gradient flows on."""
+        if entry[1] != self._step_token() or not self._is_active() or not _is_float(grad):
             return None
-
-        return hook
+        try:
+            with tool_work():
+                where = self.collector.slot(grad)
+            numel, micro = grad.numel(), entry[0]
+            for i in range(2, len(entry)):
+                full, module = entry[i]
+                self.collector.add_entry(ACTV_GRAD, full, module, micro, numel, where)
+        except Exception:  # never break the backward pass
+            if not self._failed:
+                self._failed = True
+                logger.exception("monitor: gradient hook of '%s' failed", entry[2][0])
+        return None
