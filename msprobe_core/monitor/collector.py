@@ -10,8 +10,10 @@ Hooks and readers call ``record`` (or ``compute`` and ``add_entry``); statistics
   a device and copies it to the host in one transfer.
 
 Every value is rounded to float32 at ``finalize`` (the blocks are float32), so the numbers do not depend
-on the path a tensor took. A named row waits as a ``MetricRow`` whose ``values`` field holds its slot
-until ``finalize`` puts the values in.
+on the path a tensor took. A named row waits as a plain tuple of ``MetricRow``'s fields whose ``values``
+field holds its slot, until ``finalize`` puts the values in and makes the ``MetricRow``. (Plain tuples of
+strings and numbers are the objects Python's garbage collector stops tracking: thousands made per step
+then cost no full collections.)
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ Slot = Union[int, "tuple[torch.device, int]"]
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 _new_row = tuple.__new__
+_SLOT = MetricRow._fields.index("values")
 
 
 class StepCollector:
@@ -42,7 +45,8 @@ class StepCollector:
         self._host: list[tuple[float, ...]] = []
         self._blocks: dict[torch.device, list[torch.Tensor]] = {}
         self._rows: dict[torch.device, int] = {}
-        self._entries: list[MetricRow] = []
+        self._entries: list[tuple] = []
+        """``MetricRow`` fields, with the slot in place of ``values``."""
         self._named: set[tuple[str, Slot]] = set()
         self._kinds: set[str] = set()
 
@@ -99,8 +103,7 @@ class StepCollector:
         named.add(key)
         self._kinds.add(kind)
         entries = self._entries
-        entries.append(_new_row(MetricRow, (kind, name, module, micro_step, len(entries), numel, where, alias,
-                                            external)))
+        entries.append((kind, name, module, micro_step, len(entries), numel, where, alias, external))
 
     def record(self, kind: str, named: Sequence[tuple[str, str, torch.Tensor]], micro_step: int | None = None) -> None:
         """Compute and name statistics of ``(name, module, tensor)`` triples; empty tensors are skipped."""
@@ -140,7 +143,7 @@ class StepCollector:
         """Whether a row of a kind of one of ``stages`` (``records.STAGES``) recorded so far holds a NaN or Inf
         (one host read per device)."""
         wanted = set(stages)
-        slots = [e.values for e in self._entries if stage_of(e.kind) in wanted]
+        slots = [e[_SLOT] for e in self._entries if stage_of(e[0]) in wanted]
         if not slots:
             return False
         host, devices = self._values()

@@ -136,8 +136,7 @@ class ActivationHooks:
         # per step, by tensor identity (few objects the garbage collector tracks: this runs per tensor)
         self._refs: dict[tuple[int, int, int], weakref.ref] = {}
         self._fwd_slots: dict[tuple[int, int, int], Slot] = {}
-        self._bwd_names: dict[tuple[int, int, int], list] = {}
-        """[micro, step token, (name, module), (name, module), ...] of a tensor with a gradient hook."""
+        self._bwd_hooks: dict[tuple[int, int, int], _GradHook] = {}
         self._failed = False
         self.module_names: list[str] = []
 
@@ -179,7 +178,7 @@ class ActivationHooks:
         self._calls.clear()
         self._refs.clear()
         self._fwd_slots.clear()
-        self._bwd_names.clear()
+        self._bwd_hooks.clear()
 
     # ------------------------------------------------------------------------------------------ hooks
     def _on_chunk_start(self, chunk: int, module: nn.Module, args: Any) -> None:
@@ -189,7 +188,7 @@ class ActivationHooks:
                 self._calls.clear()
                 self._refs.clear()
                 self._fwd_slots.clear()
-                self._bwd_names.clear()
+                self._bwd_hooks.clear()
 
     def _on_forward(self, site: _Site, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
         if not module.training or not self._is_active() or in_backward():
@@ -228,7 +227,7 @@ class ActivationHooks:
             return True
         self._refs[key] = weakref.ref(t)
         self._fwd_slots.pop(key, None)  # a dead tensor's identity, reused
-        self._bwd_names.pop(key, None)
+        self._bwd_hooks.pop(key, None)
         return False
 
     def _record_forward(self, module: str, selected: list[tuple[str, torch.Tensor]], micro: int) -> None:
@@ -242,26 +241,40 @@ class ActivationHooks:
 
     def _register_grad(self, full: str, module: str, t: torch.Tensor, micro: int) -> None:
         key = _identity(t)
-        entry = self._bwd_names.get(key) if self._seen(key, t) else None
-        if entry is not None:
-            entry.append((full, module))
+        hook = self._bwd_hooks.get(key) if self._seen(key, t) else None
+        if hook is not None:
+            hook.names += ((full, module),)
             return
-        entry = self._bwd_names[key] = [micro, self._step_token(), (full, module)]
-        t.register_hook(partial(self._on_grad, entry))
+        hook = self._bwd_hooks[key] = _GradHook(self, micro, self._step_token(), ((full, module),))
+        t.register_hook(hook)
 
-    def _on_grad(self, entry: list, grad: torch.Tensor) -> None:
-        """The gradient hook of a tensor (``entry``: see ``_bwd_names``); returns None: the gradient flows on."""
-        if entry[1] != self._step_token() or not self._is_active() or not _is_float(grad):
+
+class _GradHook:
+    """The gradient hook of one activation tensor: records the gradient's statistics under each of the
+    tensor's names and returns None (the gradient flows on untouched). One object per tensor and step."""
+
+    __slots__ = ("hooks", "micro", "token", "names")
+
+    def __init__(self, hooks: ActivationHooks, micro: int, token: int, names: tuple[tuple[str, str], ...]):
+        self.hooks = hooks
+        self.micro = micro
+        self.token = token
+        self.names = names
+        """(row name, module) pairs (a tuple of strings: nothing for the garbage collector to track)."""
+
+    def __call__(self, grad: torch.Tensor) -> None:
+        hooks = self.hooks
+        if self.token != hooks._step_token() or not hooks._is_active() or not _is_float(grad):
             return None
         try:
+            collector = hooks.collector
             with tool_work():
-                where = self.collector.slot(grad)
-            numel, micro = grad.numel(), entry[0]
-            for i in range(2, len(entry)):
-                full, module = entry[i]
-                self.collector.add_entry(ACTV_GRAD, full, module, micro, numel, where)
+                where = collector.slot(grad)
+            numel, micro = grad.numel(), self.micro
+            for full, module in self.names:
+                collector.add_entry(ACTV_GRAD, full, module, micro, numel, where)
         except Exception:  # never break the backward pass
-            if not self._failed:
-                self._failed = True
-                logger.exception("monitor: gradient hook of '%s' failed", entry[2][0])
+            if not hooks._failed:
+                hooks._failed = True
+                logger.exception("monitor: gradient hook of '%s' failed", self.names[0][0])
         return None

@@ -9,6 +9,7 @@ the count is computed with the rest (no host sync). Statistics of sharded tensor
 
 from __future__ import annotations
 
+from operator import itemgetter
 from typing import Sequence
 
 import torch
@@ -35,7 +36,10 @@ class StatsEngine:
         self._nans_at = self.ops.index("nans") if "nans" in self.ops else -1
         self._proxy_cols = [self._other_ops.index(op) for op in _NAN_PROXIES if op in self._other_ops]
         self._count_eps = self.eps if "zeros" in self.ops else -1.0
-        self._pick = tuple(MONITOR_OPS.index(op) for op in self.ops)
+        pick = tuple(MONITOR_OPS.index(op) for op in self.ops)
+        self._project = (None if pick == tuple(range(len(MONITOR_OPS)))
+                         else itemgetter(*pick) if len(pick) > 1 else lambda full: tuple(full[i] for i in pick))
+        """``ops`` out of a row in ``MONITOR_OPS`` order (None: the same order)."""
         self.host_rows = fast_cpu_stats()
         """CPU tensors are summarised on the host by the one-pass kernel (``host_row``)."""
 
@@ -56,4 +60,21 @@ class StatsEngine:
             n = t.numel()
         mx, mn, total, sumsq, zeros, nans = h
         full = (mn, mx, sumsq ** 0.5, total / n, zeros / n, nans)  # MONITOR_OPS order
-        return tuple([full[i] for i in self._pick])
+        return full if self._project is None else self._project(full)
+
+    @torch.no_grad()
+    def compute(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+        """Statistics of ``tensors`` (all on one device, none empty), in ``ops`` order, on that device."""
+        if not tensors:
+            return torch.empty((0, len(self.ops)), dtype=torch.float32)
+        if not (self._lazy_nans and tensors[0].device.type == "cpu") or fast_cpu_stats():
+            # the one-pass CPU kernel counts NaNs for free
+            return batched_stats(tensors, self.ops, self.eps)
+        rest = batched_stats(tensors, self._other_ops, self.eps)
+        nans = torch.zeros((len(tensors), 1), dtype=rest.dtype)
+        proxies = rest[:, self._proxy_cols]
+        if not bool(torch.isfinite(proxies).all()):  # CPU: reading the flag back costs no device sync
+            bad = (~torch.isfinite(proxies).all(dim=1)).nonzero().flatten().tolist()
+            nans[bad, 0] = batched_stats([tensors[i] for i in bad], ("nans",), self.eps)[:, 0]
+        j = self._nans_at
+        return torch.cat([rest[:, :j], nans, rest[:, j:]], dim=1)
