@@ -93,14 +93,15 @@ class StepCollector:
         return base
 
     def add_entry(self, kind: str, name: str, module: str, micro_step: int | None, numel: int,
-                  where: Slot, external: bool = False) -> None:
-        """Name a computed row (a row may carry several names: the same tensor seen twice; all but the
-        first name of a kind are aliases). ``external``: a tensor the model did not compute from its
-        weights (see ``MetricRow.external``)."""
-        key = (kind, where)
-        named = self._named
-        alias = key in named
-        named.add(key)
+                  where: Slot, external: bool = False, alias: bool | None = None) -> None:
+        """Name a computed row. A row may carry several names (the same tensor seen twice): all but the first
+        name of a kind are aliases; ``alias`` says so when the caller knows (None: worked out here from the
+        names given so far without it). ``external``: a tensor the model did not compute from its weights
+        (see ``MetricRow.external``)."""
+        if alias is None:
+            key = (kind, where)
+            alias = key in self._named
+            self._named.add(key)
         self._kinds.add(kind)
         entries = self._entries
         entries.append((kind, name, module, micro_step, len(entries), numel, where, alias, external))

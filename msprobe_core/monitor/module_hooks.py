@@ -26,6 +26,7 @@ from torch import nn
 from msprobe_core.monitor.collector import Slot, StepCollector
 from msprobe_core.monitor.config import IOSpec
 from msprobe_core.monitor.records import ACTV, ACTV_GRAD
+from msprobe_core.monitor.step_state import StepState
 from msprobe_core.common.tool_guard import tool_work
 from msprobe_core.pytorch.native_shards import local_view
 from msprobe_core.pytorch.wrapper_names import is_compiled, opaque_to_compiler, unwrapped_modules
@@ -72,64 +73,95 @@ def _identity(t: torch.Tensor) -> tuple[int, int, int]:
     return id(t), local._version, local.data_ptr()
 
 
-def _select(leaves: list[tuple[str, torch.Tensor]], index: int | None) -> list[tuple[str, torch.Tensor]]:
+def _chosen(count: int, index: int | None) -> list[int]:
+    """The leaves an ``IOSpec`` index selects out of ``count``: none (None), all (-1) or one."""
     if index is None:
         return []
     if index < 0:
-        return leaves
-    return [leaves[index]] if index < len(leaves) else []
+        return list(range(count))
+    return [index] if index < count else []
 
 
-def _input_leaves(args: Any, kwargs: Any) -> list[tuple[str, torch.Tensor]]:
-    """``tensor_leaves`` of a call's arguments, with the usual call (one tensor, no keywords) made cheap."""
+_ONE_ARG = ("0",)
+_ONE_OUTPUT = ("",)
+
+
+def _input_leaves(args: Any, kwargs: Any) -> tuple[tuple[str, ...], list[torch.Tensor]]:
+    """The index paths and tensors of ``tensor_leaves`` of a call's arguments, the usual call (one tensor,
+    no keywords) made cheap."""
     if not kwargs and len(args) == 1 and type(args[0]) in _PLAIN:
-        return [("0", args[0])] if _is_float(args[0]) else []
-    return tensor_leaves(args) + tensor_leaves(kwargs, "")
+        return (_ONE_ARG, [args[0]]) if _is_float(args[0]) else ((), [])
+    return _split(tensor_leaves(args) + tensor_leaves(kwargs, ""))
 
 
-def _output_leaves(output: Any) -> list[tuple[str, torch.Tensor]]:
+def _output_leaves(output: Any) -> tuple[tuple[str, ...], list[torch.Tensor]]:
     if type(output) in _PLAIN:
-        return [("", output)] if _is_float(output) else []
-    return tensor_leaves(output)
+        return (_ONE_OUTPUT, [output]) if _is_float(output) else ((), [])
+    return _split(tensor_leaves(output))
+
+
+def _split(leaves: list[tuple[str, torch.Tensor]]) -> tuple[tuple[str, ...], list[torch.Tensor]]:
+    return tuple(path for path, _ in leaves), [t for _, t in leaves]
+
+
+_Plan = list[tuple[int, "str | None", "str | None"]]
+"""Per leaf (inputs, then outputs): its index, its row name for statistics (None: not recorded) and for its
+gradient (None: no gradient hook)."""
 
 
 class _Site:
-    """One hooked module: its name, its spec, its chunk and the row names of its calls, each made once."""
+    """One hooked module: its name, its spec, its chunk, and per call layout the row names of its leaves,
+    worked out once."""
 
-    __slots__ = ("name", "spec", "chunk", "_names")
+    __slots__ = ("name", "spec", "chunk", "forward", "backward", "_plans")
 
-    def __init__(self, name: str, spec: IOSpec, chunk: int):
+    def __init__(self, name: str, spec: IOSpec, chunk: int, forward: bool, backward: bool):
         self.name = name
         self.spec = spec
         self.chunk = chunk
-        self._names: dict[tuple[int, str, str | None], str] = {}
+        self.forward = forward
+        self.backward = backward
+        self._plans: dict[tuple[int, tuple[str, ...], tuple[str, ...]], _Plan] = {}
 
-    def named(self, count: int, direction: str,
-              leaves: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
-        """``{name}[.call{count}].{direction}[.{index path}]`` of each leaf (the path only with several)."""
-        names = self._names
-        single = len(leaves) == 1
-        out = []
-        for suffix, t in leaves:
-            key = (count, direction, None if single else suffix)
-            full = names.get(key)
-            if full is None:
-                base = self.name if count == 0 else f"{self.name}.call{count}"
-                full = names[key] = f"{base}.{direction}" if single else f"{base}.{direction}.{suffix}"
-            out.append((full, t))
-        return out
+    def plan(self, count: int, ins: tuple[str, ...], outs: tuple[str, ...]) -> _Plan:
+        """The leaves of the ``count``-th call (0: the first) with inputs ``ins`` and outputs ``outs`` (index
+        paths): ``{name}[.call{count}].{input|output}[.{index path}]``, the path only where a direction
+        has several selected leaves."""
+        key = (count, ins, outs)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plans[key] = self._make_plan(count, ins, outs)
+        return plan
+
+    def _make_plan(self, count: int, ins: tuple[str, ...], outs: tuple[str, ...]) -> _Plan:
+        base = self.name if count == 0 else f"{self.name}.call{count}"
+        spec = self.spec
+
+        def names(paths: tuple[str, ...], direction: str, index: int | None, on: bool) -> dict[int, str]:
+            chosen = _chosen(len(paths), index) if on else []
+            if len(chosen) == 1:
+                return {chosen[0]: f"{base}.{direction}"}
+            return {i: f"{base}.{direction}.{paths[i]}" for i in chosen}
+
+        fwd_in = names(ins, "input", spec.input, self.forward)
+        fwd_out = names(outs, "output", spec.output, self.forward)
+        bwd_in = names(ins, "input", spec.input_grad, self.backward)
+        bwd_out = names(outs, "output", spec.output_grad, self.backward)
+        plan: _Plan = [(i, fwd_in.get(i), bwd_in.get(i)) for i in range(len(ins))]
+        plan += [(len(ins) + i, fwd_out.get(i), bwd_out.get(i)) for i in range(len(outs))]
+        return [leaf for leaf in plan if leaf[1] is not None or leaf[2] is not None]
 
 
 class ActivationHooks:
     """Installs and removes the activation hooks of a list of model chunks."""
 
-    def __init__(self, collector: StepCollector, *, forward: bool, backward: bool,
-                 is_active: Callable[[], bool], step_token: Callable[[], int]):
+    def __init__(self, collector: StepCollector, *, forward: bool, backward: bool, state: StepState):
+        """``state``: the monitor's step in progress (``new_step`` hands over each next one); hooks record
+        while its ``collecting`` is set, and a gradient hook only for the step that registered it."""
         self.collector = collector
         self.forward = forward
         self.backward = backward
-        self._is_active = is_active
-        self._step_token = step_token
+        self.state = state
         self._handles: list[Any] = []
         self._micro: list[int] = []
         self._calls: dict[str, int] = {}
@@ -157,7 +189,7 @@ class ActivationHooks:
                 spec = select(qualified)
                 if spec is None:
                     continue
-                hook = partial(self._on_forward, _Site(qualified, spec, c))
+                hook = partial(self._on_forward, _Site(qualified, spec, c, self.forward, self.backward))
                 if compiled:
                     hook = opaque_to_compiler(hook)
                 self._handles.append(module.register_forward_hook(hook, with_kwargs=True))
@@ -172,8 +204,10 @@ class ActivationHooks:
         self.module_names.clear()
         self.new_step()
 
-    def new_step(self) -> None:
-        """Forget micro-batch counters and per-step tensor identities."""
+    def new_step(self, state: StepState | None = None) -> None:
+        """Forget micro-batch counters and per-step tensor identities; ``state``: the step begun."""
+        if state is not None:
+            self.state = state
         self._micro = [-1] * len(self._micro)
         self._calls.clear()
         self._refs.clear()
@@ -182,7 +216,7 @@ class ActivationHooks:
 
     # ------------------------------------------------------------------------------------------ hooks
     def _on_chunk_start(self, chunk: int, module: nn.Module, args: Any) -> None:
-        if module.training and not in_backward() and self._is_active():
+        if module.training and not in_backward() and self.state.collecting:
             self._micro[chunk] += 1
             if chunk == 0:
                 self._calls.clear()
@@ -191,7 +225,7 @@ class ActivationHooks:
                 self._bwd_hooks.clear()
 
     def _on_forward(self, site: _Site, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
-        if not module.training or not self._is_active() or in_backward():
+        if not module.training or not self.state.collecting or in_backward():
             return
         try:
             with tool_work():  # the monitor's own tensor work never shows up in an L1 dump
@@ -203,22 +237,33 @@ class ActivationHooks:
                                  site.name)
 
     def _capture(self, site: _Site, micro: int, args: Any, kwargs: Any, output: Any) -> None:
-        name, spec = site.name, site.spec
+        name = site.name
         count = self._calls.get(name, 0)
         self._calls[name] = count + 1
-        ins = _input_leaves(args, kwargs)
-        outs = _output_leaves(output)
-        if self.forward:
-            selected = site.named(count, "input", _select(ins, spec.input)) + site.named(count, "output",
-                                                                                        _select(outs, spec.output))
-            if selected:
-                self._record_forward(name, selected, micro)
-        if self.backward:
-            selected = (site.named(count, "input", _select(ins, spec.input_grad))
-                        + site.named(count, "output", _select(outs, spec.output_grad)))
-            for full, t in selected:
-                if t.requires_grad:
-                    self._register_grad(full, name, t, micro)
+        in_paths, tensors = _input_leaves(args, kwargs)
+        out_paths, outs = _output_leaves(output)
+        tensors += outs
+        collector, slots = self.collector, self._fwd_slots
+        for i, fwd_name, bwd_name in site.plan(count, in_paths, out_paths):
+            t = tensors[i]
+            key = _identity(t)
+            seen = self._seen(key, t)
+            if fwd_name is not None:
+                where = slots.get(key) if seen else None
+                if where is None:
+                    where = slots[key] = collector.slot(t)
+                    alias = False
+                else:
+                    alias = True
+                collector.add_entry(ACTV, fwd_name, name, micro, t.numel(), where, external=not t.requires_grad,
+                                    alias=alias)
+            if bwd_name is not None and t.requires_grad:
+                hook = self._bwd_hooks.get(key) if seen else None
+                if hook is not None:
+                    hook.names += ((bwd_name, name),)
+                else:
+                    hook = self._bwd_hooks[key] = _GradHook(self, micro, self.state, ((bwd_name, name),))
+                    t.register_hook(hook)
 
     def _seen(self, key: tuple[int, int, int], t: torch.Tensor) -> bool:
         """Whether ``t`` (identity ``key``) was seen before in this step; from now on it is."""
@@ -230,49 +275,33 @@ class ActivationHooks:
         self._bwd_hooks.pop(key, None)
         return False
 
-    def _record_forward(self, module: str, selected: list[tuple[str, torch.Tensor]], micro: int) -> None:
-        slots, collector = self._fwd_slots, self.collector
-        for full, t in selected:
-            key = _identity(t)
-            where = slots.get(key) if self._seen(key, t) else None
-            if where is None:
-                where = slots[key] = collector.slot(t)
-            collector.add_entry(ACTV, full, module, micro, t.numel(), where, external=not t.requires_grad)
-
-    def _register_grad(self, full: str, module: str, t: torch.Tensor, micro: int) -> None:
-        key = _identity(t)
-        hook = self._bwd_hooks.get(key) if self._seen(key, t) else None
-        if hook is not None:
-            hook.names += ((full, module),)
-            return
-        hook = self._bwd_hooks[key] = _GradHook(self, micro, self._step_token(), ((full, module),))
-        t.register_hook(hook)
-
 
 class _GradHook:
     """The gradient hook of one activation tensor: records the gradient's statistics under each of the
     tensor's names and returns None (the gradient flows on untouched). One object per tensor and step."""
 
-    __slots__ = ("hooks", "micro", "token", "names")
+    __slots__ = ("hooks", "micro", "state", "names")
 
-    def __init__(self, hooks: ActivationHooks, micro: int, token: int, names: tuple[tuple[str, str], ...]):
+    def __init__(self, hooks: ActivationHooks, micro: int, state: StepState, names: tuple[tuple[str, str], ...]):
         self.hooks = hooks
         self.micro = micro
-        self.token = token
+        self.state = state
+        """The step that registered the hook: a gradient computed in a later one is not its business."""
         self.names = names
         """(row name, module) pairs (a tuple of strings: nothing for the garbage collector to track)."""
 
     def __call__(self, grad: torch.Tensor) -> None:
         hooks = self.hooks
-        if self.token != hooks._step_token() or not hooks._is_active() or not _is_float(grad):
+        if hooks.state is not self.state or not self.state.collecting or not _is_float(grad):
             return None
         try:
             collector = hooks.collector
             with tool_work():
                 where = collector.slot(grad)
-            numel, micro = grad.numel(), self.micro
+            numel, micro, alias = grad.numel(), self.micro, False
             for full, module in self.names:
-                collector.add_entry(ACTV_GRAD, full, module, micro, numel, where)
+                collector.add_entry(ACTV_GRAD, full, module, micro, numel, where, alias=alias)
+                alias = True
         except Exception:  # never break the backward pass
             if not hooks._failed:
                 hooks._failed = True
