@@ -4,22 +4,25 @@ Hooks and readers call ``record`` (or ``compute`` and ``add_entry``); statistics
 (so an in-place change made later in the step cannot alter them). Each computed row lives in a *slot*:
 
 * a CPU tensor the one-pass kernel reads (``StatsEngine.host_row``) gives host floats at once, no torch
-  call and no tensor made: its slot is an ``int``, an index into the step's host rows;
+  call and no tensor made: its slot is an ``int``, the index of its row in the step's host values;
 * any other tensor (an accelerator's, or a CPU tensor the kernel cannot read) is summarised on its device
   into a ``[n, len(ops)]`` block; its slot is ``(device, row)``. ``finalize`` concatenates every block of
   a device and copies it to the host in one transfer.
 
 Every value is rounded to float32 at ``finalize`` (the blocks are float32), so the numbers do not depend
-on the path a tensor took. A named row waits as a plain tuple of ``MetricRow``'s fields whose ``values``
-field holds its slot, until ``finalize`` puts the values in and makes the ``MetricRow``. (Plain tuples of
-strings and numbers are the objects Python's garbage collector stops tracking: thousands made per step
-then cost no full collections.)
+on the path a tensor took. A named row waits as ``MetricRow``'s fields, with its slot in place of
+``values``, until ``finalize`` puts the values in and makes the ``MetricRow``.
+
+Hooks call in here thousands of times a step while the model's activations are alive, so nothing here
+makes an object Python's garbage collector tracks: host values go into one flat ``array`` and entries'
+fields into one flat list. (Each tracked object made counts towards the next collection; collections in
+the middle of a forward promote the model's activations to older generations and so bring on full
+collections of the whole heap.)
 """
 
 from __future__ import annotations
 
 from array import array
-from itertools import chain
 from math import isfinite
 from typing import Iterable, Sequence, Union
 
@@ -34,6 +37,7 @@ Slot = Union[int, "tuple[torch.device, int]"]
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 _new_row = tuple.__new__
+_FIELDS = len(MetricRow._fields)
 _SLOT = MetricRow._fields.index("values")
 
 
@@ -41,17 +45,20 @@ class StepCollector:
     """Accumulates one step's statistics and names; ``finalize`` returns them as ``MetricRow``s."""
 
     def __init__(self, engine: StatsEngine):
+        """``engine``: the statistics (at least one op, as the config requires)."""
         self.engine = engine
-        self._host: list[tuple[float, ...]] = []
+        self._host = array("d")
+        """The host rows' values, ``len(ops)`` a row."""
+        self._width = len(engine.ops)
         self._blocks: dict[torch.device, list[torch.Tensor]] = {}
         self._rows: dict[torch.device, int] = {}
-        self._entries: list[tuple] = []
-        """``MetricRow`` fields, with the slot in place of ``values``."""
+        self._entries: list = []
+        """``MetricRow``'s fields one entry after the other, with the slot in place of ``values``."""
         self._named: set[tuple[str, Slot]] = set()
         self._kinds: set[str] = set()
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._entries) // _FIELDS
 
     def slot(self, t: torch.Tensor) -> Slot:
         """Statistics of one non-empty tensor (a DTensor: its local tensor); returns its slot."""
@@ -61,15 +68,31 @@ class StepCollector:
             values = self.engine.host_row(t)
             if values is not None:
                 host = self._host
-                host.append(values)
-                return len(host) - 1
+                host.extend(values)
+                return len(host) // self._width - 1
         return self._device_slots([t])[0]
 
     def compute(self, tensors: Sequence[torch.Tensor]) -> list[Slot]:
-        """Statistics of non-empty ``tensors`` (any devices); returns the slot of each, in order."""
+        """Statistics of non-empty ``tensors`` (any devices); returns the slot of each, in order. Those the
+        kernel cannot read are summarised together, one block per device."""
+        tensors = [t if type(t) in _PLAIN else local_view(t) for t in tensors]
         if not self.engine.host_rows:
-            return self._device_slots([t if type(t) in _PLAIN else local_view(t) for t in tensors])
-        return [self.slot(t) for t in tensors]
+            return self._device_slots(tensors)
+        where: list[Slot] = []
+        rest: list[int] = []
+        host, host_row, width = self._host, self.engine.host_row, self._width
+        for i, t in enumerate(tensors):
+            values = host_row(t)
+            if values is None:
+                rest.append(i)
+                where.append(0)
+            else:
+                host.extend(values)
+                where.append(len(host) // width - 1)
+        if rest:
+            for i, w in zip(rest, self._device_slots([tensors[i] for i in rest])):
+                where[i] = w
+        return where
 
     def _device_slots(self, tensors: Sequence[torch.Tensor]) -> list[Slot]:
         by_device: dict[torch.device, list[int]] = {}
@@ -104,7 +127,7 @@ class StepCollector:
             self._named.add(key)
         self._kinds.add(kind)
         entries = self._entries
-        entries.append((kind, name, module, micro_step, len(entries), numel, where, alias, external))
+        entries.extend((kind, name, module, micro_step, len(entries) // _FIELDS, numel, where, alias, external))
 
     def record(self, kind: str, named: Sequence[tuple[str, str, torch.Tensor]], micro_step: int | None = None) -> None:
         """Compute and name statistics of ``(name, module, tensor)`` triples; empty tensors are skipped."""
@@ -113,25 +136,26 @@ class StepCollector:
             return
         where = self.compute([t for _, _, t in named])
         for (name, module, t), w in zip(named, where):
-            self.add_entry(kind, name, module, micro_step, t.numel(), w)
+            self.add_entry(kind, name, module, micro_step, t.numel(), w, alias=False)
 
     def _values(self) -> tuple[list[tuple[float, ...]], dict[torch.device, list[tuple[float, ...]]]]:
         """Every host row rounded to float32, and every device block copied to the host (one copy per
         device); rows as tuples of floats (which the garbage collector stops tracking)."""
         width = len(self.engine.ops)
-        host = _rows_of(array("f", chain.from_iterable(self._host)).tolist(), width, len(self._host))
+        host = _rows_of(array("f", self._host).tolist(), width)
         devices: dict[torch.device, list[tuple[float, ...]]] = {}
         for device, blocks in self._blocks.items():
             stacked = blocks[0] if len(blocks) == 1 else torch.cat(blocks)
-            devices[device] = _rows_of(stacked.detach().cpu().flatten().tolist(), width, stacked.shape[0])
+            devices[device] = _rows_of(stacked.detach().cpu().flatten().tolist(), width)
         return host, devices
 
     def finalize(self) -> list[MetricRow]:
         """All rows of the step, in call order, with their values; then reset."""
         host, devices = self._values()
+        it = iter(self._entries)
         rows = [_new_row(MetricRow, (k, n, m, mi, c, nu, host[w] if w.__class__ is int else devices[w[0]][w[1]],
                                      a, e))
-                for k, n, m, mi, c, nu, w, a, e in self._entries]
+                for k, n, m, mi, c, nu, w, a, e in zip(*[it] * _FIELDS)]
         self.reset()
         return rows
 
@@ -144,7 +168,8 @@ class StepCollector:
         """Whether a row of a kind of one of ``stages`` (``records.STAGES``) recorded so far holds a NaN or Inf
         (one host read per device)."""
         wanted = set(stages)
-        slots = [e[_SLOT] for e in self._entries if stage_of(e[0]) in wanted]
+        entries = self._entries
+        slots = [entries[i + _SLOT] for i in range(0, len(entries), _FIELDS) if stage_of(entries[i]) in wanted]
         if not slots:
             return False
         host, devices = self._values()
@@ -156,7 +181,7 @@ class StepCollector:
         return False
 
     def reset(self) -> None:
-        self._host.clear()
+        del self._host[:]
         self._blocks.clear()
         self._rows.clear()
         self._entries.clear()
@@ -164,8 +189,6 @@ class StepCollector:
         self._kinds.clear()
 
 
-def _rows_of(flat: list[float], width: int, count: int) -> list[tuple[float, ...]]:
-    """``flat`` cut into ``count`` tuples of ``width``."""
-    if width == 0:
-        return [()] * count
+def _rows_of(flat: list[float], width: int) -> list[tuple[float, ...]]:
+    """``flat`` cut into tuples of ``width``."""
     return list(zip(*[iter(flat)] * width))

@@ -67,10 +67,11 @@ def tensor_leaves(obj: Any, prefix: str = "", depth: int = 0) -> list[tuple[str,
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
-def _identity(t: torch.Tensor) -> tuple[int, int, int]:
-    """Same object, same version, same storage: the values cannot have changed in between."""
+def _identity(t: torch.Tensor) -> int:
+    """Same object, same version, same storage: the values cannot have changed in between. One int (an
+    object the garbage collector does not track) made of id, data pointer and version."""
     local = t if type(t) in _PLAIN else local_view(t)
-    return id(t), local._version, local.data_ptr()
+    return (id(t) << 96) | (local.data_ptr() << 32) | (local._version & 0xFFFFFFFF)
 
 
 def _chosen(count: int, index: int | None) -> list[int]:
@@ -166,9 +167,9 @@ class ActivationHooks:
         self._micro: list[int] = []
         self._calls: dict[str, int] = {}
         # per step, by tensor identity (few objects the garbage collector tracks: this runs per tensor)
-        self._refs: dict[tuple[int, int, int], weakref.ref] = {}
-        self._fwd_slots: dict[tuple[int, int, int], Slot] = {}
-        self._bwd_hooks: dict[tuple[int, int, int], _GradHook] = {}
+        self._refs: dict[int, weakref.ref] = {}
+        self._fwd_slots: dict[int, Slot] = {}
+        self._bwd_hooks: dict[int, _GradHook] = {}
         self._failed = False
         self.module_names: list[str] = []
 
@@ -265,7 +266,7 @@ class ActivationHooks:
                     hook = self._bwd_hooks[key] = _GradHook(self, micro, self.state, ((bwd_name, name),))
                     t.register_hook(hook)
 
-    def _seen(self, key: tuple[int, int, int], t: torch.Tensor) -> bool:
+    def _seen(self, key: int, t: torch.Tensor) -> bool:
         """Whether ``t`` (identity ``key``) was seen before in this step; from now on it is."""
         ref = self._refs.get(key)
         if ref is not None and ref() is t:

@@ -17,6 +17,7 @@ from torch import nn
 
 from msprobe_core.common.tool_guard import tool_work
 from msprobe_core.monitor.detector import BACKWARD_STAGES
+from msprobe_core.monitor.gc_pause import gc_paused
 from msprobe_core.monitor.module_hooks import in_backward
 from msprobe_core.monitor.records import PARAM
 
@@ -60,9 +61,11 @@ class SkippedUpdates:
                 if skipped:
                     if mon.config.param_distribution and not mon.reader.sharded:  # the weights it ran with
                         mon._record_mapping(PARAM, mon.recorder.weights())
-                    rows = mon.collector.finalize()
-                    mon.alerts.publish(mon.detector.judge(mon.rank, mon.step_index, rows, skipped=True,
-                                                          overflow=overflow))
+                    with gc_paused():
+                        rows = mon.collector.finalize()
+                        mon.alerts.publish(mon.detector.judge(mon.rank, mon.step_index, rows, skipped=True,
+                                                              overflow=overflow))
+                        del rows
         except Exception:
             logger.exception("monitor: judging a skipped update at step %d failed", mon.step_index)
             skipped = False

@@ -50,6 +50,7 @@ from msprobe_core.monitor.anomaly import Anomaly
 from msprobe_core.monitor.capture import AnomalyCapture
 from msprobe_core.monitor.detector import AnomalyDetector, SkippedStep
 from msprobe_core.monitor.collector import StepCollector
+from msprobe_core.monitor.gc_pause import gc_paused
 from msprobe_core.monitor.config import AlertConfig, MonitorConfig, load_monitor_config
 from msprobe_core.monitor.module_hooks import ActivationHooks
 from msprobe_core.monitor.native_reader import NativeShardReader, uses_native_sharding
@@ -313,7 +314,8 @@ class TrainerMon:
                         for kind, tensors in self.recorder.moments(self._optimizer).items():
                             self._record_mapping(kind, tensors)
                     if self._step.collecting:
-                        result = self._finish_step(skipped=bool(skipped))
+                        with gc_paused():  # the step's rows are made, used and freed in here
+                            result = self._finish_step(skipped=bool(skipped))
             except Exception:
                 logger.exception("monitor: finishing step %d failed", self.step_index)
         self.step_index += 1
