@@ -5,6 +5,9 @@ skips the NaN count where it is provably zero: a tensor whose min, max, norm or 
 NaN (each of them propagates NaN), so on the CPU, where reading a few numbers back costs nothing, the NaN
 count is only computed for rows where one of those is not finite. The result is exact. On accelerators
 the count is computed with the rest (no host sync). Statistics of sharded tensors: ``shard_stats``.
+
+``StatsEngine.host_row`` is the per-tensor path for CPU tensors the one-pass kernel reads: host floats
+straight from the kernel, no tensor made (the monitor calls it thousands of times a step).
 """
 
 from __future__ import annotations
