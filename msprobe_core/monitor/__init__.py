@@ -2,13 +2,18 @@
 
 - ``trainer_mon``: ``TrainerMon``, the orchestrator (msprobe's user entry point, also
   ``msprobe_core.pytorch.TrainerMon``).
+- Steps: ``step_state`` (the step in progress), ``step_triggers`` (the optimizer patches and hooks that
+  begin and end steps), ``skipped_updates`` (an update a loss scaler skipped).
 - Config and schedule: ``config`` (keys, validation), ``schedule`` (which steps, ``dynamic_on``).
-- What is monitored: ``selection`` (targets), ``module_hooks`` (activations), ``state_readers`` (where
-  gradients, weights and optimizer states live).
-- Statistics: ``stats`` (batched device statistics), ``collector`` (one host copy per step),
+- What is monitored: ``selection`` (targets), ``module_hooks`` (activations), ``state_recorder`` (the
+  monitored parameters' weights, gradients and moments), ``state_readers`` (where gradients, weights and
+  optimizer states live).
+- Statistics: ``stats`` (batched device statistics, the kernel's host rows), ``collector`` (one host copy
+  per step), ``gc_pause`` (the garbage collector held off while rows are made),
   ``shard_stats`` (sharded tensors, combined over a group), ``shard_agreement`` (which ranks of a sharded
   group take part in a step's collectives).
-- Output: ``records`` (rows, kinds, stages), ``writers/`` (TensorBoard, CSV, in-memory).
+- Output: ``records`` (rows, kinds, stages), ``writers/`` (TensorBoard, CSV, in-memory), ``step_output``
+  (a rank's writers).
 - Alerts: ``rules/`` (NaN/Inf, turbulence, learning rate), ``detector`` (runs them over a step),
   ``events`` (one event per fault), ``anomaly`` (the event record and its order), ``alerts`` (log,
   callbacks, ``anomalies.json`` via ``anomaly_store``, the SQLite ``alert.inform`` via ``alert_db``),

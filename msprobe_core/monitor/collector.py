@@ -1,13 +1,30 @@
-"""One step's statistics, kept on the device until the step ends, then copied to the host once.
+"""One step's statistics, kept until the step ends, then handed over as ``MetricRow``s in call order.
 
-Hooks and readers call ``record``; statistics are computed right away (so an in-place change made later
-in the step cannot alter them) as small device tensors. ``finalize`` concatenates every block of the
-step per device, copies it to the host in one transfer and returns ``MetricRow``s in call order.
+Hooks and readers call ``record`` (or ``compute`` and ``add_entry``); statistics are computed right away
+(so an in-place change made later in the step cannot alter them). Each computed row lives in a *slot*:
+
+* a CPU tensor the one-pass kernel reads (``StatsEngine.host_row``) gives host floats at once, no torch
+  call and no tensor made: its slot is an ``int``, the index of its row in the step's host values;
+* any other tensor (an accelerator's, or a CPU tensor the kernel cannot read) is summarised on its device
+  into a ``[n, len(ops)]`` block; its slot is ``(device, row)``. ``finalize`` concatenates every block of
+  a device and copies it to the host in one transfer.
+
+Every value is rounded to float32 at ``finalize`` (the blocks are float32), so the numbers do not depend
+on the path a tensor took. A named row waits as ``MetricRow``'s fields, with its slot in place of
+``values``, until ``finalize`` puts the values in and makes the ``MetricRow``.
+
+Hooks call in here thousands of times a step while the model's activations are alive, so nothing here
+makes an object Python's garbage collector tracks: host values go into one flat ``array`` and entries'
+fields into one flat list. (Each tracked object made counts towards the next collection; collections in
+the middle of a forward promote the model's activations to older generations and so bring on full
+collections of the whole heap.)
 """
 
 from __future__ import annotations
 
-from typing import Iterable, NamedTuple, Sequence
+from array import array
+from math import isfinite
+from typing import Iterable, Sequence, Union
 
 import torch
 
@@ -15,44 +32,73 @@ from msprobe_core.monitor.records import MetricRow, stage_of
 from msprobe_core.monitor.stats import StatsEngine
 from msprobe_core.pytorch.native_shards import local_view
 
+Slot = Union[int, "tuple[torch.device, int]"]
+"""Where a computed row is: an index into the step's host rows, or (device, row of that device's blocks)."""
 
-class _Entry(NamedTuple):
-    """A named row of the step: the fields of its ``MetricRow`` (built once, with the values, in ``finalize``)
-    and where the values are. A plain tuple: one is made per record, so it must be cheap."""
-    kind: str
-    name: str
-    module: str
-    micro_step: int | None
-    call_id: int
-    numel: int
-    alias: bool
-    external: bool
-    device: torch.device
-    row: int
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+_new_row = tuple.__new__
+_FIELDS = len(MetricRow._fields)
+_SLOT = MetricRow._fields.index("values")
 
 
 class StepCollector:
-    """Accumulates one step's statistics blocks and names; ``finalize`` copies them to the host once."""
+    """Accumulates one step's statistics and names; ``finalize`` returns them as ``MetricRow``s."""
 
     def __init__(self, engine: StatsEngine):
+        """``engine``: the statistics (at least one op, as the config requires)."""
         self.engine = engine
+        self._host = array("d")
+        """The host rows' values, ``len(ops)`` a row."""
+        self._width = len(engine.ops)
         self._blocks: dict[torch.device, list[torch.Tensor]] = {}
         self._rows: dict[torch.device, int] = {}
-        self._entries: list[_Entry] = []
-        self._named: set[tuple[str, torch.device, int]] = set()
-        self._call_id = 0
+        self._entries: list = []
+        """``MetricRow``'s fields one entry after the other, with the slot in place of ``values``."""
+        self._named: set[tuple[str, Slot]] = set()
+        self._kinds: set[str] = set()
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._entries) // _FIELDS
 
-    def compute(self, tensors: Sequence[torch.Tensor]) -> list[tuple[torch.device, int]]:
-        """Statistics of ``tensors`` (any devices); returns the (device, row) of each, in order. A DTensor
-        (a tensor-parallel activation) is summarised by this rank's local tensor."""
-        tensors = [local_view(t) for t in tensors]
+    def slot(self, t: torch.Tensor) -> Slot:
+        """Statistics of one non-empty tensor (a DTensor: its local tensor); returns its slot."""
+        if type(t) not in _PLAIN:
+            t = local_view(t)
+        if self.engine.host_rows:
+            values = self.engine.host_row(t)
+            if values is not None:
+                host = self._host
+                host.extend(values)
+                return len(host) // self._width - 1
+        return self._device_slots([t])[0]
+
+    def compute(self, tensors: Sequence[torch.Tensor]) -> list[Slot]:
+        """Statistics of non-empty ``tensors`` (any devices); returns the slot of each, in order. Those the
+        kernel cannot read are summarised together, one block per device."""
+        tensors = [t if type(t) in _PLAIN else local_view(t) for t in tensors]
+        if not self.engine.host_rows:
+            return self._device_slots(tensors)
+        where: list[Slot] = []
+        rest: list[int] = []
+        host, host_row, width = self._host, self.engine.host_row, self._width
+        for i, t in enumerate(tensors):
+            values = host_row(t)
+            if values is None:
+                rest.append(i)
+                where.append(0)
+            else:
+                host.extend(values)
+                where.append(len(host) // width - 1)
+        if rest:
+            for i, w in zip(rest, self._device_slots([tensors[i] for i in rest])):
+                where[i] = w
+        return where
+
+    def _device_slots(self, tensors: Sequence[torch.Tensor]) -> list[Slot]:
         by_device: dict[torch.device, list[int]] = {}
         for i, t in enumerate(tensors):
             by_device.setdefault(t.device, []).append(i)
-        where: list[tuple[torch.device, int]] = [(torch.device("cpu"), 0)] * len(tensors)
+        where: list[Slot] = [0] * len(tensors)
         for device, idx in by_device.items():
             block = self.engine.compute([tensors[i] for i in idx])
             base = self.add_block(block)
@@ -61,7 +107,8 @@ class StepCollector:
         return where
 
     def add_block(self, block: torch.Tensor) -> int:
-        """Store an already computed [n, len(ops)] block; returns the row of its first line."""
+        """Store an already computed [n, len(ops)] block; returns the row of its first line (the slot of
+        line k is ``(block.device, base + k)``)."""
         device = block.device
         base = self._rows.get(device, 0)
         self._blocks.setdefault(device, []).append(block)
@@ -69,15 +116,18 @@ class StepCollector:
         return base
 
     def add_entry(self, kind: str, name: str, module: str, micro_step: int | None, numel: int,
-                  where: tuple[torch.device, int], external: bool = False) -> None:
-        """Name a computed row (a row may carry several names: the same tensor seen twice). ``external``:
-        a tensor the model did not compute from its weights (see ``MetricRow.external``)."""
-        device, row = where
-        key = (kind, device, row)
-        alias = key in self._named
-        self._named.add(key)
-        self._entries.append(_Entry(kind, name, module, micro_step, self._call_id, numel, alias, external, device, row))
-        self._call_id += 1
+                  where: Slot, external: bool = False, alias: bool | None = None) -> None:
+        """Name a computed row. A row may carry several names (the same tensor seen twice): all but the first
+        name of a kind are aliases; ``alias`` says so when the caller knows (None: worked out here from the
+        names given so far without it). ``external``: a tensor the model did not compute from its weights
+        (see ``MetricRow.external``)."""
+        if alias is None:
+            key = (kind, where)
+            alias = key in self._named
+            self._named.add(key)
+        self._kinds.add(kind)
+        entries = self._entries
+        entries.extend((kind, name, module, micro_step, len(entries) // _FIELDS, numel, where, alias, external))
 
     def record(self, kind: str, named: Sequence[tuple[str, str, torch.Tensor]], micro_step: int | None = None) -> None:
         """Compute and name statistics of ``(name, module, tensor)`` triples; empty tensors are skipped."""
@@ -86,48 +136,59 @@ class StepCollector:
             return
         where = self.compute([t for _, _, t in named])
         for (name, module, t), w in zip(named, where):
-            self.add_entry(kind, name, module, micro_step, t.numel(), w)
+            self.add_entry(kind, name, module, micro_step, t.numel(), w, alias=False)
 
-    @torch.no_grad()
-    def finalize(self) -> list[MetricRow]:
-        """All rows of the step, in call order, after one host copy per device; then reset."""
-        host: dict[torch.device, list[list[float]]] = {}
+    def _values(self) -> tuple[list[tuple[float, ...]], dict[torch.device, list[tuple[float, ...]]]]:
+        """Every host row rounded to float32, and every device block copied to the host (one copy per
+        device); rows as tuples of floats (which the garbage collector stops tracking)."""
+        width = len(self.engine.ops)
+        host = _rows_of(array("f", self._host).tolist(), width)
+        devices: dict[torch.device, list[tuple[float, ...]]] = {}
         for device, blocks in self._blocks.items():
             stacked = blocks[0] if len(blocks) == 1 else torch.cat(blocks)
-            host[device] = stacked.cpu().tolist()
-        rows = [MetricRow(e.kind, e.name, e.module, e.micro_step, e.call_id, e.numel, host[e.device][e.row],
-                          e.alias, e.external) for e in self._entries]
+            devices[device] = _rows_of(stacked.detach().cpu().flatten().tolist(), width)
+        return host, devices
+
+    def finalize(self) -> list[MetricRow]:
+        """All rows of the step, in call order, with their values; then reset."""
+        host, devices = self._values()
+        it = iter(self._entries)
+        rows = [_new_row(MetricRow, (k, n, m, mi, c, nu, host[w] if w.__class__ is int else devices[w[0]][w[1]],
+                                     a, e))
+                for k, n, m, mi, c, nu, w, a, e in zip(*[it] * _FIELDS)]
         self.reset()
         return rows
 
     def recorded(self, stages: Iterable[str]) -> bool:
         """Whether a row of a kind of one of ``stages`` was recorded this step."""
         wanted = set(stages)
-        return any(stage_of(e.kind) in wanted for e in self._entries)
+        return any(stage_of(kind) in wanted for kind in self._kinds)
 
-    @torch.no_grad()
     def has_nonfinite(self, stages: Iterable[str]) -> bool:
         """Whether a row of a kind of one of ``stages`` (``records.STAGES``) recorded so far holds a NaN or Inf
         (one host read per device)."""
         wanted = set(stages)
-        rows: dict[torch.device, list[int]] = {}
-        for e in self._entries:
-            if stage_of(e.kind) in wanted:
-                rows.setdefault(e.device, []).append(e.row)
-        for device, idx in rows.items():
-            blocks = self._blocks[device]
-            stacked = blocks[0] if len(blocks) == 1 else torch.cat(blocks)
-            values = stacked[idx]
-            bad = ~torch.isfinite(values).all(dim=1)
-            if "nans" in self.engine.ops:
-                bad |= values[:, self.engine.ops.index("nans")] > 0
-            if bool(bad.any()):
+        entries = self._entries
+        slots = [entries[i + _SLOT] for i in range(0, len(entries), _FIELDS) if stage_of(entries[i]) in wanted]
+        if not slots:
+            return False
+        host, devices = self._values()
+        nans = self.engine.ops.index("nans") if "nans" in self.engine.ops else None
+        for w in slots:
+            values = host[w] if w.__class__ is int else devices[w[0]][w[1]]
+            if not all(map(isfinite, values)) or (nans is not None and values[nans] > 0):
                 return True
         return False
 
     def reset(self) -> None:
+        del self._host[:]
         self._blocks.clear()
         self._rows.clear()
         self._entries.clear()
         self._named.clear()
-        self._call_id = 0
+        self._kinds.clear()
+
+
+def _rows_of(flat: list[float], width: int) -> list[tuple[float, ...]]:
+    """``flat`` cut into tuples of ``width``."""
+    return list(zip(*[iter(flat)] * width))

@@ -20,6 +20,7 @@ overflow does not go away by scaling: training has stalled).
 from __future__ import annotations
 
 import math
+from itertools import chain
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
@@ -82,6 +83,8 @@ class AnomalyDetector:
         self._events = events if events is not None else EventTracker()
         self._bad: set[tuple[str, str]] = set()
         self._skip_streak = 0
+        self._nans_shown = any(op in self.ops for op in ("min", "max", "norm", "mean"))
+        self._nans_col = self.ops.index("nans") if "nans" in self.ops else None
 
     def check(self, rank: int, step: int, rows: Iterable[MetricRow], *, lrs: Sequence[float] | None = None,
               skipped: bool = False, overflow: Sequence[str] = ()) -> list[Anomaly]:
@@ -107,8 +110,8 @@ class AnomalyDetector:
             self._skip_streak = 0
         written, rows = rows, [r for r in rows if not r.alias]
         bad: set[tuple[str, str]] = set()
-        good: list[MetricRow] = []
-        for row in rows:
+        good: list[MetricRow] = rows if self._all_finite(rows) else []  # then none is bad, checked at once
+        for row in rows if not good else ():
             finding = self._nan.check(row)
             key = (row.kind, row.name)
             if finding is None:
@@ -134,6 +137,17 @@ class AnomalyDetector:
         found.sort(key=order_key)
         verdict.opened, verdict.grew = self._events.add(step, found, bad, followed)
         return verdict
+
+    def _all_finite(self, rows: Sequence[MetricRow]) -> bool:
+        """Whether ``NonFiniteRule`` finds nothing in any of ``rows`` for sure: every value is finite (a
+        NaN count above 0 makes min, max, norm and mean NaN, so it shows in their sum) and no threshold is
+        set. One sum over all values; False (judge row by row) when it overflows."""
+        if self.alert.nan.threshold is not None or not rows:
+            return False
+        if not math.isfinite(sum(chain.from_iterable([row.values for row in rows]))):
+            return False
+        col = self._nans_col
+        return self._nans_shown or col is None or not any(row.values[col] for row in rows)
 
     def _skip(self, rank: int, step: int, rows: list[MetricRow],
               overflow: Sequence[str]) -> tuple[SkippedStep, Anomaly | None]:

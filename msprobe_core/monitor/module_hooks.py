@@ -23,9 +23,10 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
-from msprobe_core.monitor.collector import StepCollector
+from msprobe_core.monitor.collector import Slot, StepCollector
 from msprobe_core.monitor.config import IOSpec
 from msprobe_core.monitor.records import ACTV, ACTV_GRAD
+from msprobe_core.monitor.step_state import StepState
 from msprobe_core.common.tool_guard import tool_work
 from msprobe_core.pytorch.native_shards import local_view
 from msprobe_core.pytorch.wrapper_names import is_compiled, opaque_to_compiler, unwrapped_modules
@@ -63,41 +64,112 @@ def tensor_leaves(obj: Any, prefix: str = "", depth: int = 0) -> list[tuple[str,
     return out
 
 
-def _identity(t: torch.Tensor) -> tuple[int, int, int]:
-    """Same object, same version, same storage: the values cannot have changed in between."""
-    local = local_view(t)
-    return id(t), local._version, local.data_ptr()
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
-def _select(leaves: list[tuple[str, torch.Tensor]], index: int | None) -> list[tuple[str, torch.Tensor]]:
+def _identity(t: torch.Tensor) -> int:
+    """Same object, same version, same storage: the values cannot have changed in between. One int (an
+    object the garbage collector does not track) made of id, data pointer and version."""
+    local = t if type(t) in _PLAIN else local_view(t)
+    return (id(t) << 96) | (local.data_ptr() << 32) | (local._version & 0xFFFFFFFF)
+
+
+def _chosen(count: int, index: int | None) -> list[int]:
+    """The leaves an ``IOSpec`` index selects out of ``count``: none (None), all (-1) or one."""
     if index is None:
         return []
     if index < 0:
-        return leaves
-    return [leaves[index]] if index < len(leaves) else []
+        return list(range(count))
+    return [index] if index < count else []
 
 
-def _named(base: str, direction: str, leaves: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
-    if len(leaves) == 1:
-        return [(f"{base}.{direction}", leaves[0][1])]
-    return [(f"{base}.{direction}.{suffix}", t) for suffix, t in leaves]
+_ONE_ARG = ("0",)
+_ONE_OUTPUT = ("",)
+
+
+def _input_leaves(args: Any, kwargs: Any) -> tuple[tuple[str, ...], list[torch.Tensor]]:
+    """The index paths and tensors of ``tensor_leaves`` of a call's arguments, the usual call (one tensor,
+    no keywords) made cheap."""
+    if not kwargs and len(args) == 1 and type(args[0]) in _PLAIN:
+        return (_ONE_ARG, [args[0]]) if _is_float(args[0]) else ((), [])
+    return _split(tensor_leaves(args) + tensor_leaves(kwargs, ""))
+
+
+def _output_leaves(output: Any) -> tuple[tuple[str, ...], list[torch.Tensor]]:
+    if type(output) in _PLAIN:
+        return (_ONE_OUTPUT, [output]) if _is_float(output) else ((), [])
+    return _split(tensor_leaves(output))
+
+
+def _split(leaves: list[tuple[str, torch.Tensor]]) -> tuple[tuple[str, ...], list[torch.Tensor]]:
+    return tuple(path for path, _ in leaves), [t for _, t in leaves]
+
+
+_Plan = list[tuple[int, "str | None", "str | None"]]
+"""Per leaf (inputs, then outputs): its index, its row name for statistics (None: not recorded) and for its
+gradient (None: no gradient hook)."""
+
+
+class _Site:
+    """One hooked module: its name, its spec, its chunk, and per call layout the row names of its leaves,
+    worked out once."""
+
+    __slots__ = ("name", "spec", "chunk", "forward", "backward", "_plans")
+
+    def __init__(self, name: str, spec: IOSpec, chunk: int, forward: bool, backward: bool):
+        self.name = name
+        self.spec = spec
+        self.chunk = chunk
+        self.forward = forward
+        self.backward = backward
+        self._plans: dict[tuple[int, tuple[str, ...], tuple[str, ...]], _Plan] = {}
+
+    def plan(self, count: int, ins: tuple[str, ...], outs: tuple[str, ...]) -> _Plan:
+        """The leaves of the ``count``-th call (0: the first) with inputs ``ins`` and outputs ``outs`` (index
+        paths): ``{name}[.call{count}].{input|output}[.{index path}]``, the path only where a direction
+        has several selected leaves."""
+        key = (count, ins, outs)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plans[key] = self._make_plan(count, ins, outs)
+        return plan
+
+    def _make_plan(self, count: int, ins: tuple[str, ...], outs: tuple[str, ...]) -> _Plan:
+        base = self.name if count == 0 else f"{self.name}.call{count}"
+        spec = self.spec
+
+        def names(paths: tuple[str, ...], direction: str, index: int | None, on: bool) -> dict[int, str]:
+            chosen = _chosen(len(paths), index) if on else []
+            if len(chosen) == 1:
+                return {chosen[0]: f"{base}.{direction}"}
+            return {i: f"{base}.{direction}.{paths[i]}" for i in chosen}
+
+        fwd_in = names(ins, "input", spec.input, self.forward)
+        fwd_out = names(outs, "output", spec.output, self.forward)
+        bwd_in = names(ins, "input", spec.input_grad, self.backward)
+        bwd_out = names(outs, "output", spec.output_grad, self.backward)
+        plan: _Plan = [(i, fwd_in.get(i), bwd_in.get(i)) for i in range(len(ins))]
+        plan += [(len(ins) + i, fwd_out.get(i), bwd_out.get(i)) for i in range(len(outs))]
+        return [leaf for leaf in plan if leaf[1] is not None or leaf[2] is not None]
 
 
 class ActivationHooks:
     """Installs and removes the activation hooks of a list of model chunks."""
 
-    def __init__(self, collector: StepCollector, *, forward: bool, backward: bool,
-                 is_active: Callable[[], bool], step_token: Callable[[], int]):
+    def __init__(self, collector: StepCollector, *, forward: bool, backward: bool, state: StepState):
+        """``state``: the monitor's step in progress (``new_step`` hands over each next one); hooks record
+        while its ``collecting`` is set, and a gradient hook only for the step that registered it."""
         self.collector = collector
         self.forward = forward
         self.backward = backward
-        self._is_active = is_active
-        self._step_token = step_token
+        self.state = state
         self._handles: list[Any] = []
         self._micro: list[int] = []
         self._calls: dict[str, int] = {}
-        self._fwd_rows: dict[tuple[int, int, int], tuple[weakref.ref, tuple[torch.device, int]]] = {}
-        self._bwd_names: dict[tuple[int, int, int], tuple[weakref.ref, list[tuple[str, str]]]] = {}
+        # per step, by tensor identity (few objects the garbage collector tracks: this runs per tensor)
+        self._refs: dict[int, weakref.ref] = {}
+        self._fwd_slots: dict[int, Slot] = {}
+        self._bwd_hooks: dict[int, _GradHook] = {}
         self._failed = False
         self.module_names: list[str] = []
 
@@ -118,7 +190,7 @@ class ActivationHooks:
                 spec = select(qualified)
                 if spec is None:
                     continue
-                hook = partial(self._on_forward, qualified, spec, c)
+                hook = partial(self._on_forward, _Site(qualified, spec, c, self.forward, self.backward))
                 if compiled:
                     hook = opaque_to_compiler(hook)
                 self._handles.append(module.register_forward_hook(hook, with_kwargs=True))
@@ -133,97 +205,106 @@ class ActivationHooks:
         self.module_names.clear()
         self.new_step()
 
-    def new_step(self) -> None:
-        """Forget micro-batch counters and per-step tensor identities."""
+    def new_step(self, state: StepState | None = None) -> None:
+        """Forget micro-batch counters and per-step tensor identities; ``state``: the step begun."""
+        if state is not None:
+            self.state = state
         self._micro = [-1] * len(self._micro)
         self._calls.clear()
-        self._fwd_rows.clear()
-        self._bwd_names.clear()
+        self._refs.clear()
+        self._fwd_slots.clear()
+        self._bwd_hooks.clear()
 
     # ------------------------------------------------------------------------------------------ hooks
     def _on_chunk_start(self, chunk: int, module: nn.Module, args: Any) -> None:
-        if module.training and not in_backward() and self._is_active():
+        if module.training and not in_backward() and self.state.collecting:
             self._micro[chunk] += 1
             if chunk == 0:
                 self._calls.clear()
-                self._fwd_rows.clear()
-                self._bwd_names.clear()
+                self._refs.clear()
+                self._fwd_slots.clear()
+                self._bwd_hooks.clear()
 
-    def _on_forward(self, name: str, spec: IOSpec, chunk: int, module: nn.Module, args: Any,
-                    kwargs: Any, output: Any) -> None:
-        if not module.training or not self._is_active() or in_backward():
+    def _on_forward(self, site: _Site, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+        if not module.training or not self.state.collecting or in_backward():
             return
         try:
             with tool_work():  # the monitor's own tensor work never shows up in an L1 dump
-                self._capture(name, spec, max(self._micro[chunk], 0), args, kwargs, output)
+                self._capture(site, max(self._micro[site.chunk], 0), args, kwargs, output)
         except Exception:  # never break the training step
             if not self._failed:
                 self._failed = True
-                logger.exception("monitor: activation hook of '%s' failed; activation statistics may be incomplete", name)
+                logger.exception("monitor: activation hook of '%s' failed; activation statistics may be incomplete",
+                                 site.name)
 
-    def _capture(self, name: str, spec: IOSpec, micro: int, args: Any, kwargs: Any, output: Any) -> None:
+    def _capture(self, site: _Site, micro: int, args: Any, kwargs: Any, output: Any) -> None:
+        name = site.name
         count = self._calls.get(name, 0)
         self._calls[name] = count + 1
-        base = name if count == 0 else f"{name}.call{count}"
-        ins = tensor_leaves(args) + tensor_leaves(kwargs, "")
-        outs = tensor_leaves(output)
-        if self.forward:
-            selected = _named(base, "input", _select(ins, spec.input)) + _named(base, "output", _select(outs, spec.output))
-            if selected:
-                self._record_forward(name, selected, micro)
-        if self.backward:
-            selected = (_named(base, "input", _select(ins, spec.input_grad))
-                        + _named(base, "output", _select(outs, spec.output_grad)))
-            for full, t in selected:
-                if t.requires_grad:
-                    self._register_grad(full, name, t, micro)
-
-    def _record_forward(self, module: str, selected: list[tuple[str, torch.Tensor]], micro: int) -> None:
-        todo: list[torch.Tensor] = []
-        keys: list[tuple[int, int, int]] = []
-        places: list[tuple[torch.device, int] | None] = []
-        for _, t in selected:
+        in_paths, tensors = _input_leaves(args, kwargs)
+        out_paths, outs = _output_leaves(output)
+        tensors += outs
+        collector, slots = self.collector, self._fwd_slots
+        for i, fwd_name, bwd_name in site.plan(count, in_paths, out_paths):
+            t = tensors[i]
             key = _identity(t)
-            hit = self._fwd_rows.get(key)
-            if hit is not None and hit[0]() is t:
-                places.append(hit[1])
-            else:
-                places.append(None)
-                if key not in keys:
-                    todo.append(t)
-                    keys.append(key)
-        if todo:
-            computed = self.collector.compute(todo)
-            for t, key, where in zip(todo, keys, computed):
-                self._fwd_rows[key] = (weakref.ref(t), where)
-        for (full, t), where in zip(selected, places):
-            if where is None:
-                where = self._fwd_rows[_identity(t)][1]
-            self.collector.add_entry(ACTV, full, module, micro, t.numel(), where, external=not t.requires_grad)
+            seen = self._seen(key, t)
+            if fwd_name is not None:
+                where = slots.get(key) if seen else None
+                if where is None:
+                    where = slots[key] = collector.slot(t)
+                    alias = False
+                else:
+                    alias = True
+                collector.add_entry(ACTV, fwd_name, name, micro, t.numel(), where, external=not t.requires_grad,
+                                    alias=alias)
+            if bwd_name is not None and t.requires_grad:
+                hook = self._bwd_hooks.get(key) if seen else None
+                if hook is not None:
+                    hook.names += ((bwd_name, name),)
+                else:
+                    hook = self._bwd_hooks[key] = _GradHook(self, micro, self.state, ((bwd_name, name),))
+                    t.register_hook(hook)
 
-    def _register_grad(self, full: str, module: str, t: torch.Tensor, micro: int) -> None:
-        key = _identity(t)
-        hit = self._bwd_names.get(key)
-        if hit is not None and hit[0]() is t:
-            hit[1].append((full, module))
-            return
-        names = [(full, module)]
-        self._bwd_names[key] = (weakref.ref(t), names)
-        t.register_hook(self._grad_hook(names, micro, self._step_token()))
+    def _seen(self, key: int, t: torch.Tensor) -> bool:
+        """Whether ``t`` (identity ``key``) was seen before in this step; from now on it is."""
+        ref = self._refs.get(key)
+        if ref is not None and ref() is t:
+            return True
+        self._refs[key] = weakref.ref(t)
+        self._fwd_slots.pop(key, None)  # a dead tensor's identity, reused
+        self._bwd_hooks.pop(key, None)
+        return False
 
-    def _grad_hook(self, names: list[tuple[str, str]], micro: int, token: int) -> Callable[[torch.Tensor], None]:
-        def hook(grad: torch.Tensor) -> None:
-            if token != self._step_token() or not self._is_active() or not _is_float(grad):
-                return None
-            try:
-                with tool_work():
-                    where = self.collector.compute([grad])[0]
-                for full, module in names:
-                    self.collector.add_entry(ACTV_GRAD, full, module, micro, grad.numel(), where)
-            except Exception:  # never break the backward pass
-                if not self._failed:
-                    self._failed = True
-                    logger.exception("monitor: gradient hook of '%s' failed", names[0][0])
+
+class _GradHook:
+    """The gradient hook of one activation tensor: records the gradient's statistics under each of the
+    tensor's names and returns None (the gradient flows on untouched). One object per tensor and step."""
+
+    __slots__ = ("hooks", "micro", "state", "names")
+
+    def __init__(self, hooks: ActivationHooks, micro: int, state: StepState, names: tuple[tuple[str, str], ...]):
+        self.hooks = hooks
+        self.micro = micro
+        self.state = state
+        """The step that registered the hook: a gradient computed in a later one is not its business."""
+        self.names = names
+        """(row name, module) pairs (a tuple of strings: nothing for the garbage collector to track)."""
+
+    def __call__(self, grad: torch.Tensor) -> None:
+        hooks = self.hooks
+        if hooks.state is not self.state or not self.state.collecting or not _is_float(grad):
             return None
-
-        return hook
+        try:
+            collector = hooks.collector
+            with tool_work():
+                where = collector.slot(grad)
+            numel, micro, alias = grad.numel(), self.micro, False
+            for full, module in self.names:
+                collector.add_entry(ACTV_GRAD, full, module, micro, numel, where, alias=alias)
+                alias = True
+        except Exception:  # never break the backward pass
+            if not hooks._failed:
+                hooks._failed = True
+                logger.exception("monitor: gradient hook of '%s' failed", self.names[0][0])
+        return None

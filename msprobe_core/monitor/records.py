@@ -8,8 +8,7 @@ the call order in which the monitor saw it during the step.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 ACTV = "actv"
 ACTV_GRAD = "actv_grad"
@@ -37,9 +36,10 @@ def stage_of(kind: str) -> str:
     return KIND_STAGE.get(kind, STAGE_GRADIENT)
 
 
-@dataclass(frozen=True)
-class MetricRow:
-    """One row of statistics of one tensor at one step (values follow the config's ``ops``)."""
+class MetricRow(NamedTuple):
+    """One row of statistics of one tensor at one step (values follow the config's ``ops``).
+
+    A named tuple (immutable, built by the thousand every step, so it must be cheap to make)."""
 
     kind: str
     name: str

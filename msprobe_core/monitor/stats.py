@@ -5,17 +5,27 @@ skips the NaN count where it is provably zero: a tensor whose min, max, norm or 
 NaN (each of them propagates NaN), so on the CPU, where reading a few numbers back costs nothing, the NaN
 count is only computed for rows where one of those is not finite. The result is exact. On accelerators
 the count is computed with the rest (no host sync). Statistics of sharded tensors: ``shard_stats``.
+
+``StatsEngine.host_row`` is the per-tensor path for CPU tensors the one-pass kernel reads: host floats
+straight from the kernel, no tensor made (the monitor calls it thousands of times a step).
 """
 
 from __future__ import annotations
 
+from operator import itemgetter
 from typing import Sequence
 
 import torch
 
-from msprobe_core.pytorch.tensor_stats import batched_stats, fast_cpu_stats
+from msprobe_core.pytorch.tensor_stats import (_HOST_CODES, MONITOR_OPS, _threads_for, batched_stats, fast_cpu_stats,
+                                               host_stats)
+from msprobe_core.stats.kernel import KERNEL
 
 _NAN_PROXIES = ("min", "max", "norm", "mean")
+# the float types tensor_stats.host_stats hands the kernel without a conversion, with their dtype codes
+_KERNEL_FLOATS = {dtype: _HOST_CODES[dtype] for dtype in (torch.float32, torch.float64, torch.bfloat16)}
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+_STRIDED = torch.strided
 
 
 class StatsEngine:
@@ -28,6 +38,32 @@ class StatsEngine:
         self._other_ops = tuple(op for op in self.ops if op != "nans")
         self._nans_at = self.ops.index("nans") if "nans" in self.ops else -1
         self._proxy_cols = [self._other_ops.index(op) for op in _NAN_PROXIES if op in self._other_ops]
+        self._count_eps = self.eps if "zeros" in self.ops else -1.0
+        pick = tuple(MONITOR_OPS.index(op) for op in self.ops)
+        self._project = (None if pick == tuple(range(len(MONITOR_OPS)))
+                         else itemgetter(*pick) if len(pick) > 1 else lambda full: tuple(full[i] for i in pick))
+        """``ops`` out of a row in ``MONITOR_OPS`` order (None: the same order)."""
+        self.host_rows = fast_cpu_stats()
+        """CPU tensors are summarised on the host by the one-pass kernel (``host_row``)."""
+
+    def host_row(self, t: torch.Tensor) -> tuple[float, ...] | None:
+        """The statistics of one non-empty CPU tensor as host floats in ``ops`` order (float64; the same
+        numbers ``compute`` gives before its float32 rounding), read by the one-pass kernel; None where the
+        kernel does not apply (no kernel, another device, a subclass, ...). Called once per tensor: a dense
+        float CPU tensor goes straight to the kernel, anything else through ``host_stats``."""
+        code = _KERNEL_FLOATS.get(t.dtype)
+        if (code is not None and type(t) in _PLAIN and t.is_cpu and t.layout is _STRIDED and t.is_contiguous()
+                and not t.is_neg() and not t._is_zerotensor()):
+            n = t.numel()
+            h = KERNEL.stats(t.data_ptr(), n, code, self._count_eps, _threads_for(n))
+        else:
+            h = host_stats(t, self._count_eps)
+            if h is None:
+                return None
+            n = t.numel()
+        mx, mn, total, sumsq, zeros, nans = h
+        full = (mn, mx, sumsq ** 0.5, total / n, zeros / n, nans)  # MONITOR_OPS order
+        return full if self._project is None else self._project(full)
 
     @torch.no_grad()
     def compute(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor:

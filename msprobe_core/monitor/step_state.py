@@ -14,7 +14,8 @@ class StepState:
     """One optimizer step of the monitor, from its begin to its end (or its start over)."""
 
     token: int
-    """Counts the steps begun (starting over included): activation hooks tell a stale call by it."""
+    """Counts the steps begun (starting over included). Activation hooks tell a stale gradient by the
+    state object itself (each step has its own)."""
     collecting: bool
     """This step is monitored (its statistics are recorded)."""
     contributing: bool = False

@@ -16,11 +16,17 @@ the update, ``post_optimizer_step(optimizer_step=..., skipped=...)`` after it (o
 once). ``skipped=True`` says the framework's loss scaler skipped that update (fp16 overflow): the step is
 written as usual and judged as a skipped step, its overflowed gradients are not an anomaly.
 
-Its parts, each with one responsibility: ``StepState`` (``monitor.step_state``: the step in progress, made
-new at each step boundary, so no step inherits a flag of the one before), ``CollectionSchedule`` (which
-steps), ``ActivationHooks`` (activations), a ``StateReader`` (weights, gradients, optimizer states, sharded
-or not), ``StepCollector`` (the step's statistics, one host copy), ``AnomalyDetector`` and ``AlertCenter``
-(judging and publishing), the writers, ``AnomalyCapture`` and ``MoEMonitor``; ``TrainerMon`` sequences them.
+Its parts, each with one responsibility (one a file); ``TrainerMon`` sequences them:
+
+* ``StepState`` (``step_state``): the step in progress, made new at each step boundary, so no step
+  inherits a flag of the one before; ``CollectionSchedule`` (``schedule``): which steps are monitored;
+* ``StepTriggers`` (``step_triggers``): the optimizer patches and hooks that begin and end steps;
+  ``SkippedUpdates`` (``skipped_updates``): an update a loss scaler skipped without ``optimizer.step()``;
+* ``ActivationHooks`` (``module_hooks``): activations and their gradients; ``StateRecorder``
+  (``state_recorder``): weights, gradients and optimizer moments through a ``StateReader`` (sharded or
+  not); ``StepCollector`` (``collector``): the step's statistics, one host copy;
+* ``MetricOutput`` (``step_output``): the writers; ``AnomalyDetector`` and ``AlertCenter``: judging and
+  publishing; ``AnomalyCapture`` and ``MoEMonitor``.
 
 Nothing here changes the numbers: hooks return None and never touch tensors, statistics run under
 ``no_grad`` on detached tensors, and everything of a step is copied to the host once.
@@ -42,24 +48,27 @@ from msprobe_core.errors import ConfigError
 from msprobe_core.monitor.alerts import AlertCenter, AnomalyCallback
 from msprobe_core.monitor.anomaly import Anomaly
 from msprobe_core.monitor.capture import AnomalyCapture
-from msprobe_core.monitor.detector import BACKWARD_STAGES, AnomalyDetector, SkippedStep
+from msprobe_core.monitor.detector import AnomalyDetector, SkippedStep
 from msprobe_core.monitor.collector import StepCollector
+from msprobe_core.monitor.gc_pause import gc_paused
 from msprobe_core.monitor.config import AlertConfig, MonitorConfig, load_monitor_config
-from msprobe_core.monitor.module_hooks import ActivationHooks, in_backward
+from msprobe_core.monitor.module_hooks import ActivationHooks
 from msprobe_core.monitor.native_reader import NativeShardReader, uses_native_sharding
 from msprobe_core.monitor.moe.monitor import MoEMonitor
 from msprobe_core.monitor.records import ACTV, ACTV_GRAD, EXP_AVG, EXP_AVG_SQ, GRAD, PARAM
 from msprobe_core.monitor.rules.learning_rate import learning_rates
 from msprobe_core.monitor.shard_agreement import contributes
 from msprobe_core.monitor.schedule import CollectionSchedule, ConfigWatcher, dynamic_requested
-from msprobe_core.monitor.selection import Selection, model_structure, module_names, named_parameters, owner_module
+from msprobe_core.monitor.selection import Selection, model_structure, module_names, named_parameters
+from msprobe_core.monitor.skipped_updates import SkippedUpdates
 from msprobe_core.monitor.state_readers import StateReader, TorchStateReader
-from msprobe_core.monitor.shard_stats import partials_to_ops
+from msprobe_core.monitor.state_recorder import SHARDED_KINDS, StateRecorder
 from msprobe_core.monitor.stats import StatsEngine
+from msprobe_core.monitor.step_output import MetricOutput
 from msprobe_core.monitor.step_state import StepState
-from msprobe_core.monitor.writers import ApiWriter, MetricWriter, WriterContext, make_writers
+from msprobe_core.monitor.step_triggers import StepTriggers
+from msprobe_core.monitor.writers import WriterContext
 from msprobe_core.pytorch.ranks import current_rank, rank_in
-from msprobe_core.common.patch import PatchHandle, wrap
 from msprobe_core.common.output_dir import check_output_dir
 from msprobe_core.common.rank_folder import rank_folder_name
 from msprobe_core.common.tool_guard import tool_work
@@ -88,7 +97,7 @@ class TrainerMon:
         self.config: MonitorConfig = load_monitor_config(config_file_path)
         self.process_group = process_group
         self.params_have_main_grad = params_have_main_grad
-        self.reader: StateReader = state_reader or TorchStateReader(params_have_main_grad)
+        self.recorder = StateRecorder(state_reader or TorchStateReader(params_have_main_grad))
         self._own_reader = state_reader is None  # replaced by NativeShardReader for FSDP / DTensor models
         self.rank = current_rank() or 0
         self.pp_stage = rank_in(process_group) if process_group is not None else 0
@@ -103,15 +112,13 @@ class TrainerMon:
         self.tp_group: Any = None
         self._chunks: list[nn.Module] = []
         self._optimizer: Any = None
-        self._patch: PatchHandle | None = None
+        self._triggers = StepTriggers()
+        self._skips = SkippedUpdates(self)
         self._hooks: ActivationHooks | None = None
         self._moe: MoEMonitor | None = None
-        self._params: dict[str, nn.Parameter] = {}
         self.alerts = AlertCenter(self.rank, self.rank_dir, self.output_dir)
         self.capture: AnomalyCapture | None = None
-        self._skip_hook: Any = None
-        self._zero_patch: PatchHandle | None = None
-        self._writers: list[MetricWriter] | None = None
+        self.output: MetricOutput | None = None
         self._latest: dict[str, Any] = {}
         self._step = StepState(token=0, collecting=False)  # replaced at each step boundary (_begin_step)
         self._closed = False
@@ -148,33 +155,29 @@ class TrainerMon:
         self._chunks = chunks
         if self._own_reader and uses_native_sharding(chunks):
             self.reader = NativeShardReader(chunks)
-        self._skip_hook = chunks[0].register_forward_pre_hook(self._on_forward_start, prepend=True)
         self.grad_acc_steps = grad_acc_steps
         self.dp_group, self.tp_group = dp_group, tp_group
         self.step_index = start_iteration
         self._optimizer = optimizer
-        if optimizer is not None and patch_optimizer:
-            def before(*args: Any, **kwargs: Any) -> int | None:
-                label = step_label() if step_label is not None else None
-                self.pre_optimizer_step()
-                return label
-
-            def after(label: int | None, _result: Any) -> None:
-                self.post_optimizer_step(label, skipped=step_skipped() if step_skipped is not None else None)
-
-            self._patch = wrap(optimizer, "step", before=before, after=after, where="monitor: optimizer.step",
-                               logger=logger)
-            if callable(getattr(optimizer, "zero_grad", None)):
-                self._zero_patch = wrap(optimizer, "zero_grad", before=self._on_zero_grad,
-                                        where="monitor: optimizer.zero_grad", logger=logger)
+        self._triggers.install(self, chunks, optimizer, patch_optimizer=patch_optimizer, skips=self._skips,
+                               step_label=step_label, step_skipped=step_skipped)
         if optimizer is None and self.config.mv_distribution:
             logger.warning("monitor: mv_distribution is on but set_monitor got no optimizer; moments are not read")
         self._apply_selection()
         if self.schedule.enabled:
-            self._ensure_writers()  # fail now (e.g. tensorboardX missing), not inside the training loop
+            self.output.open()  # fail now (e.g. tensorboardX missing), not inside the training loop
         if self.config.print_struct:
             self._write_structure()
         return self
+
+    @property
+    def reader(self) -> StateReader:
+        """Where gradients, weights and optimizer states are read from (``state_readers``)."""
+        return self.recorder.reader
+
+    @reader.setter
+    def reader(self, reader: StateReader) -> None:
+        self.recorder.reader = reader
 
     def set_state_reader(self, reader: StateReader, dp_group: Any = None) -> None:
         """Read gradients, weights and optimizer states through ``reader`` from now on (an integration that
@@ -196,7 +199,9 @@ class TrainerMon:
             self.capture.close()
         self.capture = AnomalyCapture(config.on_anomaly, self.output_dir, self.rank) if config.on_anomaly else None
         self.alerts.evidence = self.capture.folder_for if self.capture is not None else None
-        self._close_writers()
+        if self.output is not None:
+            self.output.close()
+        self.output = MetricOutput(config.formats, self._writer_context)
 
     def _alert_config(self) -> AlertConfig:
         alert = self.config.alert
@@ -210,7 +215,7 @@ class TrainerMon:
             self._hooks.remove()
             self._hooks = None
         selection = Selection(self.config, len(self._chunks))
-        self._params = {n: p for n, p in self.reader.named_parameters(self._chunks).items() if selection.selects_param(n)}
+        self.recorder.select(self._chunks, selection.selects_param)
         if self._chunks:
             selection.warn_unmatched(module_names(self._chunks))
         self._selection = selection
@@ -221,8 +226,7 @@ class TrainerMon:
                 and not self._closed)
         if want and self._hooks is None:
             self._hooks = ActivationHooks(self.collector, forward=self.config.xy_forward,
-                                          backward=self.config.xy_backward,
-                                          is_active=lambda: self._step.collecting, step_token=lambda: self._step.token)
+                                          backward=self.config.xy_backward, state=self._step)
             self._hooks.install(self._chunks, self._selection.module_spec)
         elif not want and self._hooks is not None:
             self._hooks.remove()
@@ -235,7 +239,7 @@ class TrainerMon:
         if hasattr(self, "_selection"):
             self._sync_hooks()
         if self._hooks is not None:
-            self._hooks.new_step()
+            self._hooks.new_step(self._step)
         if self._moe is not None:
             self._moe.new_step()
 
@@ -256,10 +260,7 @@ class TrainerMon:
         if not self._step.reading or self._step.grads_done or not self.config.wg_distribution:
             return
         with tool_work():
-            if grads is None:
-                grads = self.reader.grads(self._params)
-            order = [n for n in reversed(list(self._params)) if n in grads] + [n for n in grads if n not in self._params]
-            self._record_mapping(GRAD, {n: grads[n] for n in order})
+            self._record_mapping(GRAD, self.recorder.grads(grads))
         self._step.grads_done = True
 
     def record(self, kind: str, tensors: Mapping[str, torch.Tensor], micro_step: int | None = None,
@@ -286,7 +287,7 @@ class TrainerMon:
             with tool_work():
                 self._step.lrs = learning_rates(self._optimizer)
                 if self.config.param_distribution:
-                    self._record_mapping(PARAM, self.reader.weights(self._params))
+                    self._record_mapping(PARAM, self.recorder.weights())
                 self.collect_grads()
         except Exception:
             logger.exception("monitor: reading weights/gradients failed at step %d", self.step_index)
@@ -310,12 +311,11 @@ class TrainerMon:
                     if not self._step.pre_done:
                         self.pre_optimizer_step()
                     if self.config.mv_distribution and self._optimizer is not None:
-                        states = self.reader.optimizer_states(self._optimizer, self._params)
-                        for kind in (EXP_AVG, EXP_AVG_SQ):
-                            if kind in states:
-                                self._record_mapping(kind, states[kind])
+                        for kind, tensors in self.recorder.moments(self._optimizer).items():
+                            self._record_mapping(kind, tensors)
                     if self._step.collecting:
-                        result = self._finish_step(skipped=bool(skipped))
+                        with gc_paused():  # the step's rows are made, used and freed in here
+                            result = self._finish_step(skipped=bool(skipped))
             except Exception:
                 logger.exception("monitor: finishing step %d failed", self.step_index)
         self.step_index += 1
@@ -371,10 +371,11 @@ class TrainerMon:
         if self.capture is not None:
             self.capture.close()
         self._uninstall()
-        self._close_writers()
+        if self.output is not None:
+            self.output.close()
         self.alerts.close()
-        self._chunks, self._params, self._optimizer = [], {}, None
-        self.reader = TorchStateReader(self.params_have_main_grad)
+        self._chunks, self._optimizer = [], None
+        self.recorder = StateRecorder(TorchStateReader(self.params_have_main_grad))
         self.process_group = self.dp_group = self.tp_group = None
         try:
             cancel_close_at_exit(self.close)
@@ -403,7 +404,8 @@ class TrainerMon:
             state.contributing = contributes(state.collecting, self.config, self.dynamic, self._shard_group())
 
     def _uninstall(self) -> None:
-        for attr in ("_skip_hook", "_hooks", "_patch", "_zero_patch", "_moe"):  # each has remove(); None once removed
+        self._triggers.remove()
+        for attr in ("_hooks", "_moe"):  # each has remove(); None once removed
             handle = getattr(self, attr)
             if handle is not None:
                 handle.remove()
@@ -415,103 +417,32 @@ class TrainerMon:
             return
         if self._moe is not None:
             tensors = self._moe.rename(kind, tensors, self.reader.sharded)
-        if self.reader.sharded and kind in (GRAD, EXP_AVG, EXP_AVG_SQ, PARAM):
-            self._record_sharded(kind, tensors)
-            if self._moe is not None:  # per-expert rows of fused expert tensors from their shards
-                self._moe.record_shards(self.collector, kind, tensors, self.reader, self._params, self._shard_group(),
-                                        self._step.collecting)
-        elif self._step.collecting:
-            items = [(name, module if module is not None else owner_module(name), t) for name, t in tensors.items()
-                     if isinstance(t, torch.Tensor)]
-            self.collector.record(kind, items, micro_step)
-        if self._moe is not None and self._step.collecting:
+        collecting = self._step.collecting
+        self.recorder.record(self.collector, kind, tensors, collecting=collecting, group=self._shard_group(),
+                             micro_step=micro_step, module=module)
+        if self._moe is not None and self.reader.sharded and kind in SHARDED_KINDS:
+            # per-expert rows of fused expert tensors from their shards
+            self._moe.record_shards(self.collector, kind, tensors, self.reader, self.recorder.params,
+                                    self._shard_group(), collecting)
+        if self._moe is not None and collecting:
             self._moe.record(self.collector, kind, tensors, micro_step)
 
-    def _record_sharded(self, kind: str, tensors: Mapping[str, torch.Tensor]) -> None:
-        names = sorted(tensors)
-        combined = self.reader.combined_partials(self.engine, names, tensors, self._shard_group())
-        if not self._step.collecting:  # contributing only: the all-reduces are made, nothing is recorded
-            return
-        block = partials_to_ops(combined, self.config.ops)
-        base = self.collector.add_block(block)
-        for i, name in enumerate(names):
-            numel = self.reader.full_numel(name, self._params.get(name))
-            self.collector.add_entry(kind, name, owner_module(name), None, numel, (block.device, base + i))
-
-    def _ensure_writers(self) -> list[MetricWriter]:
-        if self._writers is None:
-            cfg = self.config
-            ctx = WriterContext(rank_dir=self.rank_dir, ops=cfg.ops, ndigits=cfg.ndigits,
-                                with_micro=self.grad_acc_steps > 1, step_count_per_record=cfg.step_count_per_record,
-                                step_interval=cfg.step_interval)
-            self._writers = make_writers(cfg.formats, ctx)
-        return self._writers
-
-    def _close_writers(self) -> None:
-        if self._writers:
-            for w in self._writers:
-                try:
-                    w.close()
-                except Exception:  # pragma: no cover
-                    logger.exception("monitor: closing a writer failed")
-        self._writers = None
+    def _writer_context(self) -> WriterContext:
+        cfg = self.config
+        return WriterContext(rank_dir=self.rank_dir, ops=cfg.ops, ndigits=cfg.ndigits, with_micro=self.grad_acc_steps > 1,
+                             step_count_per_record=cfg.step_count_per_record, step_interval=cfg.step_interval)
 
     def _finish_step(self, skipped: bool = False) -> dict[str, Any] | None:
         rows = self.collector.finalize()  # the step's one host copy
         self.schedule.collected += 1
         step = self.step_index
-        result = None
-        for w in self._ensure_writers():
-            w.write(step, rows)
-            if isinstance(w, ApiWriter):
-                self._latest = result = w.latest
+        result = self.output.write(step, rows)
+        if result is not None:
+            self._latest = result
         self.alerts.publish(self.detector.judge(self.rank, step, rows, lrs=self._step.lrs, skipped=skipped))
         if self._moe is not None:
             self.alerts.publish(self._moe.finish(self.rank, step, self.alerts.events, result))
         return result
-
-    # A skipped update: a loss scaler (torch.amp.GradScaler, a framework's own) found Inf/NaN gradients and
-    # did not call optimizer.step(). The iteration is noticed when its gradients are cleared
-    # (optimizer.zero_grad after a backward) or, failing that, when the first chunk's forward runs more
-    # than grad_acc_steps times; it is judged on its own, its overflowed gradients are not an anomaly, and
-    # the step starts over. Without Inf/NaN gradients nothing changes (statistics keep accumulating).
-    def _on_zero_grad(self, *args: Any, **kwargs: Any) -> None:
-        state = self._step
-        if (state.collecting and not state.skip_checked and state.forwards >= self.grad_acc_steps
-                and self.collector.recorded(BACKWARD_STAGES)):
-            self._close_skipped_iteration()
-
-    def _on_forward_start(self, module: nn.Module, args: Any) -> None:
-        state = self._step
-        if not module.training or not state.collecting or in_backward():
-            return
-        state.forwards += 1
-        if state.forwards > self.grad_acc_steps and not state.skip_checked and self._close_skipped_iteration():
-            self._step.forwards = 1  # this forward is the first of the step begun over
-
-    def _close_skipped_iteration(self) -> bool:
-        """If this iteration's gradients hold Inf/NaN, judge it as a skipped update and start the step over."""
-        try:
-            with tool_work():
-                overflow: list[str] = []
-                if not self.reader.sharded:  # the weight gradients, when not cleared yet (in backward order)
-                    grads = self.reader.grads(self._params)
-                    overflow = _nonfinite_names([(n, grads[n]) for n in reversed(list(self._params)) if n in grads])
-                skipped = bool(overflow) or self.collector.has_nonfinite(BACKWARD_STAGES)
-                if skipped:
-                    if self.config.param_distribution and not self.reader.sharded:  # the weights it ran with
-                        self._record_mapping(PARAM, self.reader.weights(self._params))
-                    rows = self.collector.finalize()
-                    self.alerts.publish(self.detector.judge(self.rank, self.step_index, rows, skipped=True,
-                                                            overflow=overflow))
-        except Exception:
-            logger.exception("monitor: judging a skipped update at step %d failed", self.step_index)
-            skipped = False
-        if skipped:
-            self._begin_step()
-        else:
-            self._step.skip_checked = True
-        return skipped
 
     def _poll_config(self) -> None:
         if self._watcher is None:
@@ -530,18 +461,6 @@ class TrainerMon:
         with open(path, "w", encoding="utf-8") as f:
             json.dump(model_structure(self._chunks), f, indent=1)
         logger.info("monitor: module structure of rank %d written to %s", self.rank, path)
-
-
-def _nonfinite_names(named: Sequence[tuple[str, torch.Tensor]]) -> list[str]:
-    """The names whose tensors hold a NaN or Inf, in order (one host read per device)."""
-    by_device: dict[torch.device, list[int]] = {}
-    for i, (_, t) in enumerate(named):
-        by_device.setdefault(t.device, []).append(i)
-    bad: list[int] = []
-    for idx in by_device.values():
-        finite = torch.isfinite(torch.stack(torch._foreach_norm([named[i][1] for i in idx]))).tolist()
-        bad.extend(i for i, ok in zip(idx, finite) if not ok)
-    return [named[i][0] for i in sorted(bad)]
 
 
 def _looks_like_optimizer(obj: Any) -> bool:

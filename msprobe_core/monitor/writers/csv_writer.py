@@ -9,6 +9,7 @@ flushed after every step.
 from __future__ import annotations
 
 import csv
+import io
 from dataclasses import dataclass
 from typing import IO, Sequence
 
@@ -33,21 +34,33 @@ class CsvWriter(MetricWriter):
         self._files: dict[str, _OpenFile] = {}
         self._fmt = f"%.{context.ndigits}g"
         self._row_fmts: dict[int, str] = {}
+        self._fields: dict[str, str] = {}
 
     def write(self, step: int, rows: Sequence[MetricRow]) -> None:
-        row_fmts = self._row_fmts
+        # one %-format per row ("%.Ng" is "{:.Ng}" for every float, nan and inf included), the lines of a
+        # kind joined and written at once: the bytes csv.writer would write, without a call per row
+        lines: dict[str, tuple[_OpenFile, list[str]]] = {}
+        row_fmts, fields = self._row_fmts, self._fields
         for row in rows:
-            f = self._file(row.kind, step, row.micro_step is not None)
-            # one %-format per row ("%.Ng" is "{:.Ng}" for every float, nan and inf included), split on commas
-            n = len(row.values)
+            kind = row.kind
+            at = lines.get(kind)
+            if at is None:
+                at = lines[kind] = (self._file(kind, step, row.micro_step is not None), [])
+            values = row.values
+            n = len(values)
             row_fmt = row_fmts.get(n)
             if row_fmt is None:
                 row_fmt = row_fmts[n] = ",".join([self._fmt] * n)
-            values = (row_fmt % tuple(row.values)).split(",") if n else []
-            if f.with_micro:
-                f.writer.writerow([row.name, step, -1 if row.micro_step is None else row.micro_step, *values])
+            name = fields.get(row.name)
+            if name is None:
+                name = fields[row.name] = _field(row.name)
+            if at[0].with_micro:
+                micro = -1 if row.micro_step is None else row.micro_step
+                at[1].append(f"{name},{step},{micro},{row_fmt % tuple(values)}\r\n" if n else f"{name},{step},{micro}\r\n")
             else:
-                f.writer.writerow([row.name, step, *values])
+                at[1].append(f"{name},{step},{row_fmt % tuple(values)}\r\n" if n else f"{name},{step}\r\n")
+        for f, text in lines.values():
+            f.handle.write("".join(text))
         self.flush()
 
     def _file(self, kind: str, step: int, micro: bool) -> _OpenFile:
@@ -77,3 +90,13 @@ class CsvWriter(MetricWriter):
         for f in self._files.values():
             f.handle.close()
         self._files.clear()
+
+
+def _field(name: str) -> str:
+    """``name`` as ``csv.writer`` writes a field of a row (quoted where it holds a delimiter, a quote, a line
+    break; an empty field stays empty)."""
+    if not name:
+        return ""
+    out = io.StringIO()
+    csv.writer(out).writerow([name])
+    return out.getvalue()[:-2]  # less the "\r\n" line end

@@ -1,0 +1,132 @@
+"""The per-record path of the monitor: ``StepCollector`` rows, the kernel's host rows against the device
+path, the CSV lines against ``csv.writer``, the NaN/Inf shortcut of the detector and ``gc_paused``."""
+
+from __future__ import annotations
+
+import csv
+import gc
+import io
+import math
+
+import pytest
+import torch
+
+from msprobe_core.monitor.collector import StepCollector
+from msprobe_core.monitor.config import AlertConfig
+from msprobe_core.monitor.detector import AnomalyDetector
+from msprobe_core.monitor.gc_pause import gc_paused
+from msprobe_core.monitor.records import MetricRow
+from msprobe_core.monitor.stats import StatsEngine
+from msprobe_core.monitor.writers.base import WriterContext
+from msprobe_core.monitor.writers.csv_writer import CsvWriter, _field
+
+OPS = ("min", "max", "norm", "mean", "zeros", "nans")
+
+
+def _engine(ops=OPS) -> StatsEngine:
+    return StatsEngine(ops, 1e-8)
+
+
+def test_rows_carry_every_field_in_call_order_with_aliases():
+    c = StepCollector(_engine())
+    a, b = torch.randn(3, 4), torch.randn(5)
+    w = c.slot(a)
+    c.add_entry("actv", "m.output", "m", 0, a.numel(), w)
+    c.add_entry("actv", "n.input", "n", 0, a.numel(), w)  # the same tensor seen again: an alias
+    c.record("grad", [("p.weight", "p", b), ("p.empty", "p", torch.empty(0))])
+    c.add_entry("actv", "x.input", "x", 1, 4, c.slot(torch.ones(4)), external=True, alias=False)
+    rows = c.finalize()
+    assert [r.name for r in rows] == ["m.output", "n.input", "p.weight", "x.input"]
+    assert all(type(r) is MetricRow for r in rows)
+    assert [r.call_id for r in rows] == [0, 1, 2, 3]
+    assert [r.alias for r in rows] == [False, True, False, False]
+    assert [r.external for r in rows] == [False, False, False, True]
+    assert (rows[0].kind, rows[0].module, rows[0].micro_step, rows[0].numel) == ("actv", "m", 0, 12)
+    assert (rows[2].kind, rows[2].micro_step, rows[2].numel) == ("grad", None, 5)
+    assert rows[0].values == rows[1].values and len(rows[0].values) == len(OPS)
+    assert len(c) == 0 and c.finalize() == []
+
+
+@pytest.mark.parametrize("ops", [OPS, ("norm",), ("nans", "min", "zeros")])
+def test_kernel_rows_equal_the_device_path_after_float32_rounding(ops):
+    engine = _engine(ops)
+    if not engine.host_rows:
+        pytest.skip("the one-pass kernel is not built")
+    g = torch.Generator().manual_seed(0)
+    tensors = [torch.randn(33, 7, generator=g), torch.randn(64, generator=g, dtype=torch.float64),
+               torch.randn(8, 8, generator=g).to(torch.bfloat16), torch.randn(6, 5, generator=g).t(),
+               torch.tensor([0.0, math.nan, 1.0, -2.0])]
+    c = StepCollector(engine)
+    c.record("param", [(f"t{i}", "m", t) for i, t in enumerate(tensors)])
+    got = [list(r.values) for r in c.finalize()]
+    want = engine.compute(tensors).tolist()
+    assert repr(got) == repr(want)  # nan-aware and bit for bit
+
+
+def test_has_nonfinite_and_recorded_look_at_the_stages_asked():
+    c = StepCollector(_engine())
+    c.record("actv", [("a.output", "a", torch.tensor([1.0, math.inf]))])
+    assert not c.recorded(("backward", "gradient")) and c.recorded(("forward",))
+    assert not c.has_nonfinite(("backward", "gradient")) and c.has_nonfinite(("forward",))
+    c.record("grad", [("w", "m", torch.tensor([math.nan, 1.0]))])
+    assert c.has_nonfinite(("gradient",))
+
+
+@pytest.mark.parametrize("name", ["a.b", "a,b", 'a"b', "a\nb", "a\rb", " x", ""])
+def test_csv_fields_are_quoted_as_csv_writer_quotes_them(name):
+    out = io.StringIO()
+    csv.writer(out).writerow([name, 3, "1.5"])
+    assert _field(name) + ",3,1.5\r\n" == out.getvalue()
+
+
+def test_csv_writer_writes_the_bytes_csv_writer_would(tmp_path):
+    w = CsvWriter(WriterContext(rank_dir=tmp_path, ops=("min", "norm"), ndigits=4, with_micro=True))
+    rows = [MetricRow("actv", "l,1.output", "l,1", 0, 0, 4, (1.0, math.nan)),
+            MetricRow("grad", "w", "m", None, 1, 4, (-math.inf, 1.23456789e-7)),
+            MetricRow("actv", "l2.output", "l2", 1, 2, 4, (2.5, 3.0))]
+    w.write(7, rows)
+    w.close()
+    want = io.StringIO()
+    cw = csv.writer(want)
+    cw.writerow(["name", "step", "micro_step", "min", "norm"])
+    for r in (rows[0], rows[2]):
+        cw.writerow([r.name, 7, r.micro_step, *[f"{v:.4g}" for v in r.values]])
+    assert (tmp_path / "actv_7-7.csv").read_bytes().decode() == want.getvalue()
+    # a kind's first row decides whether its file has a micro_step column (grad: none)
+    assert (tmp_path / "grad_7-7.csv").read_bytes().decode() == "name,step,min,norm\r\nw,7,-inf,1.235e-07\r\n"
+
+
+def _rows(values, external=False):
+    return [MetricRow("actv", f"m{i}.output", f"m{i}", 0, i, 4, v, external=external) for i, v in enumerate(values)]
+
+
+@pytest.mark.parametrize("values, external", [
+    ([(0.0, 1.0, 2.0, 0.5, 0.0, 0.0)] * 3, False),
+    ([(0.0, 1.0, 2.0, 0.5, 0.0, 0.0), (-math.inf, 1.0, math.inf, -math.inf, 0.0, 0.0)], True),
+    ([(0.0, 1.0, 2.0, 0.5, 0.0, 0.0), (math.nan, math.nan, math.nan, math.nan, 0.0, 2.0)], False),
+    ([(3e38, 3e38, 3e38, 3e38, 0.0, 0.0)] * 4, False),  # the sum overflows: judged row by row
+])
+def test_the_all_finite_shortcut_finds_what_row_by_row_finds(values, external):
+    found = []
+    for shortcut in (True, False):
+        det = AnomalyDetector(AlertConfig(enabled=True), OPS)
+        if not shortcut:
+            det._all_finite = lambda rows: False
+        found.append([(a.name, a.metric) for a in det.check(0, 1, _rows(values, external))])
+    assert found[0] == found[1]
+
+
+def test_gc_paused_restores_the_collector_also_on_error():
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError):
+        with gc_paused():
+            assert not gc.isenabled()
+            raise RuntimeError("boom")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with gc_paused():
+            pass
+        assert not gc.isenabled()  # left as it was
+    finally:
+        gc.enable()
