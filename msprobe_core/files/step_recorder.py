@@ -49,10 +49,12 @@ _MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
 
 
 class EncodedRecord:
-    """A finished record already encoded as JSON ``text`` (written as is into the JSON file). Finished
-    records are encoded when they are journaled: the training process then holds one string per record
-    instead of a tree of dicts and lists, which keeps Python's garbage collector from rescanning them all
-    step long."""
+    """A value already encoded as JSON ``text`` (written as is into the JSON file): stack.json's entries.
+
+    Finished records of ``StepRecorder.data`` are held as their JSON text itself, a plain ``str`` (a record
+    is never a string: it is a dict or a list): the training process then holds one string per record
+    instead of a tree of dicts and lists, and a string is no object Python's garbage collector tracks, so
+    the records of a long step do not make its full collections (which scan the whole heap) more frequent."""
 
     __slots__ = ("text",)
 
@@ -64,6 +66,11 @@ def _encode_value(v: Any) -> str:
     return v.text if type(v) is EncodedRecord else _encode(v)
 
 
+def _encode_record(v: Any) -> str:
+    """A record of "data": a ``str`` is its JSON text already (``StepRecorder.sync_journal``)."""
+    return v if type(v) is str else _encode_value(v)
+
+
 def dumps_by_line(obj: Any) -> str:
     """JSON with one line per entry of the top level and of its "data" object: as readable as an
     indented file for a person scrolling records, and written by the C encoder (10x faster)."""
@@ -72,7 +79,7 @@ def dumps_by_line(obj: Any) -> str:
     parts = []
     for key, value in obj.items():
         if key == "data" and isinstance(value, dict) and value:
-            inner = ",\n".join(f"  {_encode(k)}: {_encode_value(v)}" for k, v in value.items())
+            inner = ",\n".join(f"  {_encode(k)}: {_encode_record(v)}" for k, v in value.items())
             parts.append(f" {_encode(key)}: {{\n{inner}\n }}")
         else:
             parts.append(f" {_encode(key)}: {_encode_value(value)}")
@@ -215,7 +222,7 @@ class StepRecorder:
                     name, record = e[1], e[3]
                     text = _encode(record)
                     if data.get(name) is record:
-                        data[name] = EncodedRecord(text)
+                        data[name] = text
                     e = queued[i] = ("j", name, e[2], text)
                 body = _marshal(e)
                 add(_pack_len(len(body)))
@@ -327,13 +334,13 @@ class StepRecorder:
         counts them (``lost_tensor_files``)."""
         lost = 0
         for name, record in self.data.items():
-            encoded = type(record) is EncodedRecord
-            if encoded and '"data_name"' not in record.text:
+            encoded = type(record) is str
+            if encoded and '"data_name"' not in record:
                 continue
-            value = json.loads(record.text) if encoded else record
+            value = json.loads(record) if encoded else record
             dropped = _drop_missing_files(value, self.tensor_dir)
             if dropped and encoded:
-                self.data[name] = EncodedRecord(_encode(value))
+                self.data[name] = _encode(value)
             lost += dropped
         if lost:
             self.set_header("lost_tensor_files", self.header.get("lost_tensor_files", 0) + lost)
