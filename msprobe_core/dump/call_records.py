@@ -28,6 +28,15 @@ _RAW_INPUTS = "#inputs"   # overflow_check: a call's inputs, summarized once the
 _INPUT_FLAGS = "#flags"   # overflow_check: whether each input held Inf/NaN when the call started
 
 
+_NO_SIZES = (0, 0)
+
+
+def _backward_skeleton(sizes: Optional[tuple[int, int]]) -> dict[str, list]:
+    """A backward record before its gradients: ``sizes`` (its forward's output and input tensors) slots each."""
+    n_in, n_out = sizes if sizes is not None else (0, 0)
+    return {"input": [None] * n_in, "output": [None] * n_out}
+
+
 @dataclass(slots=True, eq=False)
 class Call:
     """A recorded forward call between its start and its end."""
@@ -67,7 +76,9 @@ class CallRecords:
     _counters: dict[str, int]             # per step: calls per API/module name
     _module_stack: list[str]              # per step: the forward modules open now (construct.json)
     _module_calls: dict[int, list[Optional[Call]]]  # per step: each module's open calls
-    _bwd_sizes: dict[str, list[int]]      # per step: backward hooks still expected per record
+    _bwd_sizes: dict[str, tuple[int, int]]  # per step: a backward record's (input, output) gradients expected
+    _hook_fns: dict[tuple, Callable]      # the module hooks, made once (``_hook_fn``)
+    _grad_hook: Callable                  # ``_on_grad``, bound once
     _recorded_modules: set[str]           # per step: modules whose parameters' gradients are hooked
     _forward_handles: list[Any]           # removed at stop()
     _step_handles: list[Any]              # removed at step()
@@ -121,7 +132,7 @@ class CallRecords:
         call = Call(name, backward, seq, record, save, parent, self.selection.backward and grad_enabled)
         if call.grad:
             tensors = self._tensors_in((args, kwargs))
-            self._bwd_sizes.setdefault(backward, [0, 0])[1] = len(tensors)
+            self._bwd_sizes[backward] = (self._bwd_sizes.get(backward, _NO_SIZES)[0], len(tensors))
             if self.selection.keeps("backward", "output"):
                 self._prepare_backward(call, tensors)
         if not overflow and self.cfg.extra_info:
@@ -164,12 +175,12 @@ class CallRecords:
             rec.put_parent(call.name, call.parent)
         tensors = self._tensors_in(outputs)
         if self.selection.backward and grad_enabled:
-            self._bwd_sizes.setdefault(call.backward, [0, 0])[0] = len(tensors)
+            self._bwd_sizes[call.backward] = (len(tensors), self._bwd_sizes.get(call.backward, _NO_SIZES)[1])
             if self.selection.keeps("backward", "input"):
                 parent = call.backward_parent()
                 for i, t in enumerate(tensors):
                     if self._wants_grad(t):
-                        self._hook_tensor_grad(t, partial(self._on_grad, call.backward, "input", i, call.save, parent))
+                        self._hook_tensor_grad(t, partial(self._grad_hook, call.backward, "input", i, call.save, parent))
         self._sync(record_on_device=self._on_device(tensors))
 
     def _overflowed(self, input_flags: list, outputs: list) -> bool:
@@ -197,12 +208,14 @@ class CallRecords:
             if self._overflow_check and self._skips_grad(grad):
                 return None
             summary = self.summarizer.summarize(grad, f"{backward}.{field}.{index}" if save else None, save)
-            sizes = self._bwd_sizes.get(backward, [0, 0])
+            sizes = self._bwd_sizes.get(backward)
             fresh = backward not in rec.data
-            rec.put_field(backward, [field, index], summary,
-                          lambda: {"input": [None] * sizes[0], "output": [None] * sizes[1]})
+            record = rec.put_field(backward, [field, index], summary, lambda: _backward_skeleton(sizes))
             if fresh and self._construct:
                 rec.put_parent(backward, parent)
+            if sizes is not None and None not in record["input"] and None not in record["output"] \
+                    and len(record["input"]) == sizes[0] and len(record["output"]) == sizes[1]:
+                rec.seal(backward)
             self._sync(record_on_device=self._on_device([grad]))
         return None
 
@@ -227,14 +240,26 @@ class CallRecords:
         """Record ``module``'s forward, backward and parameter gradients under ``base``; returns the
         forward hook handles (also removed by stop())."""
         handles = [
-            module.register_forward_pre_hook(self._opaque(partial(self._module_pre, base, exclusive)), with_kwargs=True),
-            module.register_forward_hook(self._opaque(partial(self._module_post, base)), with_kwargs=True),
+            module.register_forward_pre_hook(self._opaque(self._hook_fn(self._module_pre, base, exclusive)),
+                                             with_kwargs=True),
+            module.register_forward_hook(self._opaque(self._hook_fn(self._module_post, base)), with_kwargs=True),
         ]
         self._forward_handles.extend(handles)
         if self.selection.backward:
-            for pname, p in self._grad_parameters(module):
-                self._hook_param_grad(p, partial(self._on_param_grad, base, pname))
+            params = self._grad_parameters(module)
+            for pname, p in params:
+                self._hook_param_grad(p, self._hook_fn(self._on_param_grad, base, pname, len(params)))
         return handles
+
+    def _hook_fn(self, method: Callable, *args: Any) -> Callable:
+        """``partial(method, *args)``, made once per process: the module hooks installed at every start()
+        then make no new objects step after step (objects that live until the backward would be promoted to
+        the garbage collector's oldest generation and make its full collections frequent)."""
+        key = (method, *args)
+        fn = self._hook_fns.get(key)
+        if fn is None:
+            fn = self._hook_fns[key] = partial(method, *args)
+        return fn
 
     def _module_pre(self, base: str, exclusive: bool, module: Any, args: tuple, kwargs: dict):
         if _thread_id() != self._thread:  # another thread's call: neither recorded nor in the call stacks
@@ -282,7 +307,7 @@ class CallRecords:
                 self.selection.call_finished(call.name)
         return None
 
-    def _on_param_grad(self, base: str, pname: str, grad: Any) -> None:
+    def _on_param_grad(self, base: str, pname: str, count: int, grad: Any) -> None:
         rec = self.recorder
         if rec is None or grad is None or base not in self._recorded_modules:
             return None
@@ -295,7 +320,8 @@ class CallRecords:
                 return None
             save = self._saves or self.selection.saves_tensor(name)
             summary = self.summarizer.summarize(grad, f"{name}.{pname}" if save else None, save)
-            rec.put_field(name, [pname, 0], summary, dict)
+            if len(rec.put_field(name, [pname, 0], summary, dict)) == count:  # each of the module's parameters'
+                rec.seal(name)
             self._sync(record_on_device=self._on_device([grad]))
         return None
 

@@ -95,7 +95,9 @@ class DumpServiceBase(CallRecords, UserApi, DumpBackend):
         self._counters: dict[str, int] = {}
         self._module_stack: list[str] = []
         self._module_calls: dict[int, list[Optional[Call]]] = {}
-        self._bwd_sizes: dict[str, list[int]] = {}
+        self._bwd_sizes: dict[str, tuple[int, int]] = {}
+        self._hook_fns: dict[tuple, Any] = {}
+        self._grad_hook = self._on_grad
         self._forward_handles: list[Any] = []   # removed at stop()
         self._step_handles: list[Any] = []      # gradient hooks: removed at step()
         self._hooked_models: list[Any] = []

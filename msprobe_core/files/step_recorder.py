@@ -218,6 +218,11 @@ class StepRecorder:
             add = frames.append
             data = self.data
             for i, e in enumerate(queued):
+                if e[0] == "Z":  # a record filled in over time is complete: held as its JSON text from now on
+                    record = data.get(e[1])
+                    if record is not None and type(record) is not str:
+                        data[e[1]] = _encode(record)
+                    continue
                 if e[0] == "R":  # a finished record: from now on held (and journaled) as its JSON text
                     name, record = e[1], e[3]
                     text = _encode(record)
@@ -247,9 +252,12 @@ class StepRecorder:
         self.data[name] = record
         self._append(("R", name, seq, record))
 
-    def put_field(self, name: str, path: Sequence[Any], value: Any, skeleton: Callable[[], Any]) -> None:
-        """Set one field of a record that fills in over time (backward grads, parameter grads)."""
+    def put_field(self, name: str, path: Sequence[Any], value: Any, skeleton: Callable[[], Any]) -> Any:
+        """Set one field of a record that fills in over time (backward grads, parameter grads); returns the
+        record (``seal`` it once complete)."""
         record = self.data.get(name)
+        if type(record) is str:  # sealed, and a field comes again (a second backward over the same graph)
+            record = self.data[name] = json.loads(record)
         if record is None:
             record = skeleton()
             seq = self.reserve(name)
@@ -265,6 +273,14 @@ class StepRecorder:
                 target.append(None)
         target[last] = value
         self._append(("f", name, list(path), value))
+        return record
+
+    def seal(self, name: str) -> None:
+        """``name``'s record (filled in by ``put_field``) is complete: from the next ``sync_journal`` on (its
+        statistics are then resolved) it is held as its JSON text, like a record given to ``put``. Nothing
+        is journaled for it."""
+        if self._journal is not None:
+            self._queued.append(("Z", name))
 
     def put_stack(self, name: str, stack: CallStack) -> None:
         """``name``'s call stack (journaled once per distinct stack, then by its id)."""

@@ -35,6 +35,22 @@ its statistics are reused a record later). Bounded, so that its entries die youn
 would be promoted to the garbage collector's oldest generation by the ten thousand and make its full
 collections (which scan the whole heap) frequent. A version seen again after it fell out is summarized
 again, to the same values."""
+_SHAPES: dict[tuple, tuple] = {}  # one tuple per shape seen (4,096 at most)
+
+
+def _shape(size: torch.Size) -> tuple:
+    """``size`` as the one plain tuple of that shape (JSON writes it as a list). Shared, it is left untracked by
+    the garbage collector after its first pass, and so are the summaries holding it (dicts of strings,
+    numbers and untracked tuples): the records a step holds until its backward add nothing to collect."""
+    shape = _SHAPES.get(size)
+    if shape is None:
+        if len(_SHAPES) >= 4096:
+            _SHAPES.clear()
+        shape = tuple(size)
+        _SHAPES[shape] = shape
+    return shape
+
+
 _ProcessGroup = getattr(torch.distributed, "ProcessGroup", None) if torch.distributed.is_available() else None
 _GROUPS: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()  # group -> its description
 
@@ -102,7 +118,7 @@ class Summarizer(SummarizerBase):
         # a tensor the dump cannot read (odd_tensors): nothing reads its memory, the record says why
         if type(t) in PLAIN_TYPES and t.layout is _strided and dtype not in QUANTIZED_DTYPES and (t.is_cpu or t.is_cuda):
             try:
-                shape = list(t.shape)
+                shape = _shape(t.shape)
             except RuntimeError:  # a nested tensor has no shape
                 return self._unsupported(t, name, unsupported_reason(t) or "tensor without a shape")
         else:
