@@ -18,6 +18,7 @@ from msprobe_core.log import setup_logging
 if TYPE_CHECKING:
     from msprobe_core.dump.config import DumpConfig
     from msprobe_core.dump.selection import RecordSelection
+    from msprobe_core.dump.step_state import StepState
     from msprobe_core.files.step_recorder import StepRecorder
 
 logger = setup_logging()
@@ -73,13 +74,9 @@ class CallRecords:
     _overflow_check: bool
     _overflows: int                       # overflow_check: calls kept so far
     _token_ok: bool                       # inside start()'s token_range
-    _counters: dict[str, int]             # per step: calls per API/module name
-    _module_stack: list[str]              # per step: the forward modules open now (construct.json)
-    _module_calls: dict[int, list[Optional[Call]]]  # per step: each module's open calls
-    _bwd_sizes: dict[str, tuple[int, int]]  # per step: a backward record's (input, output) gradients expected
+    step_state: StepState                 # the open step's counters, open modules and calls
     _hook_fns: dict[tuple, Callable]      # the module hooks, made once (``_hook_fn``)
     _grad_hook: Callable                  # ``_on_grad``, bound once
-    _recorded_modules: set[str]           # per step: modules whose parameters' gradients are hooked
     _forward_handles: list[Any]           # removed at stop()
     _step_handles: list[Any]              # removed at step()
     _hooked_models: list[Any]
@@ -87,8 +84,9 @@ class CallRecords:
     # ================================================================== L1 APIs
     def _on_api_call(self, original: Callable, prefix: str, api: str, args: tuple, kwargs: dict):
         key = f"{prefix}.{api}"
-        n = self._counters.get(key, 0)
-        self._counters[key] = n + 1
+        state = self.step_state
+        n = state.counters.get(key, 0)
+        state.counters[key] = n + 1
         name = f"{key}.{n}.forward"
         tls = self._tls
         tls.depth += 1
@@ -96,7 +94,7 @@ class CallRecords:
             call = None
             if self.selection.record(name):
                 try:
-                    parent = self._module_stack[-1] if (self._construct and self._module_stack) else None
+                    parent = state.module_stack[-1] if (self._construct and state.module_stack) else None
                     call = self._begin(name, f"{key}.{n}.backward", args, kwargs, parent)
                     args, kwargs = self._call_inputs(call, args, kwargs, api)
                 except Exception as e:  # the tool must never break the user's call
@@ -132,7 +130,8 @@ class CallRecords:
         call = Call(name, backward, seq, record, save, parent, self.selection.backward and grad_enabled)
         if call.grad:
             tensors = self._tensors_in((args, kwargs))
-            self._bwd_sizes[backward] = (self._bwd_sizes.get(backward, _NO_SIZES)[0], len(tensors))
+            sizes = self.step_state.bwd_sizes
+            sizes[backward] = (sizes.get(backward, _NO_SIZES)[0], len(tensors))
             if self.selection.keeps("backward", "output"):
                 self._prepare_backward(call, tensors)
         if not overflow and self.cfg.extra_info:
@@ -175,7 +174,8 @@ class CallRecords:
             rec.put_parent(call.name, call.parent)
         tensors = self._tensors_in(outputs)
         if self.selection.backward and grad_enabled:
-            self._bwd_sizes[call.backward] = (len(tensors), self._bwd_sizes.get(call.backward, _NO_SIZES)[1])
+            sizes = self.step_state.bwd_sizes
+            sizes[call.backward] = (len(tensors), sizes.get(call.backward, _NO_SIZES)[1])
             if self.selection.keeps("backward", "input"):
                 parent = call.backward_parent()
                 for i, t in enumerate(tensors):
@@ -208,7 +208,7 @@ class CallRecords:
             if self._overflow_check and self._skips_grad(grad):
                 return None
             summary = self.summarizer.summarize(grad, f"{backward}.{field}.{index}" if save else None, save)
-            sizes = self._bwd_sizes.get(backward)
+            sizes = self.step_state.bwd_sizes.get(backward)
             fresh = backward not in rec.data
             record = rec.put_field(backward, [field, index], summary, lambda: _backward_skeleton(sizes))
             if fresh and self._construct:
@@ -266,26 +266,27 @@ class CallRecords:
             self._other_thread()
             return None
         allowed = self._may_record_exclusive() if exclusive else self.should_record()
-        calls = self._module_calls.get(id(module))
+        state = self.step_state
+        calls = state.module_calls.get(id(module))
         if calls is None:
-            calls = self._module_calls[id(module)] = []
+            calls = state.module_calls[id(module)] = []
         if not allowed:
             calls.append(SKIPPED)
             return None
         calls.append(SKIPPED)  # replaced below once the call is set up
         new_args = new_kwargs = None
         with self._own(base):
-            n = self._counters.get(base, 0)
-            self._counters[base] = n + 1
+            n = state.counters.get(base, 0)
+            state.counters[base] = n + 1
             name = f"{base}.forward.{n}"
             call = None
             if self.selection.record(name):
-                parent = self._module_stack[-1] if self._module_stack else None
+                parent = state.module_stack[-1] if state.module_stack else None
                 call = self._begin(name, f"{base}.backward.{n}", args, kwargs, parent, self._own_parameters(module))
-                self._recorded_modules.add(base)
+                state.recorded_modules.add(base)
                 new_args, new_kwargs = self._call_inputs(call, args, kwargs, "")
             calls[-1] = call
-            self._module_stack.append(name)
+            state.module_stack.append(name)
         if new_args is not None and (new_args is not args or new_kwargs is not kwargs):
             return new_args, new_kwargs  # the module runs on what _call_inputs gave
         return None
@@ -293,15 +294,15 @@ class CallRecords:
     def _module_post(self, base: str, module: Any, args: tuple, kwargs: dict, output: Any):
         if _thread_id() != self._thread:
             return None
-        calls = self._module_calls.get(id(module))
+        calls = self.step_state.module_calls.get(id(module))
         if not calls:
             return None
         call = calls.pop()
         if call is SKIPPED:
             return None
         with self._own(base):
-            if self._module_stack:
-                self._module_stack.pop()
+            if self.step_state.module_stack:
+                self.step_state.module_stack.pop()
             if call is not None:
                 self._end(call, output)
                 self.selection.call_finished(call.name)
@@ -309,12 +310,12 @@ class CallRecords:
 
     def _on_param_grad(self, base: str, pname: str, count: int, grad: Any) -> None:
         rec = self.recorder
-        if rec is None or grad is None or base not in self._recorded_modules:
+        if rec is None or grad is None or base not in self.step_state.recorded_modules:
             return None
         with self._own(base), self._quiet():
             key = f"{base}#{pname}"
-            k = self._counters.get(key, 0)
-            self._counters[key] = k + 1
+            k = self.step_state.counters.get(key, 0)
+            self.step_state.counters[key] = k + 1
             name = f"{base}.parameters_grad.{k}"
             if self._overflow_check and self._skips_grad(grad):
                 return None
