@@ -18,6 +18,7 @@ from msprobe_core.log import setup_logging
 if TYPE_CHECKING:
     from msprobe_core.dump.config import DumpConfig
     from msprobe_core.dump.selection import RecordSelection
+    from msprobe_core.dump.step_state import StepState
     from msprobe_core.files.step_recorder import StepRecorder
 
 logger = setup_logging()
@@ -26,6 +27,15 @@ _thread_id = threading.get_ident
 SKIPPED = object()  # a module call the tool did not look at (not recording, or nested in a recorded API)
 _RAW_INPUTS = "#inputs"   # overflow_check: a call's inputs, summarized once the call is known to overflow
 _INPUT_FLAGS = "#flags"   # overflow_check: whether each input held Inf/NaN when the call started
+
+
+_NO_SIZES = (0, 0)
+
+
+def _backward_skeleton(sizes: Optional[tuple[int, int]]) -> dict[str, list]:
+    """A backward record before its gradients: ``sizes`` (its forward's output and input tensors) slots each."""
+    n_in, n_out = sizes if sizes is not None else (0, 0)
+    return {"input": [None] * n_in, "output": [None] * n_out}
 
 
 @dataclass(slots=True, eq=False)
@@ -64,11 +74,9 @@ class CallRecords:
     _overflow_check: bool
     _overflows: int                       # overflow_check: calls kept so far
     _token_ok: bool                       # inside start()'s token_range
-    _counters: dict[str, int]             # per step: calls per API/module name
-    _module_stack: list[str]              # per step: the forward modules open now (construct.json)
-    _module_calls: dict[int, list[Optional[Call]]]  # per step: each module's open calls
-    _bwd_sizes: dict[str, list[int]]      # per step: backward hooks still expected per record
-    _recorded_modules: set[str]           # per step: modules whose parameters' gradients are hooked
+    step_state: StepState                 # the open step's counters, open modules and calls
+    _hook_fns: dict[tuple, Callable]      # the module hooks, made once (``_hook_fn``)
+    _grad_hook: Callable                  # ``_on_grad``, bound once
     _forward_handles: list[Any]           # removed at stop()
     _step_handles: list[Any]              # removed at step()
     _hooked_models: list[Any]
@@ -76,8 +84,9 @@ class CallRecords:
     # ================================================================== L1 APIs
     def _on_api_call(self, original: Callable, prefix: str, api: str, args: tuple, kwargs: dict):
         key = f"{prefix}.{api}"
-        n = self._counters.get(key, 0)
-        self._counters[key] = n + 1
+        state = self.step_state
+        n = state.counters.get(key, 0)
+        state.counters[key] = n + 1
         name = f"{key}.{n}.forward"
         tls = self._tls
         tls.depth += 1
@@ -85,7 +94,7 @@ class CallRecords:
             call = None
             if self.selection.record(name):
                 try:
-                    parent = self._module_stack[-1] if (self._construct and self._module_stack) else None
+                    parent = state.module_stack[-1] if (self._construct and state.module_stack) else None
                     call = self._begin(name, f"{key}.{n}.backward", args, kwargs, parent)
                     args, kwargs = self._call_inputs(call, args, kwargs, api)
                 except Exception as e:  # the tool must never break the user's call
@@ -121,7 +130,8 @@ class CallRecords:
         call = Call(name, backward, seq, record, save, parent, self.selection.backward and grad_enabled)
         if call.grad:
             tensors = self._tensors_in((args, kwargs))
-            self._bwd_sizes.setdefault(backward, [0, 0])[1] = len(tensors)
+            sizes = self.step_state.bwd_sizes
+            sizes[backward] = (sizes.get(backward, _NO_SIZES)[0], len(tensors))
             if self.selection.keeps("backward", "output"):
                 self._prepare_backward(call, tensors)
         if not overflow and self.cfg.extra_info:
@@ -164,12 +174,13 @@ class CallRecords:
             rec.put_parent(call.name, call.parent)
         tensors = self._tensors_in(outputs)
         if self.selection.backward and grad_enabled:
-            self._bwd_sizes.setdefault(call.backward, [0, 0])[0] = len(tensors)
+            sizes = self.step_state.bwd_sizes
+            sizes[call.backward] = (len(tensors), sizes.get(call.backward, _NO_SIZES)[1])
             if self.selection.keeps("backward", "input"):
                 parent = call.backward_parent()
                 for i, t in enumerate(tensors):
                     if self._wants_grad(t):
-                        self._hook_tensor_grad(t, partial(self._on_grad, call.backward, "input", i, call.save, parent))
+                        self._hook_tensor_grad(t, partial(self._grad_hook, call.backward, "input", i, call.save, parent))
         self._sync(record_on_device=self._on_device(tensors))
 
     def _overflowed(self, input_flags: list, outputs: list) -> bool:
@@ -197,12 +208,14 @@ class CallRecords:
             if self._overflow_check and self._skips_grad(grad):
                 return None
             summary = self.summarizer.summarize(grad, f"{backward}.{field}.{index}" if save else None, save)
-            sizes = self._bwd_sizes.get(backward, [0, 0])
+            sizes = self.step_state.bwd_sizes.get(backward)
             fresh = backward not in rec.data
-            rec.put_field(backward, [field, index], summary,
-                          lambda: {"input": [None] * sizes[0], "output": [None] * sizes[1]})
+            record = rec.put_field(backward, [field, index], summary, lambda: _backward_skeleton(sizes))
             if fresh and self._construct:
                 rec.put_parent(backward, parent)
+            if sizes is not None and None not in record["input"] and None not in record["output"] \
+                    and len(record["input"]) == sizes[0] and len(record["output"]) == sizes[1]:
+                rec.seal(backward)
             self._sync(record_on_device=self._on_device([grad]))
         return None
 
@@ -227,40 +240,53 @@ class CallRecords:
         """Record ``module``'s forward, backward and parameter gradients under ``base``; returns the
         forward hook handles (also removed by stop())."""
         handles = [
-            module.register_forward_pre_hook(self._opaque(partial(self._module_pre, base, exclusive)), with_kwargs=True),
-            module.register_forward_hook(self._opaque(partial(self._module_post, base)), with_kwargs=True),
+            module.register_forward_pre_hook(self._opaque(self._hook_fn(self._module_pre, base, exclusive)),
+                                             with_kwargs=True),
+            module.register_forward_hook(self._opaque(self._hook_fn(self._module_post, base)), with_kwargs=True),
         ]
         self._forward_handles.extend(handles)
         if self.selection.backward:
-            for pname, p in self._grad_parameters(module):
-                self._hook_param_grad(p, partial(self._on_param_grad, base, pname))
+            params = self._grad_parameters(module)
+            for pname, p in params:
+                self._hook_param_grad(p, self._hook_fn(self._on_param_grad, base, pname, len(params)))
         return handles
+
+    def _hook_fn(self, method: Callable, *args: Any) -> Callable:
+        """``partial(method, *args)``, made once per process: the module hooks installed at every start()
+        then make no new objects step after step (objects that live until the backward would be promoted to
+        the garbage collector's oldest generation and make its full collections frequent)."""
+        key = (method, *args)
+        fn = self._hook_fns.get(key)
+        if fn is None:
+            fn = self._hook_fns[key] = partial(method, *args)
+        return fn
 
     def _module_pre(self, base: str, exclusive: bool, module: Any, args: tuple, kwargs: dict):
         if _thread_id() != self._thread:  # another thread's call: neither recorded nor in the call stacks
             self._other_thread()
             return None
         allowed = self._may_record_exclusive() if exclusive else self.should_record()
-        calls = self._module_calls.get(id(module))
+        state = self.step_state
+        calls = state.module_calls.get(id(module))
         if calls is None:
-            calls = self._module_calls[id(module)] = []
+            calls = state.module_calls[id(module)] = []
         if not allowed:
             calls.append(SKIPPED)
             return None
         calls.append(SKIPPED)  # replaced below once the call is set up
         new_args = new_kwargs = None
         with self._own(base):
-            n = self._counters.get(base, 0)
-            self._counters[base] = n + 1
+            n = state.counters.get(base, 0)
+            state.counters[base] = n + 1
             name = f"{base}.forward.{n}"
             call = None
             if self.selection.record(name):
-                parent = self._module_stack[-1] if self._module_stack else None
+                parent = state.module_stack[-1] if state.module_stack else None
                 call = self._begin(name, f"{base}.backward.{n}", args, kwargs, parent, self._own_parameters(module))
-                self._recorded_modules.add(base)
+                state.recorded_modules.add(base)
                 new_args, new_kwargs = self._call_inputs(call, args, kwargs, "")
             calls[-1] = call
-            self._module_stack.append(name)
+            state.module_stack.append(name)
         if new_args is not None and (new_args is not args or new_kwargs is not kwargs):
             return new_args, new_kwargs  # the module runs on what _call_inputs gave
         return None
@@ -268,34 +294,35 @@ class CallRecords:
     def _module_post(self, base: str, module: Any, args: tuple, kwargs: dict, output: Any):
         if _thread_id() != self._thread:
             return None
-        calls = self._module_calls.get(id(module))
+        calls = self.step_state.module_calls.get(id(module))
         if not calls:
             return None
         call = calls.pop()
         if call is SKIPPED:
             return None
         with self._own(base):
-            if self._module_stack:
-                self._module_stack.pop()
+            if self.step_state.module_stack:
+                self.step_state.module_stack.pop()
             if call is not None:
                 self._end(call, output)
                 self.selection.call_finished(call.name)
         return None
 
-    def _on_param_grad(self, base: str, pname: str, grad: Any) -> None:
+    def _on_param_grad(self, base: str, pname: str, count: int, grad: Any) -> None:
         rec = self.recorder
-        if rec is None or grad is None or base not in self._recorded_modules:
+        if rec is None or grad is None or base not in self.step_state.recorded_modules:
             return None
         with self._own(base), self._quiet():
             key = f"{base}#{pname}"
-            k = self._counters.get(key, 0)
-            self._counters[key] = k + 1
+            k = self.step_state.counters.get(key, 0)
+            self.step_state.counters[key] = k + 1
             name = f"{base}.parameters_grad.{k}"
             if self._overflow_check and self._skips_grad(grad):
                 return None
             save = self._saves or self.selection.saves_tensor(name)
             summary = self.summarizer.summarize(grad, f"{name}.{pname}" if save else None, save)
-            rec.put_field(name, [pname, 0], summary, dict)
+            if len(rec.put_field(name, [pname, 0], summary, dict)) == count:  # each of the module's parameters'
+                rec.seal(name)
             self._sync(record_on_device=self._on_device([grad]))
         return None
 

@@ -9,6 +9,8 @@ of the tool's own work go to dump_error_info.log, never to the user's training. 
 - ``dump.call_records``: the records of API and module calls (begin and end of a record, overflow_check,
   gradient records, module pre/post hooks, the token window);
 - ``dump.user_api``: ``save`` (debug.json), ``module_dump`` and custom APIs;
+- ``dump.step_state``: ``StepState``, what only the open step knows (counters, open modules and calls),
+  made new when a step ends;
 - ``dump.backend``: ``DumpBackend``, the documented interface a framework's service supplies.
 
 A framework's service (``msprobe_core.pytorch.dump_service``, ``msprobe_core.mindspore.dump_service``)
@@ -29,6 +31,7 @@ from msprobe_core.dump.call_records import Call, CallRecords
 from msprobe_core.dump.config import DumpConfig, validate_token_range
 from msprobe_core.dump.backend import DumpBackend
 from msprobe_core.dump.selection import RecordSelection
+from msprobe_core.dump.step_state import StepState
 from msprobe_core.dump.user_api import UserApi
 from msprobe_core.errors import ConfigError
 from msprobe_core.files.step_recorder import StepRecorder
@@ -92,14 +95,12 @@ class DumpServiceBase(CallRecords, UserApi, DumpBackend):
         self._construct = self._uses_l0
         self._saves = cfg.task == "tensor"
         self._overflow_check = cfg.task == "overflow_check"
-        self._counters: dict[str, int] = {}
-        self._module_stack: list[str] = []
-        self._module_calls: dict[int, list[Optional[Call]]] = {}
-        self._bwd_sizes: dict[str, list[int]] = {}
+        self.step_state = StepState()  # replaced, never cleared, when the step ends
+        self._hook_fns: dict[tuple, Any] = {}
+        self._grad_hook = self._on_grad
         self._forward_handles: list[Any] = []   # removed at stop()
         self._step_handles: list[Any] = []      # gradient hooks: removed at step()
         self._hooked_models: list[Any] = []
-        self._recorded_modules: set[str] = set()
         self._overflows = 0
         self._deferred = 0
         self._custom: dict[tuple[int, str], tuple[Any, Any]] = {}
@@ -290,11 +291,7 @@ class DumpServiceBase(CallRecords, UserApi, DumpBackend):
                 self.last_rank_dir = rec.rank_dir
         self.recorder = None
         self.debug_recorder = None
-        self._counters.clear()
-        self._module_stack.clear()
-        self._module_calls.clear()
-        self._bwd_sizes.clear()
-        self._recorded_modules.clear()
+        self.step_state = StepState()
         self.selection.reset_step()
         self.summarizer.reset()
 

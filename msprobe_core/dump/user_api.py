@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import threading
 from functools import partial
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from msprobe_core.common.patch import patch
 from msprobe_core.dump.api_wrap import make_wrapper
 from msprobe_core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from msprobe_core.dump.step_state import StepState
 
 _thread_id = threading.get_ident
 
@@ -29,7 +32,7 @@ class UserApi:
     _collecting: bool                     # between start() and stop()
     _exclusive: Any                       # the module of the module_dump() window
     _saves: bool
-    _counters: dict[str, int]
+    step_state: StepState
     _module_dump_handles: list[Any]
     _custom: dict[tuple[int, str], tuple[Any, Any]]  # (id(module), api) -> (module, its patch handle)
 
@@ -72,8 +75,8 @@ class UserApi:
         tls = self._tls
         tls.depth += 1
         try:
-            n = self._counters.get(f"save#{name}", 0)
-            self._counters[f"save#{name}"] = n + 1
+            n = self.step_state.counters.get(f"save#{name}", 0)
+            self.step_state.counters[f"save#{name}"] = n + 1
             key = f"{name}.{n}.debug"
             with self._quiet():
                 summary = self.summarizer.summarize(variable, key, self._saves)

@@ -49,10 +49,12 @@ _MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
 
 
 class EncodedRecord:
-    """A finished record already encoded as JSON ``text`` (written as is into the JSON file). Finished
-    records are encoded when they are journaled: the training process then holds one string per record
-    instead of a tree of dicts and lists, which keeps Python's garbage collector from rescanning them all
-    step long."""
+    """A value already encoded as JSON ``text`` (written as is into the JSON file): stack.json's entries.
+
+    Finished records of ``StepRecorder.data`` are held as their JSON text itself, a plain ``str`` (a record
+    is never a string: it is a dict or a list): the training process then holds one string per record
+    instead of a tree of dicts and lists, and a string is no object Python's garbage collector tracks, so
+    the records of a long step do not make its full collections (which scan the whole heap) more frequent."""
 
     __slots__ = ("text",)
 
@@ -64,6 +66,11 @@ def _encode_value(v: Any) -> str:
     return v.text if type(v) is EncodedRecord else _encode(v)
 
 
+def _encode_record(v: Any) -> str:
+    """A record of "data": a ``str`` is its JSON text already (``StepRecorder.sync_journal``)."""
+    return v if type(v) is str else _encode_value(v)
+
+
 def dumps_by_line(obj: Any) -> str:
     """JSON with one line per entry of the top level and of its "data" object: as readable as an
     indented file for a person scrolling records, and written by the C encoder (10x faster)."""
@@ -72,7 +79,7 @@ def dumps_by_line(obj: Any) -> str:
     parts = []
     for key, value in obj.items():
         if key == "data" and isinstance(value, dict) and value:
-            inner = ",\n".join(f"  {_encode(k)}: {_encode_value(v)}" for k, v in value.items())
+            inner = ",\n".join(f"  {_encode(k)}: {_encode_record(v)}" for k, v in value.items())
             parts.append(f" {_encode(key)}: {{\n{inner}\n }}")
         else:
             parts.append(f" {_encode(key)}: {_encode_value(value)}")
@@ -211,11 +218,16 @@ class StepRecorder:
             add = frames.append
             data = self.data
             for i, e in enumerate(queued):
+                if e[0] == "Z":  # a record filled in over time is complete: held as its JSON text from now on
+                    record = data.get(e[1])
+                    if record is not None and type(record) is not str:
+                        data[e[1]] = _encode(record)
+                    continue
                 if e[0] == "R":  # a finished record: from now on held (and journaled) as its JSON text
                     name, record = e[1], e[3]
                     text = _encode(record)
                     if data.get(name) is record:
-                        data[name] = EncodedRecord(text)
+                        data[name] = text
                     e = queued[i] = ("j", name, e[2], text)
                 body = _marshal(e)
                 add(_pack_len(len(body)))
@@ -240,9 +252,12 @@ class StepRecorder:
         self.data[name] = record
         self._append(("R", name, seq, record))
 
-    def put_field(self, name: str, path: Sequence[Any], value: Any, skeleton: Callable[[], Any]) -> None:
-        """Set one field of a record that fills in over time (backward grads, parameter grads)."""
+    def put_field(self, name: str, path: Sequence[Any], value: Any, skeleton: Callable[[], Any]) -> Any:
+        """Set one field of a record that fills in over time (backward grads, parameter grads); returns the
+        record (``seal`` it once complete)."""
         record = self.data.get(name)
+        if type(record) is str:  # sealed, and a field comes again (a second backward over the same graph)
+            record = self.data[name] = json.loads(record)
         if record is None:
             record = skeleton()
             seq = self.reserve(name)
@@ -258,6 +273,14 @@ class StepRecorder:
                 target.append(None)
         target[last] = value
         self._append(("f", name, list(path), value))
+        return record
+
+    def seal(self, name: str) -> None:
+        """``name``'s record (filled in by ``put_field``) is complete: from the next ``sync_journal`` on (its
+        statistics are then resolved) it is held as its JSON text, like a record given to ``put``. Nothing
+        is journaled for it."""
+        if self._journal is not None:
+            self._queued.append(("Z", name))
 
     def put_stack(self, name: str, stack: CallStack) -> None:
         """``name``'s call stack (journaled once per distinct stack, then by its id)."""
@@ -327,13 +350,13 @@ class StepRecorder:
         counts them (``lost_tensor_files``)."""
         lost = 0
         for name, record in self.data.items():
-            encoded = type(record) is EncodedRecord
-            if encoded and '"data_name"' not in record.text:
+            encoded = type(record) is str
+            if encoded and '"data_name"' not in record:
                 continue
-            value = json.loads(record.text) if encoded else record
+            value = json.loads(record) if encoded else record
             dropped = _drop_missing_files(value, self.tensor_dir)
             if dropped and encoded:
-                self.data[name] = EncodedRecord(_encode(value))
+                self.data[name] = _encode(value)
             lost += dropped
         if lost:
             self.set_header("lost_tensor_files", self.header.get("lost_tensor_files", 0) + lost)

@@ -104,8 +104,12 @@ def capture(edges: InputEdges, outputs: list, report: Report, fail: Callable[[Ba
     if not hits and not passed:
         return
     state = _OwnGrads(slots, counts, report, fail)
-    for node, node_hits in hits:
-        handles.append(node.register_hook(state.post_hook(node_hits)))
+    if len(hits) == 1:  # the usual case: one node of the call sends to its inputs; the state is its hook
+        node, state.node_hits = hits[0]
+        handles.append(node.register_hook(state))
+    else:
+        for node, node_hits in hits:
+            handles.append(node.register_hook(state.post_hook(node_hits)))
     for key, t in passed.items():
         state.expected[key] = 1
         handles.append(t.register_hook(state.tensor_hook(key)))
@@ -152,7 +156,7 @@ def _walk(roots: list, slots: dict[Key, list[int]], skip: dict, begin: int, end:
 class _OwnGrads:
     """One call's input gradients as its nodes send them during a backward pass."""
 
-    __slots__ = ("slots", "expected", "report", "fail", "partial", "queued")
+    __slots__ = ("slots", "expected", "report", "fail", "partial", "queued", "node_hits")
 
     def __init__(self, slots: dict[Key, list[int]], expected: dict[Key, int], report: Report,
                  fail: Callable[[BaseException], None]):
@@ -162,16 +166,23 @@ class _OwnGrads:
         self.fail = fail
         self.partial: dict[Key, list] = {}  # key -> [edges arrived, their sum] in the running backward pass
         self.queued = False
+        self.node_hits: tuple = ()      # the hits of the one node that has the state itself as its hook
+
+    def __call__(self, grad_inputs: tuple, grad_outputs: tuple) -> None:
+        """The post hook of the call's one node with edges to its inputs (no closure made per call)."""
+        self._node_done(self.node_hits, grad_inputs)
 
     def post_hook(self, node_hits: tuple) -> Callable:
         def hook(grad_inputs, grad_outputs):
-            try:
-                for key, edge_list in node_hits:
-                    self._arrive(key, [grad_inputs[e] for e in edge_list])
-            except Exception as e:  # the tool never breaks the user's backward
-                self.fail(e)
-            return None
+            self._node_done(node_hits, grad_inputs)
         return hook
+
+    def _node_done(self, node_hits: tuple, grad_inputs: tuple) -> None:
+        try:
+            for key, edge_list in node_hits:
+                self._arrive(key, [grad_inputs[e] for e in edge_list])
+        except Exception as e:  # the tool never breaks the user's backward
+            self.fail(e)
 
     def tensor_hook(self, key: Key) -> Callable:
         def hook(grad):

@@ -97,6 +97,8 @@ class DumpService(DumpServiceBase):
         self.summarizer = Summarizer(statistics=cfg.task != "structure", md5=cfg.summary_mode == "md5", files=self.files)
         self._compiled = False
         self._fsdp1: dict[int, list[tuple[str, FlatSlot]]] = {}  # id(module) -> its original parameters in FSDP1 units
+        self._own_grad_hook = self._on_own_grad  # bound once: a backward hook's partial then holds no new object
+        self._error_hook = self._error
         self.sharded_grads = ShardedGrads(self._deliver_sharded_grad, every_rank_dumps(cfg.rank))
 
     def limit_to(self, module: torch.nn.Module) -> None:
@@ -290,8 +292,8 @@ class DumpService(DumpServiceBase):
     def _hook_own_grads(self, call: Call, out: Any) -> None:
         """The backward record's ``output``: each input's gradient from this call only (backward_capture)."""
         edges, call.edges = call.edges, None
-        capture(edges, tensors_in(out), partial(self._on_own_grad, call.backward, call.save, call.backward_parent()),
-                partial(self._error, call.backward), self._step_handles)
+        capture(edges, tensors_in(out), partial(self._own_grad_hook, call.backward, call.save, call.backward_parent()),
+                partial(self._error_hook, call.backward), self._step_handles)
 
     def _on_own_grad(self, backward: str, save: bool, parent: Optional[str], index: int, grad) -> None:
         self._on_grad(backward, "output", index, save, parent, grad)

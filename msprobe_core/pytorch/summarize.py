@@ -29,6 +29,28 @@ _strided = torch.strided
 _to = torch.Tensor.to
 
 _DTYPE_NAMES: dict[torch.dtype, str] = {}
+CACHE_SIZE = 96
+"""Tensor versions the summarizer remembers, the most recent first (an API's output is the next API's input:
+its statistics are reused a record later). Bounded, so that its entries die young: entries kept step long
+would be promoted to the garbage collector's oldest generation by the ten thousand and make its full
+collections (which scan the whole heap) frequent. A version seen again after it fell out is summarized
+again, to the same values."""
+_SHAPES: dict[tuple, tuple] = {}  # one tuple per shape seen (4,096 at most)
+
+
+def _shape(size: torch.Size) -> tuple:
+    """``size`` as the one plain tuple of that shape (JSON writes it as a list). Shared, it is left untracked by
+    the garbage collector after its first pass, and so are the summaries holding it (dicts of strings,
+    numbers and untracked tuples): the records a step holds until its backward add nothing to collect."""
+    shape = _SHAPES.get(size)
+    if shape is None:
+        if len(_SHAPES) >= 4096:
+            _SHAPES.clear()
+        shape = tuple(size)
+        _SHAPES[shape] = shape
+    return shape
+
+
 _ProcessGroup = getattr(torch.distributed, "ProcessGroup", None) if torch.distributed.is_available() else None
 _GROUPS: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()  # group -> its description
 
@@ -56,18 +78,21 @@ class Summarizer(SummarizerBase):
 
     def __init__(self, statistics: bool, md5: bool, files: Optional[TensorFiles] = None):
         super().__init__(statistics, md5, files)
-        self._cache: dict[int, _Entry] = {}
+        self._cache: dict[int, _Entry] = {}  # id(tensor) -> its latest version's entry (``CACHE_SIZE`` at most)
+        self._saved: dict[int, _Entry] = {}  # the entries with a saved file, step long (hard links, not copies)
         self.combined: dict[int, tuple] = {}
         """id(tensor) -> ((Max, Min, Mean, Norm, shards), shape) of the full tensor a DTensor or an FSDP1 piece
         belongs to (``sharded_grads``), while the piece is recorded."""
 
     def reset(self) -> None:
         self._cache.clear()
+        self._saved.clear()
 
     def forget(self, t: torch.Tensor) -> None:
         """``t``'s memory was written without a version bump (c10d's in-place collectives): drop what is
         cached for every tensor in the same storage (views included), so later summaries read the new values."""
         self._cache.pop(id(t), None)
+        self._saved.pop(id(t), None)
         try:
             storage = t.untyped_storage()
             lo = storage.data_ptr()
@@ -75,8 +100,9 @@ class Summarizer(SummarizerBase):
         except (RuntimeError, NotImplementedError, TypeError):  # no plain storage: only ``t`` itself is known
             return
         if hi > lo:
-            for key in [k for k, e in self._cache.items() if lo <= e.ptr < hi]:
-                del self._cache[key]
+            for cache in (self._cache, self._saved):
+                for key in [k for k, e in cache.items() if lo <= e.ptr < hi]:
+                    del cache[key]
 
     # ------------------------------------------------------------------ structures
     def describe(self, obj: Any) -> dict:
@@ -92,7 +118,7 @@ class Summarizer(SummarizerBase):
         # a tensor the dump cannot read (odd_tensors): nothing reads its memory, the record says why
         if type(t) in PLAIN_TYPES and t.layout is _strided and dtype not in QUANTIZED_DTYPES and (t.is_cpu or t.is_cuda):
             try:
-                shape = list(t.shape)
+                shape = _shape(t.shape)
             except RuntimeError:  # a nested tensor has no shape
                 return self._unsupported(t, name, unsupported_reason(t) or "tensor without a shape")
         else:
@@ -205,12 +231,20 @@ class Summarizer(SummarizerBase):
         except RuntimeError:  # inference tensors have no version counter, wrapper subclasses no storage
             return None
         key = id(t)
-        entry = self._cache.get(key)
+        entry = self._cache.get(key) or self._saved.get(key)
         if entry is not None and entry.ref() is t and entry.version == version and entry.ptr == ptr:
             return entry
         entry = _Entry(weakref.ref(t), version, ptr)
-        self._cache[key] = entry
+        cache = self._cache
+        cache[key] = entry
+        if len(cache) > CACHE_SIZE:
+            self._evict()
         return entry
+
+    def _evict(self) -> None:
+        """Drop the oldest entry (one of a saved file stays in ``_saved``)."""
+        cache = self._cache
+        del cache[next(iter(cache))]
 
     def _save(self, t: torch.Tensor, entry: Optional[_Entry], file_base: str, want_stats: bool) -> tuple[str, Optional[tuple]]:
         """Hand the tensor to the file writer (a version already saved gets a hard link instead): its file
@@ -224,6 +258,7 @@ class Summarizer(SummarizerBase):
         stats = self.files.save(t, path, want_stats)
         if entry is not None:
             entry.file = path
+            self._saved[id(t)] = entry
         return name, stats
 
     # ------------------------------------------------------------------ host copy

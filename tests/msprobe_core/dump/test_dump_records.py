@@ -434,3 +434,38 @@ def test_tool_errors_go_to_dump_error_info_log_and_training_goes_on(tmp_path, mo
     assert "boom" in (rank_dir / "dump_error_info.log").read_text()
     assert (rank_dir / "dump.json").exists()
     assert torch.equal(model(x).sum(), ref)
+
+
+def test_second_backward_over_a_sealed_record_fills_it_again(tmp_path):
+    """Backward and parameter-gradient records are held as JSON text once complete; a second backward over the
+    same graph (retain_graph) writes their fields again, as it did before they were sealed."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.GELU())
+    dbg = PrecisionDebugger({"task": "statistics", "dump_path": str(tmp_path / "dump"), "level": "mix"})
+    dbg.start(model)
+    loss = model(torch.randn(2, 4)).sum()
+    loss.backward(retain_graph=True)
+    first = {k: p.grad.clone() for k, p in model.named_parameters()}
+    loss.backward()
+    dbg.stop()
+    dbg.step()
+    (rank_dir,) = (tmp_path / "dump" / "step0").iterdir()
+    data = load(rank_dir)["data"]
+    weight = data["Module.0.Linear.parameters_grad.0"]["weight"][0]
+    assert weight["Max"] == pytest.approx(float((model[0].weight.grad - first["0.weight"]).max()))
+    gelu = data["Module.1.GELU.backward.0"]  # its input and output gradients both arrived: sealed, then written again
+    assert gelu["input"][0]["shape"] == [2, 4] and gelu["output"][0]["shape"] == [2, 4]
+
+
+def test_statistics_past_the_summarizers_memory_are_the_same(tmp_path, monkeypatch):
+    """The summarizer remembers a bounded number of tensor versions: a version summarized again after it fell
+    out gets the same record as when it is remembered."""
+    from msprobe_core.pytorch import summarize
+
+    def records(limit, sub):
+        monkeypatch.setattr(summarize, "CACHE_SIZE", limit)
+        torch.manual_seed(0)
+        model = nn.Sequential(*[nn.Linear(4, 4) for _ in range(6)])
+        return load(run_once(tmp_path / sub, model, {"level": "mix"}, inputs=torch.randn(2, 4)))["data"]
+
+    assert records(1, "small") == records(1 << 20, "large")
