@@ -28,20 +28,21 @@ def stats(t: torch.Tensor) -> torch.Tensor:
 
 
 class Tap(torch.autograd.Function):
-    """Identity forward; backward hands the gradient on untouched and its statistics to the sink."""
+    """Identity forward (a copy, not a view: the user may modify the output in place); backward hands the
+    gradient on untouched and its statistics to the sink."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, sink: torch.Tensor) -> torch.Tensor:
-        return x.view_as(x)
+        return x.clone()
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         return grad, stats(grad)
 
 
-def model() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8), nn.LayerNorm(8), nn.Linear(8, 4))
+def model(inplace: bool = False) -> nn.Module:
+    torch.manual_seed(0)  # an in-place ReLU modifies the tapped output of the first Linear
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(inplace=inplace), nn.Linear(16, 8), nn.LayerNorm(8), nn.Linear(8, 4))
 
 
 def train(m: nn.Module, steps: int, each_step=None) -> list[float]:
@@ -58,6 +59,20 @@ def train(m: nn.Module, steps: int, each_step=None) -> list[float]:
         if each_step:
             each_step()
     return losses
+
+
+def tap_every_module(m: nn.Module, forward: list) -> dict:
+    """A traced forward hook on each module: forward statistics appended to ``forward``, the output tapped;
+    returns {module: its sink}."""
+    sinks = {mod: torch.zeros(4, requires_grad=True) for mod in m}
+
+    def hook(mod, args, out):
+        forward.append(stats(out.detach()))
+        return Tap.apply(out, sinks[mod])
+
+    for mod in m:
+        mod.register_forward_hook(hook)
+    return sinks
 
 
 def test_statistics_inside_the_graph_leave_inductor_losses_bit_identical():
@@ -79,16 +94,8 @@ def test_statistics_inside_the_graph_leave_inductor_losses_bit_identical():
     torch._dynamo.reset()
     counters.clear()
     forward: list[torch.Tensor] = []
-    sinks = {}
     tapped = model()
-
-    def hook(mod, args, out):
-        forward.append(stats(out.detach()))
-        return Tap.apply(out, sinks[mod])
-
-    for mod in tapped:
-        sinks[mod] = torch.zeros(4, requires_grad=True)
-        mod.register_forward_hook(hook)
+    sinks = tap_every_module(tapped, forward)
     got_fwd, got_bwd = [], []
 
     def collect():
@@ -105,3 +112,14 @@ def test_statistics_inside_the_graph_leave_inductor_losses_bit_identical():
         assert len(got) == len(want) == 5
         for g, w in zip(got, want):
             torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-7)
+
+
+def test_a_tapped_output_may_be_modified_in_place():
+    torch._dynamo.reset()
+    plain = train(torch.compile(model(inplace=True)), 3)
+    torch._dynamo.reset()
+    counters.clear()
+    tapped = model(inplace=True)
+    tap_every_module(tapped, [])
+    assert train(torch.compile(tapped), 3) == plain
+    assert sum(counters["graph_break"].values()) == 0
