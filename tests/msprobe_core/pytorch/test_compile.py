@@ -4,8 +4,8 @@ statistics are the single-device ones), no record lost at any level, and no reco
 tool's hooks run eagerly: ``torch._dynamo.utils.counters`` counts their graph breaks, stated in the README).
 
 Losses are bit-identical with the tool on and off with the ``aot_eager`` backend (Dynamo and AOTAutograd, no
-kernel fusion). Under Inductor a graph break changes the kernels Inductor generates on both sides of it (which
-ops are fused, what the partitioner saves or recomputes for backward), so losses with the tool's breaks differ
+kernel fusion). Under Inductor a graph break changes the kernels Inductor generates on both sides of it (it
+fuses and partitions each graph on its own), so losses with the tool's breaks differ
 from the unbroken graph's in the last bits (measured: 6e-8 relative). That is the breaks' doing, not the
 tool's: the same breaks made by hooks that do nothing give the tool's losses bit for bit
 (``test_inductor_losses_are_those_of_the_same_graph_breaks_without_the_tool``)."""
