@@ -18,7 +18,6 @@ torch_npu, mindspeed...) are skipped with a warning.
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -28,7 +27,7 @@ from torch.overrides import TorchFunctionMode
 from msprobe_core.dump import api_wrap
 from msprobe_core.dump.api_wrap import make_wrapper
 from msprobe_core.pytorch.aten_dispatch import AtenDispatch
-from msprobe_core.pytorch.wrapper_names import never_traced, opaque_to_compiler
+from msprobe_core.pytorch.wrapper_names import never_traced
 
 DEFAULT_WRAP_LIST = os.path.join(os.path.dirname(__file__), "support_wrap_ops.yaml")
 
@@ -101,29 +100,22 @@ def _probe_dunder(name: str) -> Optional[Callable]:
 class _DunderMode(TorchFunctionMode):
     """Sees the inherited operator dunders of the plan (``funcs``: mode func -> (prefix, dunder name)).
 
-    Invisible to ``torch.compile``: a function compiled while the mode is on (vLLM compiles
+    Invisible to ``torch.compile`` (``never_traced``): a function compiled while the mode is on (vLLM compiles
     ``get_masked_input_and_mask`` even in eager mode) would otherwise have Dynamo trace the mode's lookups and
-    the dump's state, guard on them and fail ("Guard failed on the same frame it was created") or recompile
-    at every call. Dynamo breaks the graph at each operator the mode sees instead, and the operator runs
-    eagerly through the mode, recorded like any eager call; what it computes is what it computes without the
-    tool. Once ``torch._dynamo`` is loaded, a recorded call runs with Dynamo off (``opaque_to_compiler``):
-    frames that compiled code calls are compiled too, and the dump's must never be."""
+    the dump's state, guard on them and fail ("Guard failed on the same frame it was created") or recompile at
+    every call. Dynamo breaks the graph at each operator the mode sees instead; the operator runs eagerly
+    through the mode, recorded like any eager call, and computes what it computes without the tool."""
 
     def __init__(self, funcs: dict, handler: ApiHandler, should_record: Callable[[], bool]):
         super().__init__()
         self.funcs = funcs
         self.handler = handler
         self.should_record = should_record
-        self.record = opaque_to_compiler(self._record) if "torch._dynamo" in sys.modules else self._record
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if func in self.funcs:
-            return self.record(func, args, kwargs or {})
-        return func(*args, **(kwargs or {}))
-
-    def _record(self, func: Callable, args: tuple, kwargs: dict) -> Any:
-        if self.should_record():
-            entry = self.funcs[func]
+        kwargs = kwargs or {}
+        entry = self.funcs.get(func)
+        if entry is not None and self.should_record():
             return self.handler(func, entry[0], entry[1], args, kwargs)
         return func(*args, **kwargs)
 

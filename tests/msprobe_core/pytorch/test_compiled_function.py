@@ -5,12 +5,14 @@ Dynamo traces hand their records to an eager graph break, never to the tracer) a
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
+import msprobe_core
 from msprobe_core.pytorch import PrecisionDebugger
 
 pytestmark = pytest.mark.slow  # compiles (seconds)
@@ -76,6 +78,11 @@ def test_function_compiled_before_the_dump_is_never_traced_with_the_tool(tmp_pat
     assert not counters["recompiles"] or max(counters["recompiles"].values()) < torch._dynamo.config.recompile_limit
     assert not any("recompile_limit" in str(k) for k in counters["graph_break"])
     assert not list(tmp_path.rglob("dump_error_info.log"))
+    from torch._dynamo.convert_frame import input_codes  # every code object Dynamo was asked to compile
+
+    traced = {(c.co_filename, c.co_name) for c in (ref() for ref in input_codes.seen) if c is not None}
+    tool = os.path.dirname(msprobe_core.__file__)
+    assert not [t for t in traced if t[0].startswith(tool)], traced  # none of the tool's frames
     for step in range(len(got)):
         data = json.loads(next((tmp_path / f"step{step}").glob("*/dump.json")).read_text())["data"]
         assert {"Tensor.__ge__.0.forward", "Tensor.__and__.0.forward"} <= set(data), sorted(data)
