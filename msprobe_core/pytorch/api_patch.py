@@ -27,6 +27,7 @@ from torch.overrides import TorchFunctionMode
 from msprobe_core.dump import api_wrap
 from msprobe_core.dump.api_wrap import make_wrapper
 from msprobe_core.pytorch.aten_dispatch import AtenDispatch
+from msprobe_core.pytorch.wrapper_names import never_traced
 
 DEFAULT_WRAP_LIST = os.path.join(os.path.dirname(__file__), "support_wrap_ops.yaml")
 
@@ -97,7 +98,13 @@ def _probe_dunder(name: str) -> Optional[Callable]:
 
 
 class _DunderMode(TorchFunctionMode):
-    """Sees the inherited operator dunders of the plan (``funcs``: mode func -> (prefix, dunder name))."""
+    """Sees the inherited operator dunders of the plan (``funcs``: mode func -> (prefix, dunder name)).
+
+    Invisible to ``torch.compile`` (``never_traced``): a function compiled while the mode is on (vLLM compiles
+    ``get_masked_input_and_mask`` even in eager mode) would otherwise have Dynamo trace the mode's lookups and
+    the dump's state, guard on them and fail ("Guard failed on the same frame it was created") or recompile at
+    every call. Dynamo breaks the graph at each operator the mode sees instead; the operator runs eagerly
+    through the mode, recorded like any eager call, and computes what it computes without the tool."""
 
     def __init__(self, funcs: dict, handler: ApiHandler, should_record: Callable[[], bool]):
         super().__init__()
@@ -111,6 +118,9 @@ class _DunderMode(TorchFunctionMode):
         if entry is not None and self.should_record():
             return self.handler(func, entry[0], entry[1], args, kwargs)
         return func(*args, **kwargs)
+
+
+never_traced(_DunderMode.__torch_function__)
 
 
 class ApiPatcher:

@@ -101,3 +101,15 @@ def opaque_to_compiler(fn: Callable) -> Callable:
     called, and none of the tool's state (counters, step flags) in the compiled code's guards, so the tool
     never makes Dynamo recompile. Installed only on compiled models (it costs a few microseconds a call)."""
     return torch._dynamo.disable(fn, recursive=True)
+
+
+def never_traced(fn: Callable) -> Callable:
+    """Mark the plain function ``fn`` (no wrapper: nothing added to a call) so that ``torch.compile`` never
+    traces it: Dynamo breaks the graph where traced code would call it, and compiles no frame of it, nor of
+    anything it calls, when it runs inside compiled code (Dynamo's "skip" strategy for its code, for the frame
+    and recursively). Needs only torch's C extension, not the ``torch._dynamo`` package (a second to import)."""
+    from torch._C._dynamo.eval_frame import _FrameAction, _FrameExecStrategy, set_code_exec_strategy
+
+    fn._torchdynamo_disable = True  # type: ignore[attr-defined]  # Dynamo's own mark of a disabled function
+    set_code_exec_strategy(fn.__code__, _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP))
+    return fn

@@ -8,6 +8,7 @@ Run by ``make test-vllm`` (``.venv-vllm``); deselected in the default run.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -80,3 +81,18 @@ def test_pickled_routes_are_refused_clearly_without_insecure_serialization(engin
         V.client._collective_rpc(engine.llm, V.worker_start, args)
     assert not any(tmp_path.iterdir())
     assert R.generate(engine.llm) == engine.one
+
+
+@pytest.mark.parametrize("level", ["L1", "mix"])
+def test_api_levels_leave_the_tokens_unchanged(engine, tmp_path, level):
+    """L1 and mix with tensor parallel 2: the vocab-parallel embedding calls vLLM's ``torch.compile``d
+    ``get_masked_input_and_mask`` while the dump's operator mode is on; Dynamo must neither trace the mode nor
+    change what the compiled function computes: the tokens are those of the run without the tool."""
+    with V.dump_tokens(engine.llm, {"task": "statistics", "level": level}, [1, 3], dump_path=str(tmp_path)) as session:
+        assert R.generate(engine.llm) == engine.one
+    assert session.rank_dirs == [str(tmp_path / "step0" / f"rank{r}") for r in (0, 1)]
+    for rank_dir in session.rank_dirs:
+        data = R.load_data(rank_dir)
+        assert R.api_records(data), rank_dir
+        assert not list(Path(rank_dir).rglob("dump_error_info.log"))
+    assert R.generate(engine.llm) == engine.one  # and after the dump
