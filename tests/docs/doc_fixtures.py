@@ -78,3 +78,29 @@ def dumped(step: int = 0, dump_path: str = "dump_path") -> list:
     found = glob.glob(os.path.join(dump_path, f"step{step}", "*", "dump.json"))
     assert found, f"no dump.json for step {step} under {dump_path}: {os.listdir(dump_path) if os.path.isdir(dump_path) else 'no folder'}"
     return found
+
+
+def small_dump(dump_path: str, perturb: float = 0.0, nan: bool = False, task: str = "statistics",
+               level: str = "mix", steps: int = 1) -> str:
+    """A dump of the tests' small attention model (``ResidualAttention``, fixed weights and data) at
+    ``dump_path``: ``perturb`` is added to one weight of ``ff.0`` (a run that diverges there), ``nan`` puts a
+    NaN into that weight (a run whose NaN starts there). Returns ``dump_path``."""
+    import torch
+    import torch.nn.functional as F
+    from dump_models import ResidualAttention, make_data
+    from msprobe_core.pytorch import PrecisionDebugger
+    PrecisionDebugger.reset()
+    torch.manual_seed(0)
+    model = ResidualAttention()
+    with torch.no_grad():
+        model.ff[0].weight[0, 0] += perturb
+        if nan:
+            model.ff[0].weight[0, 0] = float("nan")
+    debugger = PrecisionDebugger(dump_path=dump_path, task=task, level=level)
+    for x, y in make_data(n=steps):
+        debugger.start(model)
+        F.cross_entropy(model(x), y).backward()
+        debugger.stop()
+        debugger.step()
+    PrecisionDebugger.reset()
+    return dump_path
