@@ -104,3 +104,13 @@ def small_dump(dump_path: str, perturb: float = 0.0, nan: bool = False, task: st
         debugger.step()
     PrecisionDebugger.reset()
     return dump_path
+
+
+def small_model(batches: int = 2):
+    """The tests' small attention model (``ResidualAttention``: LayerNorm, nn.MultiheadAttention, an MLP,
+    residuals), its SGD optimizer and ``batches`` batches ``(x, y)`` for ``F.cross_entropy``."""
+    import torch
+    from dump_models import ResidualAttention, make_data
+    torch.manual_seed(0)
+    model = ResidualAttention()
+    return model, torch.optim.SGD(model.parameters(), lr=0.05), make_data(n=batches)
