@@ -41,7 +41,7 @@ test: venv browser docs
 # whose docstrings do not render. `make test` runs it first; the examples of README.md and docs/ run in
 # tests/docs/test_doc_examples.py (part of the test suite).
 docs: venv
-	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 # MSAdapter (PyTorch code on MindSpore through mindtorch) in a venv of its own, since mindtorch replaces
 # `import torch`; its tests run without tests/conftest.py (which imports the real torch).
