@@ -114,3 +114,13 @@ def small_model(batches: int = 2):
     torch.manual_seed(0)
     model = ResidualAttention()
     return model, torch.optim.SGD(model.parameters(), lr=0.05), make_data(n=batches)
+
+
+def cli(*args: str, ok=(0,)) -> str:
+    """Runs ``python -m msprobe_core ARGS`` as a reader would type it; its output, or an AssertionError with it
+    when the exit status is not in ``ok``."""
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, "-m", "msprobe_core", *args], capture_output=True, text=True)
+    assert proc.returncode in ok, f"exit {proc.returncode}: {proc.stdout[-2000:]}{proc.stderr[-4000:]}"
+    return proc.stdout
