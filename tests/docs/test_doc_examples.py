@@ -65,3 +65,9 @@ def test_examples_of_the_page_run(page, tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-8000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["ran"] or summary["skipped"], f"{page_id(page)}: Sybil found no example"
+
+
+def test_the_readme_stays_short():
+    """README.md is the short door (what, the two commands, install, quick starts, links); the rest is in docs/."""
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").count("\n")
+    assert lines <= 250, f"README.md has {lines} lines; move the detail into a page of docs/"
