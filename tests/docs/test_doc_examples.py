@@ -71,3 +71,11 @@ def test_the_readme_stays_short():
     """README.md is the short door (what, the two commands, install, quick starts, links); the rest is in docs/."""
     lines = (ROOT / "README.md").read_text(encoding="utf-8").count("\n")
     assert lines <= 250, f"README.md has {lines} lines; move the detail into a page of docs/"
+
+
+def test_the_readme_links_point_at_files():
+    """mkdocs checks the links of docs/; README.md is outside it, so its relative links are checked here."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    targets = [t.split("#")[0] for t in re.findall(r"\]\(([^)\s]+)\)", text) if "://" not in t]
+    missing = [t for t in targets if t and not (ROOT / t).exists()]
+    assert targets and not missing, f"README.md links to missing files: {missing}"
