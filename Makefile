@@ -1,4 +1,4 @@
-# Two commands for a fresh machine: `make demo` and `make test` (see README.md).
+# Two commands for a fresh machine: `make demo` and `make test` (see README.md; the docs site: `make docs`).
 PY ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
@@ -8,17 +8,18 @@ PIP := $(BIN)/pip install -q --disable-pip-version-check
 PYTEST_ARGS ?=
 DEMO_OUT ?= demo_output
 
-.PHONY: venv browser demo test bench test-oldest clean venv-msadapter test-msadapter venv-megatron-latest \
+.PHONY: venv browser demo test docs bench test-oldest clean venv-msadapter test-msadapter venv-megatron-latest \
 	test-megatron-latest venv-vllm test-vllm
 
 venv: $(STAMP)
 
 # Idempotent: re-runs only when the pins or pyproject change. torch is pinned by the constraints file on
 # every install after the first, because any other torch version pulls gigabytes of CUDA packages.
-$(STAMP): pyproject.toml setup.py msprobe_core/stats/_fast_stats.c requirements/dev.txt $(CONSTRAINTS)
+$(STAMP): pyproject.toml setup.py msprobe_core/stats/_fast_stats.c requirements/dev.txt requirements/docs.txt $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(PIP) torch==2.13.0
 	$(PIP) -c $(CONSTRAINTS) -r requirements/dev.txt
+	$(PIP) -c $(CONSTRAINTS) -r requirements/docs.txt
 	DS_BUILD_OPS=0 $(PIP) -c $(CONSTRAINTS) deepspeed==0.19.8
 	$(PIP) -c $(CONSTRAINTS) --no-deps --no-build-isolation -e .
 	touch $(STAMP)
@@ -33,8 +34,14 @@ browser:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
 	  echo "note: chromium is not installed (apt-get install chromium): the report's browser tests will fail saying so"
 
-test: venv browser
+test: venv browser docs
 	$(BIN)/python -m pytest -n 2 $(PYTEST_ARGS)
+
+# The docs site (mkdocs.yml, docs/) into site/: --strict fails on a broken link, a missing page or an API page
+# whose docstrings do not render. `make test` runs it first; the examples of README.md and docs/ run in
+# tests/docs/test_doc_examples.py (part of the test suite).
+docs: venv
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 # MSAdapter (PyTorch code on MindSpore through mindtorch) in a venv of its own, since mindtorch replaces
 # `import torch`; its tests run without tests/conftest.py (which imports the real torch).
@@ -139,4 +146,4 @@ test-megatron-latest: venv-megatron-latest
 	  tests/msprobe_core/compare tests/msprobe_core/monitor tests/msprobe_core/pytorch $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) $(OLDEST_VENV) $(MSADAPTER_VENV) $(VLLM_VENV) $(MEGATRON_LATEST_VENV) $(DEMO_OUT)
+	rm -rf $(VENV) $(OLDEST_VENV) $(MSADAPTER_VENV) $(VLLM_VENV) $(MEGATRON_LATEST_VENV) $(DEMO_OUT) site
