@@ -104,6 +104,10 @@ bench: venv
 	$(BIN)/python benchmarks/dump_overhead.py
 	$(BIN)/python benchmarks/monitor_overhead.py
 	$(BIN)/python benchmarks/many_modules.py
+	$(BIN)/python benchmarks/many_modules.py --deep
+	$(BIN)/python benchmarks/compiled_step_overhead.py
+	$(BIN)/python benchmarks/sharded_monitor_overhead.py
+	$(BIN)/python benchmarks/cascade_sweep.py
 	$(BIN)/python benchmarks/compare_speed.py
 	$(BIN)/python benchmarks/mindspore_overhead.py
 	$(BIN)/python benchmarks/acc_check_speed.py --repeats 3

@@ -11,7 +11,7 @@ changes (statistics keep accumulating).
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from torch import nn
 
@@ -21,16 +21,15 @@ from msprobe_core.monitor.gc_pause import gc_paused
 from msprobe_core.monitor.module_hooks import in_backward
 from msprobe_core.monitor.records import PARAM
 
-if TYPE_CHECKING:  # pragma: no cover
-    from msprobe_core.monitor.trainer_mon import TrainerMon
 
 logger = logging.getLogger("msprobe_core.monitor")
 
 
 class SkippedUpdates:
-    """Watches the steps of ``monitor`` for an update skipped without ``optimizer.step()``."""
+    """Watches the steps of ``monitor`` (the ``TrainerMon`` it belongs to: typed ``Any`` here, as
+    ``trainer_mon`` imports this file) for an update skipped without ``optimizer.step()``."""
 
-    def __init__(self, monitor: "TrainerMon"):
+    def __init__(self, monitor: Any):
         self.monitor = monitor
 
     def on_zero_grad(self, *args: Any, **kwargs: Any) -> None:

@@ -17,13 +17,13 @@ from typing import Sequence
 
 import torch
 
-from msprobe_core.pytorch.tensor_stats import (_HOST_CODES, MONITOR_OPS, _threads_for, batched_stats, fast_cpu_stats,
-                                               host_stats)
+from msprobe_core.pytorch.tensor_stats import (HOST_CODES, MONITOR_OPS, batched_stats, fast_cpu_stats, host_stats,
+                                               threads_for)
 from msprobe_core.stats.kernel import KERNEL
 
 _NAN_PROXIES = ("min", "max", "norm", "mean")
 # the float types tensor_stats.host_stats hands the kernel without a conversion, with their dtype codes
-_KERNEL_FLOATS = {dtype: _HOST_CODES[dtype] for dtype in (torch.float32, torch.float64, torch.bfloat16)}
+_KERNEL_FLOATS = {dtype: HOST_CODES[dtype] for dtype in (torch.float32, torch.float64, torch.bfloat16)}
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 _STRIDED = torch.strided
 
@@ -55,7 +55,7 @@ class StatsEngine:
         if (code is not None and type(t) in _PLAIN and t.is_cpu and t.layout is _STRIDED and t.is_contiguous()
                 and not t.is_neg() and not t._is_zerotensor()):
             n = t.numel()
-            h = KERNEL.stats(t.data_ptr(), n, code, self._count_eps, _threads_for(n))
+            h = KERNEL.stats(t.data_ptr(), n, code, self._count_eps, threads_for(n))
         else:
             h = host_stats(t, self._count_eps)
             if h is None:

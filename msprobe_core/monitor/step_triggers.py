@@ -9,15 +9,21 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 from torch import nn
 
 from msprobe_core.common.patch import wrap
+from msprobe_core.monitor.skipped_updates import SkippedUpdates
 
-if TYPE_CHECKING:  # pragma: no cover
-    from msprobe_core.monitor.skipped_updates import SkippedUpdates
-    from msprobe_core.monitor.trainer_mon import TrainerMon
+
+class StepEvents(Protocol):
+    """What the optimizer patch tells (``TrainerMon`` provides it)."""
+
+    def pre_optimizer_step(self) -> Any: ...
+
+    def post_optimizer_step(self, optimizer_step: int | None = None, skipped: bool | None = None) -> Any: ...
+
 
 logger = logging.getLogger("msprobe_core.monitor")
 
@@ -28,8 +34,8 @@ class StepTriggers:
     def __init__(self) -> None:
         self._handles: list[Any] = []
 
-    def install(self, monitor: "TrainerMon", chunks: Sequence[nn.Module], optimizer: Any, *, patch_optimizer: bool,
-                skips: "SkippedUpdates", step_label: Callable[[], int] | None = None,
+    def install(self, monitor: StepEvents, chunks: Sequence[nn.Module], optimizer: Any, *, patch_optimizer: bool,
+                skips: SkippedUpdates, step_label: Callable[[], int] | None = None,
                 step_skipped: Callable[[], bool | None] | None = None) -> None:
         """Hook the first chunk's forward (``skips``), and with ``patch_optimizer`` the optimizer's ``step``
         and ``zero_grad``."""

@@ -39,15 +39,16 @@ _tensor_contiguous = torch.Tensor.contiguous
 # reduced in float32: half precision, and the float8 formats torch has no CPU reductions for
 _LOW_PRECISION = (torch.float16, torch.bfloat16) + tuple(
     getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz") if hasattr(torch, n))
-_HOST_CODES = {torch.float32: 0, torch.float64: 1, torch.bfloat16: 2, torch.int64: 3, torch.int32: 4,
-               torch.int16: 5, torch.int8: 6, torch.uint8: 7, torch.bool: 8}
+HOST_CODES = {torch.float32: 0, torch.float64: 1, torch.bfloat16: 2, torch.int64: 3, torch.int32: 4,
+              torch.int16: 5, torch.int8: 6, torch.uint8: 7, torch.bool: 8}
+"""The one-pass C kernel's code of each dtype it reads on the host."""
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
 _strided = torch.strided
 _get_num_threads = torch.get_num_threads
 _PARALLEL_MIN = 1 << 17
 
 
-def _threads_for(n: int) -> int:
+def threads_for(n: int) -> int:
     """Large buffers are split over torch's own intra-op threads (the kernel shares torch's OpenMP pool)."""
     return _get_num_threads() if n >= _PARALLEL_MIN else 1
 
@@ -76,11 +77,11 @@ def copy_host_stats(dst_address: int, t: torch.Tensor, eps: float = -1.0) -> Opt
     (for tensors saved to files); ``None``, with nothing copied, where the kernel does not apply."""
     if _fast_stats is None or not raw_values(t):
         return None
-    code = _HOST_CODES.get(t.dtype)
+    code = HOST_CODES.get(t.dtype)
     if code is None:
         return None
     n = t.numel()
-    return _fast_stats.copy_stats(dst_address, t.data_ptr(), n, code, eps, _threads_for(n))
+    return _fast_stats.copy_stats(dst_address, t.data_ptr(), n, code, eps, threads_for(n))
 
 
 def host_bytes(t: torch.Tensor) -> Optional[memoryview]:
@@ -98,7 +99,7 @@ def host_stats(t: torch.Tensor, eps: float = -1.0) -> Optional[tuple[float, ...]
     ``eps >= 0``. For bool tensors max/min are any/all. Call under ``torch.no_grad()``."""
     if not _kernel_reads(t):
         return None
-    code = _HOST_CODES.get(t.dtype)
+    code = HOST_CODES.get(t.dtype)
     if code is None:
         if t.dtype is not torch.float16:
             return None
@@ -106,7 +107,7 @@ def host_stats(t: torch.Tensor, eps: float = -1.0) -> Optional[tuple[float, ...]
     if not t.is_contiguous():
         t = _tensor_contiguous(t)
     n = t.numel()
-    return _fast_stats.stats(t.data_ptr(), n, code, eps, _threads_for(n))
+    return _fast_stats.stats(t.data_ptr(), n, code, eps, threads_for(n))
 
 
 _KINDS: dict[torch.dtype, str] = {}
