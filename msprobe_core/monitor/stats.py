@@ -18,14 +18,12 @@ from typing import Sequence
 import torch
 
 from msprobe_core.pytorch.tensor_stats import (HOST_CODES, MONITOR_OPS, batched_stats, fast_cpu_stats, host_stats,
-                                               threads_for)
+                                               raw_values, threads_for)
 from msprobe_core.stats.kernel import KERNEL
 
 _NAN_PROXIES = ("min", "max", "norm", "mean")
 # the float types tensor_stats.host_stats hands the kernel without a conversion, with their dtype codes
 _KERNEL_FLOATS = {dtype: HOST_CODES[dtype] for dtype in (torch.float32, torch.float64, torch.bfloat16)}
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
-_STRIDED = torch.strided
 
 
 class StatsEngine:
@@ -52,8 +50,7 @@ class StatsEngine:
         kernel does not apply (no kernel, another device, a subclass, ...). Called once per tensor: a dense
         float CPU tensor goes straight to the kernel, anything else through ``host_stats``."""
         code = _KERNEL_FLOATS.get(t.dtype)
-        if (code is not None and type(t) in _PLAIN and t.is_cpu and t.layout is _STRIDED and t.is_contiguous()
-                and not t.is_neg() and not t._is_zerotensor()):
+        if code is not None and raw_values(t) and not t._is_zerotensor():
             n = t.numel()
             h = KERNEL.stats(t.data_ptr(), n, code, self._count_eps, threads_for(n))
         else:
