@@ -42,12 +42,17 @@ def single(tmp_path_factory):
     return ds_support.run_single("single", out, free_port(), script=ds_moe_run.__file__)
 
 
-@pytest.fixture(scope="module")
-def ep(tmp_path_factory):
-    out = tmp_path_factory.mktemp("ds_moe_ep") / "out.json"
-    torchrun(ds_moe_run.__file__, "ep", str(out), timeout=420, cwd=ds_support.ROOT,
+def _two_ranks(tmp_path_factory, scenario: str) -> list[dict]:
+    """Both ranks' results of ``ds_moe_run.py`` ``scenario`` under torchrun."""
+    out = tmp_path_factory.mktemp(f"ds_moe_{scenario}") / "out.json"
+    torchrun(ds_moe_run.__file__, scenario, str(out), timeout=420, cwd=ds_support.ROOT,
              env={"DS_ACCELERATOR": "cpu", "TOKENIZERS_PARALLELISM": "false"})
     return [json.loads(out.with_name(f"out.rank{r}.json").read_text()) for r in (0, 1)]
+
+
+@pytest.fixture(scope="module")
+def ep(tmp_path_factory):
+    return _two_ranks(tmp_path_factory, "ep")
 
 
 def _close(a: float, b: float) -> bool:
@@ -139,10 +144,7 @@ def test_gate_routes_read_from_either_output_form(tmp_path, sparse):
 
 @pytest.fixture(scope="module")
 def fused(tmp_path_factory):
-    out = tmp_path_factory.mktemp("ds_moe_fused") / "out.json"
-    torchrun(ds_moe_run.__file__, "fused", str(out), timeout=420, cwd=ds_support.ROOT,
-             env={"DS_ACCELERATOR": "cpu", "TOKENIZERS_PARALLELISM": "false"})
-    return [json.loads(out.with_name(f"out.rank{r}.json").read_text()) for r in (0, 1)]
+    return _two_ranks(tmp_path_factory, "fused")
 
 
 def test_fused_experts_split_from_zero2_fragments_equal_zero0(fused):
