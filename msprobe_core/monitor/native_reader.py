@@ -24,7 +24,7 @@ from msprobe_core.monitor.selection import named_parameters
 from msprobe_core.monitor.shard_stats import combine_partials, shard_partials
 from msprobe_core.monitor.state_readers import STATE_KINDS, StateReader
 from msprobe_core.monitor.stats import StatsEngine
-from msprobe_core.pytorch.native_shards import FlatSlot, LocalPiece, fsdp1_slots, is_dtensor, piece_of
+from msprobe_core.pytorch.native_shards import FlatSlot, LocalPiece, dtensor_start, fsdp1_slots, is_dtensor, piece_of
 
 logger = logging.getLogger("msprobe_core.monitor")
 
@@ -67,6 +67,16 @@ class NativeShardReader(StateReader):
     def full_numel(self, name: str, param: Any) -> int:
         slot = self._slots.get(name)
         return slot.numel if slot is not None else int(param.numel())
+
+    def full_shape(self, name: str, param: Any) -> tuple[int, ...]:
+        slot = self._slots.get(name)
+        return slot.shape if slot is not None else tuple(param.shape)
+
+    def shard_start(self, name: str, param: Any) -> int | None:
+        slot = self._slots.get(name)
+        if slot is not None:
+            return slot.start
+        return dtensor_start(param) if is_dtensor(param) else 0
 
     # ------------------------------------------------------------------------------ readers
     def _skip(self, what: str, name: str) -> None:

@@ -126,6 +126,12 @@ class MegatronStateReader(StateReader):
         return entry.start is not None or not self.sharded or self._replica == 0
 
     # ------------------------------------------------------------------------------ StateReader
+    def shard_start(self, name: str, param: Any) -> Optional[int]:
+        """This rank's range of the parameter under the distributed optimizer starts at its ``param`` range;
+        anything else is the whole tensor or nothing."""
+        entry = self._entries.get(id(param))
+        return entry.start if entry is not None and entry.start is not None else 0
+
     def grads(self, params: Mapping[str, torch.nn.Parameter]) -> dict[str, torch.Tensor]:
         out: dict[str, torch.Tensor] = {}
         for name, p in params.items():

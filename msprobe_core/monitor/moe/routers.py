@@ -149,6 +149,7 @@ class RouterTap:
         self.entropy_tokens = 0
         self.dropped: torch.Tensor | None = None
         self.tokens = 0
+        self.cosine: torch.Tensor | None = None
 
     def remove(self) -> None:
         for h in self._handles:
@@ -189,6 +190,18 @@ class RouterTap:
             _DeepSpeedGating.current = None
         if self._counting():
             self._guarded(self._add, output)
+            if self.cosine is None:
+                self._guarded(self._add_cosine, None)
+
+    def _add_cosine(self, _: Any) -> None:
+        """Max and mean cosine similarity between the experts' router-weight rows, as the step's first forward
+        used them (FSDP and ZeRO-3 hold the whole weight only around the forward): ``[2]`` on its device."""
+        w = self.weight
+        if w is None or self.num_experts < 2 or type(w) not in (torch.Tensor, nn.Parameter):
+            return  # (a DTensor piece or an empty ZeRO-3 stand-in: the whole weight is not here)
+        wn = torch.nn.functional.normalize(w.detach().float(), dim=1)
+        vals = (wn @ wn.T)[~torch.eye(self.num_experts, dtype=torch.bool, device=w.device)].double()
+        self.cosine = torch.stack([vals.max(), vals.mean()])
 
     def _guarded(self, fn: Callable[[Any], None], arg: Any) -> None:
         with tool_work(), torch.no_grad():
@@ -274,15 +287,7 @@ class RouterTap:
         load = self.load if self.load is not None else torch.zeros(self.num_experts, dtype=torch.float64, device=dev)
         ent = self.entropy.to(dev) if self.entropy is not None else zero
         dropped = self.dropped.to(dev) if self.dropped is not None else (zero if self.capacity else nan)
-        cos_max, cos_mean = nan, nan
-        w = self.weight
-        if w is not None and self.num_experts > 1:
-            with torch.no_grad():
-                wn = torch.nn.functional.normalize(w.detach().float(), dim=1)
-                sim = wn @ wn.T
-                off = ~torch.eye(self.num_experts, dtype=torch.bool, device=sim.device)
-                vals = sim[off].double()
-                cos_max, cos_mean = vals.max().to(dev), vals.mean().to(dev)
+        cos_max, cos_mean = self.cosine.to(dev) if self.cosine is not None else (nan, nan)
         counts = torch.tensor([float(self.tokens), float(self.entropy_tokens)], dtype=torch.float64).to(dev)
         return torch.cat([load, counts[:1], ent.reshape(1), counts[1:], torch.stack([dropped, cos_max, cos_mean])])
 
