@@ -111,10 +111,7 @@ def main() -> None:
     grouped = mode.startswith("g")
     distributed = mode.endswith("do")
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    patches = ms.CpuPatches().install()
-    # megatron-core's autograd backward (tensor_parallel/mappings.py) allocates with
-    # device=torch.cuda.current_device(), where the recipe's CudaOnCpuMode is not in effect: name the CPU
-    patches.replace(torch.cuda, "current_device", lambda _original: (lambda: torch.device("cpu")))
+    patches = ms.CpuPatches().install().for_expert_parallel()  # (needed with ep > 1, harmless without)
     if grouped:
         grouped_on_cpu(patches)
     try:

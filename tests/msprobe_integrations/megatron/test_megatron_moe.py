@@ -256,3 +256,34 @@ def test_grouped_mlp_expert_parallel_with_the_distributed_optimizer(grouped_ref)
         _assert_rows_equal(sharded[r]["metrics"][0]["metrics"], ref["metrics"][0]["metrics"], experts + GROUPED, r)
         for step, (got, want) in enumerate(zip(sharded[r]["metrics"], plain[r]["metrics"])):
             _assert_rows_equal(got["metrics"], want["metrics"], experts, (r, step))
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_recipe_expert_parallel_flag_with_the_distributed_optimizer(tmp_path):
+    """The recipe's ``--expert-model-parallel-size 2`` on two gloo ranks (4 ``SequentialMLP`` experts, the distributed
+    optimizer): the losses are bit-identical with the monitor on and off, every rank writes every expert's weight,
+    gradient and Adam rows (the same numbers on both ranks: each expert's shards combined over the ranks), and the
+    router loads count every rank's routes (per rank: 2 micro-batches of 4 sequences x 16 tokens, top-2)."""
+    cfg = tmp_path / "monitor.json"
+    cfg.write_text(json.dumps({"wg_distribution": True, "mv_distribution": True, "param_distribution": True,
+                               "ops": ["min", "max", "norm", "mean"], "format": ["csv"]}))
+    cmd = [os.path.join(ms.ROOT, "recipes", "megatron_core_gpt.py"), "--train-iters", "2", "--num-experts", "4",
+           "--moe-router-topk", "2", "--expert-model-parallel-size", "2", "--use-distributed-optimizer"]
+    env = {"PYTHONWARNINGS": "ignore"}
+    plain = torchrun(*cmd, timeout=300, cwd=ms.ROOT, env=env)
+    mon = tmp_path / "mon"
+    probed = torchrun(*cmd, "--msprobe-monitor-config", str(cfg), "--msprobe-monitor-output-dir", str(mon),
+                      timeout=300, cwd=ms.ROOT, env=env)
+    assert ms.lm_losses(probed) == ms.lm_losses(plain) and len(ms.lm_losses(plain)) == 2
+    experts = {f"decoder.layers.{n}.mlp.experts.linear_fc{fc}.weight.{e}" for n in (0, 1) for fc in (1, 2)
+               for e in range(4)}
+    for kind in ("grad", "param", "exp_avg", "exp_avg_sq"):
+        rows = [_rows(mon / f"rank{r}" / f"{kind}_2-2.csv") for r in (0, 1)]
+        assert experts <= rows[0].keys() and experts <= rows[1].keys(), kind
+        for name in experts:
+            assert rows[0][name] == pytest.approx(rows[1][name], rel=1e-6), (kind, name)
+    with open(mon / "rank1" / "moe_router.csv", newline="") as f:
+        load = [float(r["value"]) for r in csv.DictReader(f)
+                if r["name"] == "decoder.layers.0.mlp.router" and r["step"] == "1" and r["metric"].startswith("load.")]
+    assert len(load) == 4 and sum(load) == 2 * 2 * 4 * 16 * 2  # ranks x micro-batches x sequences x tokens x top-k
