@@ -52,6 +52,7 @@ from msprobe_core.common.patch import patch
 from msprobe_core.common.tool_guard import tool_work
 from msprobe_core.errors import ConfigError
 from msprobe_core.monitor.module_hooks import ROOT_NAME, in_backward
+from msprobe_core.pytorch.wrapper_names import unwrapped_modules
 
 logger = logging.getLogger("msprobe_core.monitor")
 
@@ -347,7 +348,7 @@ def find_routers(chunks: Sequence[nn.Module], patterns: Sequence[str], is_active
     expert count cannot be told (no ``num_experts``, ``num_local_experts`` or 2-D ``weight``)."""
     multi = len(chunks) > 1
     modules = [((f"{c}:" if multi else "") + (name or ROOT_NAME), m)
-               for c, chunk in enumerate(chunks) for name, m in chunk.named_modules()]
+               for c, chunk in enumerate(chunks) for name, m in unwrapped_modules(chunk)]  # FSDP1: names without wrappers
     chosen: dict[str, tuple[nn.Module, str]] = {}
     for name, m in modules:
         kind = _auto_kind(m)

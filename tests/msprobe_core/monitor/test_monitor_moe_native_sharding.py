@@ -3,8 +3,11 @@ Qwen3-MoE (transformers 5 fused ``experts.gate_up_proj`` ``[5, 2f, h]`` / ``expe
 under FSDP2 ``fully_shard`` (dim 0 sharded unevenly: experts 0-2 on rank 0, 3-4 on rank 1) and FSDP1 with and
 without ``use_orig_params`` (the experts module its own unit, whose flat parameter the two ranks cut inside
 expert 3 of ``gate_up_proj``). On both ranks, every expert's weight, gradient, ``exp_avg`` and ``exp_avg_sq``
-row equals that expert's slice in a single-process run over the global batch (rtol 1e-5), every step; the
-losses are bit-identical with the monitor on and off. All three setups run in one two-rank job."""
+row equals that expert's slice in a single-process run over the global batch (rtol 1e-5), every step, and so
+does the router-weight cosine similarity between experts (router named without the FSDP1 wrappers; from the whole
+weight, as the router's forward held it;
+the weight is a piece outside the forward); the losses are bit-identical with the monitor on and off. All three
+setups run in one two-rank job."""
 
 from __future__ import annotations
 
@@ -60,7 +63,10 @@ WORKER = textwrap.dedent("""
             ids = global_batch(step)
             opt.zero_grad()
             model(input_ids=ids, labels=ids).loss.backward()
-            rec = {"param": {}, "grad": {}}
+            w = torch.nn.functional.normalize(params["model.layers.0.mlp.gate.weight"].detach().double(), dim=1)
+            sim = (w @ w.T)[~torch.eye(EXPERTS, dtype=torch.bool)]
+            rec = {"param": {}, "grad": {}, "router": {"router_cos_max": sim.max().item(),
+                                                       "router_cos_mean": sim.mean().item()}}
             for name in FUSED:
                 for e in range(EXPERTS):
                     rec["param"][f"{name}.{e}"] = stats(params[name][e])
@@ -108,8 +114,9 @@ WORKER = textwrap.dedent("""
         mon = TrainerMon(MONITOR, output_dir=f"{tmp}/out_{setup}")
         losses, got = train(setup, mon)
         mon.close()
-        keep = [{k: {n: v for n, v in m.get(k, {}).items() if ".experts." in n} for k in
-                 ("param", "grad", "exp_avg", "exp_avg_sq")} for m in got]
+        keep = [{**{k: {n: v for n, v in m.get(k, {}).items() if ".experts." in n} for k in
+                    ("param", "grad", "exp_avg", "exp_avg_sq")},
+                 "router": m.get("router", {}).get("model.layers.0.mlp.gate", {})} for m in got]
         result[setup] = {"plain": plain, "losses": losses, "got": keep}
     with open(f"{tmp}/rank{rank}.json", "w") as f:
         json.dump(result, f)
@@ -138,3 +145,5 @@ def test_fused_experts_rows_equal_the_single_process_slices(results, setup):
                     for op, value in want[kind][name].items():
                         assert got[kind][name][op] == pytest.approx(value, rel=1e-5, abs=1e-8), \
                             (setup, step, kind, name, op)
+            for metric, value in want["router"].items():  # from the whole router weight its forward used
+                assert got["router"][metric] == pytest.approx(value, rel=1e-5), (setup, step, metric)
