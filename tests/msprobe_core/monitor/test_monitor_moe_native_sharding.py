@@ -4,10 +4,9 @@ under FSDP2 ``fully_shard`` (dim 0 sharded unevenly: experts 0-2 on rank 0, 3-4 
 without ``use_orig_params`` (the experts module its own unit, whose flat parameter the two ranks cut inside
 expert 3 of ``gate_up_proj``). On both ranks, every expert's weight, gradient, ``exp_avg`` and ``exp_avg_sq``
 row equals that expert's slice in a single-process run over the global batch (rtol 1e-5), every step, and so
-does the router-weight cosine similarity between experts (router named without the FSDP1 wrappers; from the whole
-weight, as the router's forward held it;
-the weight is a piece outside the forward); the losses are bit-identical with the monitor on and off. All three
-setups run in one two-rank job."""
+does the router-weight cosine similarity between experts (the router named without the FSDP1 wrappers; taken from
+the whole weight as the router's forward held it, a piece outside the forward); the losses are bit-identical with
+the monitor on and off. All three setups run in one two-rank job."""
 
 from __future__ import annotations
 
