@@ -26,7 +26,7 @@ from torch import nn
 
 from msprobe_core.monitor.records import EXP_AVG, EXP_AVG_SQ
 from msprobe_core.monitor.selection import named_parameters
-from msprobe_core.monitor.shard_stats import combine_partials, shard_partials
+from msprobe_core.monitor.shard_stats import shard_partials
 from msprobe_core.monitor.stats import StatsEngine
 
 # optimizer.state key -> monitor kind
@@ -73,11 +73,12 @@ class StateReader(ABC):
         not known (per-expert rows of a fused expert tensor are then not made from shards)."""
         return None
 
-    def combined_partials(self, engine: StatsEngine, names: Sequence[str], tensors: Mapping[str, Any],
-                          group: Any) -> torch.Tensor:
-        """Full-tensor partial statistics (``shard_stats``) of this rank's ``tensors`` in ``names`` order,
-        combined over ``group``; every rank of the group calls it with the same names."""
-        return combine_partials(shard_partials(engine, [tensors[n] for n in names]), group)
+    def partials(self, engine: StatsEngine, names: Sequence[str], tensors: Mapping[str, Any],
+                 group: Any) -> tuple[torch.Tensor, list[Any]]:
+        """This rank's partial statistics (``shard_stats``) of ``tensors`` in ``names`` order, and for each row the
+        group over which it adds up (``shard_stats.LOCAL``: nothing to add); the monitor combines them
+        (``combine_grouped``). Every rank of a group hands the same names."""
+        return shard_partials(engine, [tensors[n] for n in names]), [group] * len(names)
 
 
 def param_shape(param: Any) -> tuple[int, ...]:

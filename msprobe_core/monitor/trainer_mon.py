@@ -418,13 +418,14 @@ class TrainerMon:
         if self._moe is not None:
             tensors = self._moe.rename(kind, tensors, self.reader.sharded)
         collecting = self._step.collecting
+        sharded = self.reader.sharded and kind in SHARDED_KINDS
+        extra = None
+        if self._moe is not None and sharded:  # per-expert rows of fused expert tensors from their shards
+            extra = self._moe.shard_partials(self.collector, kind, tensors, self.reader, self.recorder.params,
+                                             self._shard_group())
         self.recorder.record(self.collector, kind, tensors, collecting=collecting, group=self._shard_group(),
-                             micro_step=micro_step, module=module)
-        if self._moe is not None and self.reader.sharded and kind in SHARDED_KINDS:
-            # per-expert rows of fused expert tensors from their shards
-            self._moe.record_shards(self.collector, kind, tensors, self.reader, self.recorder.params,
-                                    self._shard_group(), collecting)
-        elif self._moe is not None and collecting:
+                             micro_step=micro_step, module=module, extra=extra)
+        if self._moe is not None and collecting and not sharded:
             self._moe.record(self.collector, kind, tensors, micro_step)
 
     def _writer_context(self) -> WriterContext:

@@ -31,8 +31,9 @@ fragments and Megatron's distributed-optimizer ranges (cut anywhere), ZeRO-3 par
 ranges (cut anywhere), FSDP2 ``Shard(0)`` pieces (whole rows of dim 0, the expert dim of ``[E, ...]``). The reader
 tells where this rank's piece starts (``StateReader.shard_start``); each element is given to its expert by index
 (``index_add`` / ``scatter_reduce``; a piece that starts and ends on expert boundaries is reshaped instead), with
-no loop over experts, and the per-expert partials of all fused tensors of a kind are combined over the shard
-group in one go (``record_shards``: two all-reduces per group and kind, whatever the number of tensors). The
+no loop over experts, and the per-expert partials of all fused tensors of a kind are combined in the same two
+all-reduces per shard group and kind as the whole-tensor rows (``shard_partials``: ``StateRecorder.record``'s
+``extra``), whatever the number of tensors and experts. The
 parameter's full shape comes from the reader (``StateReader.full_shape``: ZeRO-3's ``ds_shape``, FSDP1's
 original shapes), since a sharded parameter's own shape is its piece's. Under expert parallelism the experts'
 global rows are filled by the ranks that hold them: a shard group that spans the expert-parallel ranks
@@ -52,7 +53,7 @@ from torch import nn
 
 from msprobe_core.monitor.collector import StepCollector
 from msprobe_core.monitor.moe.routers import is_router
-from msprobe_core.monitor.shard_stats import combine_partials, partials_to_ops
+from msprobe_core.monitor.shard_stats import ExtraPartials, combine_partials, partials_to_ops
 from msprobe_core.monitor.state_readers import param_shape
 from msprobe_core.pytorch.wrapper_names import unwrapped_name
 
@@ -199,24 +200,23 @@ class ExpertPlan:
             _add_rows(collector, kind, [spec for spec, _ in items], block, micro_step)
 
     @torch.no_grad()
-    def record_shards(self, collector: StepCollector, ops: Sequence[str], eps: float, kind: str,
-                      shards: Mapping[str, tuple[torch.Tensor, int, Any]], collecting: bool) -> None:
-        """Per-expert rows of the fused expert tensors among a sharded reader's flat shards. ``shards``: name ->
-        (this rank's piece, flattened; where it starts among the parameter's elements; the group over which the
-        pieces add up, None for a piece that is the whole tensor). One block of partials per group, combined with
-        two all-reduces. Every rank of a group calls it with the same names (a rank without a piece hands an empty
-        one); only a ``collecting`` rank writes the rows."""
-        by_group: dict[int, tuple[Any, list[str]]] = {}
-        for name in sorted(shards):
-            group = shards[name][2]
-            by_group.setdefault(id(group), (group, []))[1].append(name)
-        for group, names in by_group.values():  # the same groups in the same order on every rank (sorted names)
-            specs = [self.fused[n] for n in names]
-            partials = torch.cat([shard_expert_partials(s, shards[n][0], shards[n][1], eps)
-                                  for s, n in zip(specs, names)])
-            combined = combine_partials(partials, group) if group is not None else combine_partials([partials])
-            if collecting:
-                _add_rows(collector, kind, specs, partials_to_ops(combined, ops), None)
+    def shard_partials(self, collector: StepCollector, ops: Sequence[str], eps: float, kind: str,
+                       shards: Mapping[str, tuple[torch.Tensor, int, Any]]) -> ExtraPartials | None:
+        """Per-expert partial rows of the fused expert tensors among a sharded reader's pieces, to be combined in
+        the whole-tensor rows' all-reduces (``StateRecorder.record``'s ``extra``); their rows go to ``collector``
+        once combined. ``shards``: name -> (this rank's piece, flattened; where it starts among the parameter's
+        elements; the group over which the pieces add up, ``shard_stats.LOCAL`` for a whole tensor). Every rank
+        of a group hands the same names (a rank without a piece hands an empty one)."""
+        names = sorted(shards)
+        if not names:
+            return None
+        specs = [self.fused[n] for n in names]
+        partials = torch.cat([shard_expert_partials(s, shards[n][0], shards[n][1], eps) for s, n in zip(specs, names)])
+        groups = [shards[n][2] for s, n in zip(specs, names) for _ in range(s.total)]
+
+        def deliver(combined: torch.Tensor) -> None:
+            _add_rows(collector, kind, specs, partials_to_ops(combined, ops), None)
+        return ExtraPartials(partials, groups, deliver)
 
 
 def _add_rows(collector: StepCollector, kind: str, specs: Sequence[FusedExperts], block: torch.Tensor,

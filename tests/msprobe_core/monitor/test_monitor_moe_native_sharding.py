@@ -6,7 +6,8 @@ expert 3 of ``gate_up_proj``). On both ranks, every expert's weight, gradient, `
 row equals that expert's slice in a single-process run over the global batch (rtol 1e-5), every step, and so
 does the router-weight cosine similarity between experts (the router named without the FSDP1 wrappers; taken from
 the whole weight as the router's forward held it, a piece outside the forward); the losses are bit-identical with
-the monitor on and off. All three setups run in one two-rank job."""
+the monitor on and off. The per-expert rows add no collective: a monitored run makes as many all-reduces with
+them as without (``moe.per_expert`` false). All three setups run in one two-rank job."""
 
 from __future__ import annotations
 
@@ -105,18 +106,33 @@ WORKER = textwrap.dedent("""
                 got.append(mon.get_metrics().get("metrics", {}))
         return losses, got
 
+    ALL_REDUCES = [0]
+    _all_reduce = dist.all_reduce
+
+    def counted(*args, **kwargs):
+        ALL_REDUCES[0] += 1
+        return _all_reduce(*args, **kwargs)
+
+    dist.all_reduce = counted
+
+    def monitored(setup, config, name):
+        mon = TrainerMon(config, output_dir=f"{tmp}/out_{name}")
+        ALL_REDUCES[0] = 0
+        losses, got = train(setup, mon)
+        mon.close()
+        return losses, got, ALL_REDUCES[0]
+
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     result = {"want": reference()}
     for setup in sys.argv[2:]:
         plain, _ = train(setup)
-        mon = TrainerMon(MONITOR, output_dir=f"{tmp}/out_{setup}")
-        losses, got = train(setup, mon)
-        mon.close()
+        losses, got, all_reduces = monitored(setup, MONITOR, setup)
+        _, _, without = monitored(setup, {**MONITOR, "moe": {"per_expert": False}}, setup + "_whole")
         keep = [{**{k: {n: v for n, v in m.get(k, {}).items() if ".experts." in n} for k in
                     ("param", "grad", "exp_avg", "exp_avg_sq")},
                  "router": m.get("router", {}).get("model.layers.0.mlp.gate", {})} for m in got]
-        result[setup] = {"plain": plain, "losses": losses, "got": keep}
+        result[setup] = {"plain": plain, "losses": losses, "got": keep, "all_reduces": [all_reduces, without]}
     with open(f"{tmp}/rank{rank}.json", "w") as f:
         json.dump(result, f)
     finish_distributed()
@@ -137,6 +153,8 @@ def test_fused_experts_rows_equal_the_single_process_slices(results, setup):
         mine = result[setup]
         assert mine["losses"] == mine["plain"]  # bit-identical with the monitor on and off
         assert len(mine["got"]) == len(result["want"]) == 3
+        with_rows, without = mine["all_reduces"]  # the per-expert rows ride in the whole tensors' all-reduces
+        assert with_rows == without > 0, mine["all_reduces"]
         for step, (got, want) in enumerate(zip(mine["got"], result["want"])):
             for kind in KINDS:
                 assert rows <= set(got[kind]) and set(FUSED) <= set(got[kind]), (setup, kind, sorted(got[kind]))
