@@ -33,12 +33,11 @@ tells where this rank's piece starts (``StateReader.shard_start``); each element
 (``index_add`` / ``scatter_reduce``; a piece that starts and ends on expert boundaries is reshaped instead), with
 no loop over experts, and the per-expert partials of all fused tensors of a kind are combined in the same two
 all-reduces per shard group and kind as the whole-tensor rows (``shard_partials``: ``StateRecorder.record``'s
-``extra``), whatever the number of tensors and experts. The
-parameter's full shape comes from the reader (``StateReader.full_shape``: ZeRO-3's ``ds_shape``, FSDP1's
-original shapes), since a sharded parameter's own shape is its piece's. Under expert parallelism the experts'
-global rows are filled by the ranks that hold them: a shard group that spans the expert-parallel ranks
-(Megatron's data-parallel group, over which the expert optimizer's shards are combined too) gives every rank
-every expert.
+``extra``), whatever the number of tensors and experts. The parameter's full shape comes from the reader
+(``StateReader.full_shape``: ZeRO-3's ``ds_shape``, FSDP1's original shapes), since a sharded parameter's own
+shape is its piece's. Under expert parallelism the experts' global rows are filled by the ranks that hold them:
+a shard group that spans the expert-parallel ranks (Megatron's data-parallel group, over which the expert
+optimizer's shards are combined too) gives every rank every expert.
 """
 
 from __future__ import annotations
