@@ -96,6 +96,21 @@ def test_csv_writer_writes_the_bytes_csv_writer_would(tmp_path):
     assert (tmp_path / "grad_7-7.csv").read_bytes().decode() == "name,step,min,norm\r\nw,7,-inf,1.235e-07\r\n"
 
 
+def test_csv_templates_follow_steps_names_and_odd_characters(tmp_path):
+    w = CsvWriter(WriterContext(rank_dir=tmp_path, ops=("min",), ndigits=3, step_count_per_record=3))
+    steps = {4: ["a%s.output", "b%%"], 5: ["a%s.output", "b%%"], 6: ["c\0d", "e"]}
+    for step, names in steps.items():
+        w.write(step, [MetricRow("grad", n, "m", None, i, 1, (step + i / 3,)) for i, n in enumerate(names)])
+    w.close()
+    want = io.StringIO()
+    cw = csv.writer(want)
+    cw.writerow(["name", "step", "min"])
+    for step, names in steps.items():
+        for i, n in enumerate(names):
+            cw.writerow([n, step, f"{step + i / 3:.3g}"])
+    assert (tmp_path / "grad_4-6.csv").read_bytes().decode() == want.getvalue()
+
+
 def _rows(values, external=False):
     return [MetricRow("actv", f"m{i}.output", f"m{i}", 0, i, 4, v, external=external) for i, v in enumerate(values)]
 
