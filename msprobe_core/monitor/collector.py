@@ -13,8 +13,9 @@ row lives in a *slot*:
   a device and copies it to the host in one transfer.
 
 Every value is rounded to float32 at ``finalize`` (the blocks are float32), so the numbers do not depend
-on the path a tensor took. A named row waits as ``MetricRow``'s fields, a column per field, with its slot
-in place of ``values``, until ``finalize`` puts the values in and makes the ``MetricRow``s.
+on the path a tensor took. A named row waits as ``MetricRow``'s fields in one flat list, with its slot in
+place of ``values``, until ``finalize`` puts the values in and makes the ``MetricRow``s (a column at a
+time, sliced out of the list).
 
 Hooks call in here thousands of times a step while the model's activations are alive, so nothing here
 makes an object Python's garbage collector tracks: host values go into flat ``array``s and entries' fields
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 from array import array
 from functools import partial
-from itertools import repeat
+from itertools import chain, repeat
 from math import isfinite
 from typing import Iterable, Sequence, Union
 
@@ -42,6 +43,8 @@ Slot = Union[int, "tuple[torch.device, int]"]
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 _make_row = partial(tuple.__new__, MetricRow)
+_FIELDS = len(MetricRow._fields) - 1  # an entry: MetricRow's fields less call_id
+_SLOT = 5  # where an entry's slot (in place of MetricRow.values) is
 
 
 class StepCollector:
@@ -56,20 +59,14 @@ class StepCollector:
         """The element count of each host row."""
         self._blocks: dict[torch.device, list[torch.Tensor]] = {}
         self._rows: dict[torch.device, int] = {}
-        # the entries, a list per MetricRow field (call_id is the position), the slot in place of values
-        self._kind: list[str] = []
-        self._name: list[str] = []
-        self._module: list[str] = []
-        self._micro: list[int | None] = []
-        self._numel: list[int] = []
-        self._slot: list[Slot] = []
-        self._alias: list[bool] = []
-        self._external: list[bool] = []
+        self._entries: list = []
+        """``MetricRow``'s fields one entry after the other (all but ``call_id``, its position), the slot in
+        place of ``values``."""
         self._named: set[tuple[str, Slot]] = set()
         self._kinds: set[str] = set()
 
     def __len__(self) -> int:
-        return len(self._slot)
+        return len(self._entries) // _FIELDS
 
     def slot(self, t: torch.Tensor) -> Slot:
         """Statistics of one non-empty tensor (a DTensor: its local tensor); returns its slot."""
@@ -141,14 +138,7 @@ class StepCollector:
             alias = key in self._named
             self._named.add(key)
         self._kinds.add(kind)
-        self._kind.append(kind)
-        self._name.append(name)
-        self._module.append(module)
-        self._micro.append(micro_step)
-        self._numel.append(numel)
-        self._slot.append(where)
-        self._alias.append(alias)
-        self._external.append(external)
+        self._entries.extend((kind, name, module, micro_step, numel, where, alias, external))
 
     def add_entries(self, kind: str, names: Sequence[str], modules: Sequence[str], micro_step: int | None,
                     numels: Sequence[int], where: Sequence[Slot]) -> None:
@@ -157,14 +147,8 @@ class StepCollector:
         if not count:
             return
         self._kinds.add(kind)
-        self._kind.extend(repeat(kind, count))
-        self._name.extend(names)
-        self._module.extend(modules)
-        self._micro.extend(repeat(micro_step, count))
-        self._numel.extend(numels)
-        self._slot.extend(where)
-        self._alias.extend(repeat(False, count))
-        self._external.extend(repeat(False, count))
+        self._entries.extend(chain.from_iterable(zip(repeat(kind, count), names, modules, repeat(micro_step, count),
+                                                     numels, where, repeat(False, count), repeat(False, count))))
 
     def record(self, kind: str, named: Sequence[tuple[str, str, torch.Tensor]], micro_step: int | None = None) -> None:
         """Compute and name statistics of ``(name, module, tensor)`` triples; empty tensors are skipped."""
@@ -188,13 +172,15 @@ class StepCollector:
     def finalize(self) -> list[MetricRow]:
         """All rows of the step, in call order, with their values; then reset."""
         host, devices = self._values()
-        slots = self._slot
+        entries = self._entries
+        slots = entries[_SLOT::_FIELDS]
         if devices:
             values = [host[w] if w.__class__ is int else devices[w[0]][w[1]] for w in slots]
         else:
             values = list(map(host.__getitem__, slots))
-        rows = list(map(_make_row, zip(self._kind, self._name, self._module, self._micro, range(len(slots)),
-                                       self._numel, values, self._alias, self._external)))
+        rows = list(map(_make_row, zip(entries[0::_FIELDS], entries[1::_FIELDS], entries[2::_FIELDS],
+                                       entries[3::_FIELDS], range(len(slots)), entries[4::_FIELDS], values,
+                                       entries[6::_FIELDS], entries[7::_FIELDS])))
         self.reset()
         return rows
 
@@ -207,7 +193,8 @@ class StepCollector:
         """Whether a row of a kind of one of ``stages`` (``records.STAGES``) recorded so far holds a NaN or Inf
         (one host read per device)."""
         wanted = set(stages)
-        slots = [w for kind, w in zip(self._kind, self._slot) if stage_of(kind) in wanted]
+        entries = self._entries
+        slots = [w for kind, w in zip(entries[0::_FIELDS], entries[_SLOT::_FIELDS]) if stage_of(kind) in wanted]
         if not slots:
             return False
         host, devices = self._values()
@@ -223,9 +210,7 @@ class StepCollector:
         del self._numels[:]
         self._blocks.clear()
         self._rows.clear()
-        for column in (self._kind, self._name, self._module, self._micro, self._numel, self._slot, self._alias,
-                       self._external):
-            column.clear()
+        self._entries.clear()
         self._named.clear()
         self._kinds.clear()
 
