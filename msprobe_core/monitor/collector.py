@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from array import array
 from functools import partial
-from itertools import chain, repeat
+from itertools import chain, compress, repeat
 from math import isfinite
 from typing import Iterable, Sequence, Union
 
@@ -63,7 +63,6 @@ class StepCollector:
         """``MetricRow``'s fields one entry after the other (all but ``call_id``, its position), the slot in
         place of ``values``."""
         self._named: set[tuple[str, Slot]] = set()
-        self._kinds: set[str] = set()
 
     def __len__(self) -> int:
         return len(self._entries) // _FIELDS
@@ -81,14 +80,17 @@ class StepCollector:
                 return len(numels) - 1
         return self._device_slots([t])[0]
 
-    def compute(self, tensors: Sequence[torch.Tensor]) -> list[Slot]:
-        """Statistics of non-empty ``tensors`` (any devices); returns the slot of each, in order. Those the
-        kernel reads go through it in one call; the rest are summarised together, one block per device."""
-        tensors = [t if type(t) in _PLAIN else local_view(t) for t in tensors]
+    def compute(self, tensors: Sequence[torch.Tensor], numels: Sequence[int] | None = None) -> list[Slot]:
+        """Statistics of non-empty ``tensors`` (any devices; ``numels``: their element counts, when known);
+        returns the slot of each, in order. Those the kernel reads go through it in one call; the rest are
+        summarised together, one block per device."""
+        if not all(map(_PLAIN.__contains__, map(type, tensors))):
+            tensors = [t if type(t) in _PLAIN else local_view(t) for t in tensors]
+            numels = None
         if not self.engine.host_rows:
             return self._device_slots(tensors)
         base = len(self._numels)
-        rest = self.engine.raw_rows(tensors, self._raw, self._numels)
+        rest = self.engine.raw_rows(tensors, self._raw, self._numels, numels)
         if not rest:
             return list(range(base, len(self._numels)))
         where: list[Slot] = []
@@ -137,7 +139,6 @@ class StepCollector:
             key = (kind, where)
             alias = key in self._named
             self._named.add(key)
-        self._kinds.add(kind)
         self._entries.extend((kind, name, module, micro_step, numel, where, alias, external))
 
     def add_entries(self, kind: str, names: Sequence[str], modules: Sequence[str], micro_step: int | None,
@@ -146,17 +147,25 @@ class StepCollector:
         count = len(names)
         if not count:
             return
-        self._kinds.add(kind)
         self._entries.extend(chain.from_iterable(zip(repeat(kind, count), names, modules, repeat(micro_step, count),
                                                      numels, where, repeat(False, count), repeat(False, count))))
 
     def record(self, kind: str, named: Sequence[tuple[str, str, torch.Tensor]], micro_step: int | None = None) -> None:
         """Compute and name statistics of ``(name, module, tensor)`` triples; empty tensors are skipped."""
-        named = [item for item in named if item[2].numel() > 0]
-        if not named:
-            return
-        names, modules, tensors = zip(*named)
-        self.add_entries(kind, names, modules, micro_step, [t.numel() for t in tensors], self.compute(tensors))
+        if named:
+            names, modules, tensors = zip(*named)
+            self.record_columns(kind, names, modules, tensors, micro_step)
+
+    def record_columns(self, kind: str, names: Sequence[str], modules: Sequence[str],
+                       tensors: Sequence[torch.Tensor], micro_step: int | None = None) -> None:
+        """``record`` of the triples ``zip(names, modules, tensors)``."""
+        numels = [t.numel() for t in tensors]
+        if 0 in numels:
+            keep = list(map(bool, numels))
+            names, modules, tensors, numels = (list(compress(column, keep))
+                                               for column in (names, modules, tensors, numels))
+        if numels:
+            self.add_entries(kind, names, modules, micro_step, numels, self.compute(tensors, numels))
 
     def _values(self) -> tuple[list[tuple[float, ...]], dict[torch.device, list[tuple[float, ...]]]]:
         """Every host row in ``ops`` order rounded to float32, and every device block copied to the host (one
@@ -187,7 +196,7 @@ class StepCollector:
     def recorded(self, stages: Iterable[str]) -> bool:
         """Whether a row of a kind of one of ``stages`` was recorded this step."""
         wanted = set(stages)
-        return any(stage_of(kind) in wanted for kind in self._kinds)
+        return any(stage_of(kind) in wanted for kind in set(self._entries[0::_FIELDS]))
 
     def has_nonfinite(self, stages: Iterable[str]) -> bool:
         """Whether a row of a kind of one of ``stages`` (``records.STAGES``) recorded so far holds a NaN or Inf
@@ -212,7 +221,6 @@ class StepCollector:
         self._rows.clear()
         self._entries.clear()
         self._named.clear()
-        self._kinds.clear()
 
 
 def _rows_of(flat: list[float], width: int) -> list[tuple[float, ...]]:

@@ -58,13 +58,16 @@ class StatsEngine:
             return KERNEL.stats(t.data_ptr(), n, code, self._count_eps, threads_for(n))
         return host_stats(t, self._count_eps)
 
-    def raw_rows(self, tensors: Sequence[torch.Tensor], raw: array, numels: array) -> list[int]:
+    def raw_rows(self, tensors: Sequence[torch.Tensor], raw: array, numels: array,
+                 counts: Sequence[int] | None = None) -> list[int]:
         """``raw_row`` of each of non-empty ``tensors`` the kernel reads, appended to ``raw`` (``RAW_WIDTH``
         floats a tensor) and their element counts to ``numels``, in order; returns the positions of the
-        others (for the device path). Dense float tensors all: one kernel call for the lot."""
+        others (for the device path). Dense float tensors all: one kernel call for the lot. ``counts``:
+        the tensors' element counts, when known."""
         codes = [_KERNEL_FLOATS.get(t.dtype) for t in tensors]
         if _stats_many is not None and None not in codes and all(map(raw_values, tensors)):
-            counts = [t.numel() for t in tensors]
+            if counts is None:
+                counts = [t.numel() for t in tensors]
             start = len(raw)
             raw.frombytes(bytes(RAW_WIDTH * raw.itemsize * len(tensors)))
             with memoryview(raw) as view:
