@@ -46,16 +46,21 @@ class StatsEngine:
         self._count_eps = self.eps if "zeros" in self.ops else -1.0
         self.host_rows = fast_cpu_stats()
         """CPU tensors are summarised on the host by the one-pass kernel (``raw_row``, ``raw_rows``)."""
+        self._row = array("d", bytes(RAW_WIDTH * 8))
 
-    def raw_row(self, t: torch.Tensor) -> tuple[float, ...] | None:
+    def raw_row(self, t: torch.Tensor) -> Sequence[float] | None:
         """The kernel's host floats (max, min, sum, sum of squares, zeros, NaNs; ``columns`` makes the ``ops``
-        of them) of one non-empty CPU tensor; None where the kernel does not apply (no kernel, another
-        device, a subclass, ...). A dense float CPU tensor goes straight to the kernel, anything else
-        through ``host_stats``."""
+        of them) of one non-empty CPU tensor, valid until the next call (copy them out); None where the
+        kernel does not apply (no kernel, another device, a subclass, ...). A dense float CPU tensor goes
+        straight to the kernel, anything else through ``host_stats``."""
         code = _KERNEL_FLOATS.get(t.dtype)
         if code is not None and raw_values(t):
             n = t.numel()
-            return KERNEL.stats(t.data_ptr(), n, code, self._count_eps, threads_for(n))
+            if _stats_many is None:
+                return KERNEL.stats(t.data_ptr(), n, code, self._count_eps, threads_for(n))
+            # one buffer through stats_many: no OpenMP region around a small one
+            _stats_many((t.data_ptr(),), (n,), (code,), self._count_eps, threads_for(n), self._row)
+            return self._row
         return host_stats(t, self._count_eps)
 
     def raw_rows(self, tensors: Sequence[torch.Tensor], raw: array, numels: array,
