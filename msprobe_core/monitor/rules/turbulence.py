@@ -57,7 +57,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from itertools import compress
+from itertools import chain, compress
 from operator import attrgetter
 from typing import Sequence
 
@@ -179,7 +179,7 @@ class TurbulenceRule:
         layout = list(map(_LAYOUT, rows))
         if layout != self._layout:  # the same tensors every step, as a rule: plan once
             self._layout, self._plans = layout, self._plan(layout)
-        values = np.array(list(map(_VALUES, rows)), dtype=np.float64)
+        values = np.fromiter(chain.from_iterable(map(_VALUES, rows)), dtype=np.float64).reshape(len(rows), -1)
         norms = values[:, self._norm]
         found: list[Jump] = []
         for plan in self._plans:
