@@ -19,7 +19,7 @@ time, sliced out of the list).
 
 Hooks call in here thousands of times a step while the model's activations are alive, so nothing here
 makes an object Python's garbage collector tracks: host values go into flat ``array``s and entries' fields
-into flat lists. (Each tracked object made counts towards the next collection; collections in the middle
+into one flat list. (Each tracked object made counts towards the next collection; collections in the middle
 of a forward promote the model's activations to older generations and so bring on full collections of
 the whole heap.)
 """
@@ -35,7 +35,7 @@ from typing import Iterable, Sequence, Union
 import torch
 
 from msprobe_core.monitor.records import MetricRow, stage_of
-from msprobe_core.monitor.stats import RAW_WIDTH, StatsEngine
+from msprobe_core.monitor.stats import StatsEngine
 from msprobe_core.pytorch.native_shards import local_view
 
 Slot = Union[int, "tuple[torch.device, int]"]
@@ -54,7 +54,7 @@ class StepCollector:
         """``engine``: the statistics (at least one op, as the config requires)."""
         self.engine = engine
         self._raw = array("d")
-        """The host rows' kernel values (``StatsEngine.raw_row``), ``RAW_WIDTH`` a row."""
+        """The host rows' kernel values (``StatsEngine.raw_row``), ``stats.RAW_WIDTH`` a row."""
         self._numels = array("d")
         """The element count of each host row."""
         self._blocks: dict[torch.device, list[torch.Tensor]] = {}
