@@ -1,28 +1,34 @@
 """One step's statistics, kept until the step ends, then handed over as ``MetricRow``s in call order.
 
-Hooks and readers call ``record`` (or ``compute`` and ``add_entry``); statistics are computed right away
-(so an in-place change made later in the step cannot alter them). Each computed row lives in a *slot*:
+Hooks and readers call ``record`` (or ``slot``/``compute`` and ``add_entry``/``add_entries``); statistics
+are computed right away (so an in-place change made later in the step cannot alter them). Each computed
+row lives in a *slot*:
 
-* a CPU tensor the one-pass kernel reads (``StatsEngine.host_row``) gives host floats at once, no torch
-  call and no tensor made: its slot is an ``int``, the index of its row in the step's host values;
+* a CPU tensor the one-pass kernel reads gives the kernel's six host floats at once (``StatsEngine.raw_row``
+  for one tensor, ``StatsEngine.raw_rows``, one kernel call, for a batch), no torch call and no tensor
+  made: its slot is an ``int``, the index of its row in the step's host values, which stay the kernel's
+  raw sums until ``finalize`` turns them into the ``ops`` for the whole step at once (a column at a time);
 * any other tensor (an accelerator's, or a CPU tensor the kernel cannot read) is summarised on its device
   into a ``[n, len(ops)]`` block; its slot is ``(device, row)``. ``finalize`` concatenates every block of
   a device and copies it to the host in one transfer.
 
 Every value is rounded to float32 at ``finalize`` (the blocks are float32), so the numbers do not depend
-on the path a tensor took. A named row waits as ``MetricRow``'s fields, with its slot in place of
-``values``, until ``finalize`` puts the values in and makes the ``MetricRow``.
+on the path a tensor took. A named row waits as ``MetricRow``'s fields in one flat list, with its slot in
+place of ``values``, until ``finalize`` puts the values in and makes the ``MetricRow``s (a column at a
+time, sliced out of the list).
 
 Hooks call in here thousands of times a step while the model's activations are alive, so nothing here
-makes an object Python's garbage collector tracks: host values go into one flat ``array`` and entries'
-fields into one flat list. (Each tracked object made counts towards the next collection; collections in
-the middle of a forward promote the model's activations to older generations and so bring on full
-collections of the whole heap.)
+makes an object Python's garbage collector tracks: host values go into flat ``array``s and entries' fields
+into one flat list. (Each tracked object made counts towards the next collection; collections in the middle
+of a forward promote the model's activations to older generations and so bring on full collections of
+the whole heap.)
 """
 
 from __future__ import annotations
 
 from array import array
+from functools import partial
+from itertools import chain, compress, repeat
 from math import isfinite
 from typing import Iterable, Sequence, Union
 
@@ -36,9 +42,9 @@ Slot = Union[int, "tuple[torch.device, int]"]
 """Where a computed row is: an index into the step's host rows, or (device, row of that device's blocks)."""
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
-_new_row = tuple.__new__
-_FIELDS = len(MetricRow._fields)
-_SLOT = MetricRow._fields.index("values")
+_make_row = partial(tuple.__new__, MetricRow)
+_FIELDS = len(MetricRow._fields) - 1  # an entry: MetricRow's fields less call_id
+_SLOT = 5  # where an entry's slot (in place of MetricRow.values) is
 
 
 class StepCollector:
@@ -47,15 +53,16 @@ class StepCollector:
     def __init__(self, engine: StatsEngine):
         """``engine``: the statistics (at least one op, as the config requires)."""
         self.engine = engine
-        self._host = array("d")
-        """The host rows' values, ``len(ops)`` a row."""
-        self._width = len(engine.ops)
+        self._raw = array("d")
+        """The host rows' kernel values (``StatsEngine.raw_row``), ``stats.RAW_WIDTH`` a row."""
+        self._numels = array("d")
+        """The element count of each host row."""
         self._blocks: dict[torch.device, list[torch.Tensor]] = {}
         self._rows: dict[torch.device, int] = {}
         self._entries: list = []
-        """``MetricRow``'s fields one entry after the other, with the slot in place of ``values``."""
+        """``MetricRow``'s fields one entry after the other (all but ``call_id``, its position), the slot in
+        place of ``values``."""
         self._named: set[tuple[str, Slot]] = set()
-        self._kinds: set[str] = set()
 
     def __len__(self) -> int:
         return len(self._entries) // _FIELDS
@@ -65,33 +72,40 @@ class StepCollector:
         if type(t) not in _PLAIN:
             t = local_view(t)
         if self.engine.host_rows:
-            values = self.engine.host_row(t)
+            values = self.engine.raw_row(t)
             if values is not None:
-                host = self._host
-                host.extend(values)
-                return len(host) // self._width - 1
+                self._raw.extend(values)
+                numels = self._numels
+                numels.append(t.numel())
+                return len(numels) - 1
         return self._device_slots([t])[0]
 
-    def compute(self, tensors: Sequence[torch.Tensor]) -> list[Slot]:
-        """Statistics of non-empty ``tensors`` (any devices); returns the slot of each, in order. Those the
-        kernel cannot read are summarised together, one block per device."""
-        tensors = [t if type(t) in _PLAIN else local_view(t) for t in tensors]
+    def compute(self, tensors: Sequence[torch.Tensor], numels: Sequence[int] | None = None) -> list[Slot]:
+        """Statistics of non-empty ``tensors`` (any devices; ``numels``: their element counts, when known);
+        returns the slot of each, in order. Those the kernel reads go through it in one call; the rest are
+        summarised together, one block per device."""
+        if not all(map(_PLAIN.__contains__, map(type, tensors))):
+            tensors = [t if type(t) in _PLAIN else local_view(t) for t in tensors]
+            numels = None
         if not self.engine.host_rows:
             return self._device_slots(tensors)
+        base = len(self._numels)
+        rest = self.engine.raw_rows(tensors, self._raw, self._numels, numels)
+        if not rest:
+            return list(range(base, len(self._numels)))
         where: list[Slot] = []
-        rest: list[int] = []
-        host, host_row, width = self._host, self.engine.host_row, self._width
-        for i, t in enumerate(tensors):
-            values = host_row(t)
-            if values is None:
-                rest.append(i)
+        row = base
+        skip = iter(rest)
+        next_rest = next(skip, -1)
+        for i in range(len(tensors)):
+            if i == next_rest:
                 where.append(0)
+                next_rest = next(skip, -1)
             else:
-                host.extend(values)
-                where.append(len(host) // width - 1)
-        if rest:
-            for i, w in zip(rest, self._device_slots([tensors[i] for i in rest])):
-                where[i] = w
+                where.append(row)
+                row += 1
+        for i, w in zip(rest, self._device_slots([tensors[i] for i in rest])):
+            where[i] = w
         return where
 
     def _device_slots(self, tensors: Sequence[torch.Tensor]) -> list[Slot]:
@@ -125,24 +139,39 @@ class StepCollector:
             key = (kind, where)
             alias = key in self._named
             self._named.add(key)
-        self._kinds.add(kind)
-        entries = self._entries
-        entries.extend((kind, name, module, micro_step, len(entries) // _FIELDS, numel, where, alias, external))
+        self._entries.extend((kind, name, module, micro_step, numel, where, alias, external))
+
+    def add_entries(self, kind: str, names: Sequence[str], modules: Sequence[str], micro_step: int | None,
+                    numels: Sequence[int], where: Sequence[Slot]) -> None:
+        """Name many computed rows of one kind at once, none of them an alias or external."""
+        count = len(names)
+        if not count:
+            return
+        self._entries.extend(chain.from_iterable(zip(repeat(kind, count), names, modules, repeat(micro_step, count),
+                                                     numels, where, repeat(False, count), repeat(False, count))))
 
     def record(self, kind: str, named: Sequence[tuple[str, str, torch.Tensor]], micro_step: int | None = None) -> None:
         """Compute and name statistics of ``(name, module, tensor)`` triples; empty tensors are skipped."""
-        named = [item for item in named if item[2].numel() > 0]
-        if not named:
-            return
-        where = self.compute([t for _, _, t in named])
-        for (name, module, t), w in zip(named, where):
-            self.add_entry(kind, name, module, micro_step, t.numel(), w, alias=False)
+        if named:
+            names, modules, tensors = zip(*named)
+            self.record_columns(kind, names, modules, tensors, micro_step)
+
+    def record_columns(self, kind: str, names: Sequence[str], modules: Sequence[str],
+                       tensors: Sequence[torch.Tensor], micro_step: int | None = None) -> None:
+        """``record`` of the triples ``zip(names, modules, tensors)``."""
+        numels = [t.numel() for t in tensors]
+        if 0 in numels:
+            keep = list(map(bool, numels))
+            names, modules, tensors, numels = (list(compress(column, keep))
+                                               for column in (names, modules, tensors, numels))
+        if numels:
+            self.add_entries(kind, names, modules, micro_step, numels, self.compute(tensors, numels))
 
     def _values(self) -> tuple[list[tuple[float, ...]], dict[torch.device, list[tuple[float, ...]]]]:
-        """Every host row rounded to float32, and every device block copied to the host (one copy per
-        device); rows as tuples of floats (which the garbage collector stops tracking)."""
+        """Every host row in ``ops`` order rounded to float32, and every device block copied to the host (one
+        copy per device); rows as tuples of floats (which the garbage collector stops tracking)."""
+        host = list(zip(*self.engine.columns(self._raw, self._numels))) if self._numels else []
         width = len(self.engine.ops)
-        host = _rows_of(array("f", self._host).tolist(), width)
         devices: dict[torch.device, list[tuple[float, ...]]] = {}
         for device, blocks in self._blocks.items():
             stacked = blocks[0] if len(blocks) == 1 else torch.cat(blocks)
@@ -152,24 +181,29 @@ class StepCollector:
     def finalize(self) -> list[MetricRow]:
         """All rows of the step, in call order, with their values; then reset."""
         host, devices = self._values()
-        it = iter(self._entries)
-        rows = [_new_row(MetricRow, (k, n, m, mi, c, nu, host[w] if w.__class__ is int else devices[w[0]][w[1]],
-                                     a, e))
-                for k, n, m, mi, c, nu, w, a, e in zip(*[it] * _FIELDS)]
+        entries = self._entries
+        slots = entries[_SLOT::_FIELDS]
+        if devices:
+            values = [host[w] if w.__class__ is int else devices[w[0]][w[1]] for w in slots]
+        else:
+            values = list(map(host.__getitem__, slots))
+        rows = list(map(_make_row, zip(entries[0::_FIELDS], entries[1::_FIELDS], entries[2::_FIELDS],
+                                       entries[3::_FIELDS], range(len(slots)), entries[4::_FIELDS], values,
+                                       entries[6::_FIELDS], entries[7::_FIELDS])))
         self.reset()
         return rows
 
     def recorded(self, stages: Iterable[str]) -> bool:
         """Whether a row of a kind of one of ``stages`` was recorded this step."""
         wanted = set(stages)
-        return any(stage_of(kind) in wanted for kind in self._kinds)
+        return any(stage_of(kind) in wanted for kind in set(self._entries[0::_FIELDS]))
 
     def has_nonfinite(self, stages: Iterable[str]) -> bool:
         """Whether a row of a kind of one of ``stages`` (``records.STAGES``) recorded so far holds a NaN or Inf
         (one host read per device)."""
         wanted = set(stages)
         entries = self._entries
-        slots = [entries[i + _SLOT] for i in range(0, len(entries), _FIELDS) if stage_of(entries[i]) in wanted]
+        slots = [w for kind, w in zip(entries[0::_FIELDS], entries[_SLOT::_FIELDS]) if stage_of(kind) in wanted]
         if not slots:
             return False
         host, devices = self._values()
@@ -181,12 +215,12 @@ class StepCollector:
         return False
 
     def reset(self) -> None:
-        del self._host[:]
+        del self._raw[:]
+        del self._numels[:]
         self._blocks.clear()
         self._rows.clear()
         self._entries.clear()
         self._named.clear()
-        self._kinds.clear()
 
 
 def _rows_of(flat: list[float], width: int) -> list[tuple[float, ...]]:

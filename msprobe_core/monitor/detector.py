@@ -20,7 +20,8 @@ overflow does not go away by scaling: training has stalled).
 from __future__ import annotations
 
 import math
-from itertools import chain
+from itertools import chain, compress
+from operator import attrgetter, not_
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
@@ -34,6 +35,8 @@ from msprobe_core.monitor.rules.nonfinite import NonFiniteRule
 from msprobe_core.monitor.rules.turbulence import TurbulenceRule
 
 BACKWARD_STAGES = (STAGE_BACKWARD, STAGE_GRADIENT)
+_ALIAS = attrgetter("alias")
+_VALUES = attrgetter("values")
 
 
 SKIP_STREAK_ALARM = 10
@@ -108,7 +111,7 @@ class AnomalyDetector:
             rows = [r for r in rows if r.stage not in BACKWARD_STAGES]
         else:
             self._skip_streak = 0
-        written, rows = rows, [r for r in rows if not r.alias]
+        written, rows = rows, list(compress(rows, map(not_, map(_ALIAS, rows))))
         bad: set[tuple[str, str]] = set()
         good: list[MetricRow] = rows if self._all_finite(rows) else []  # then none is bad, checked at once
         for row in rows if not good else ():
@@ -123,7 +126,7 @@ class AnomalyDetector:
         self._bad = (self._bad - {(r.kind, r.name) for r in good}) | bad if self._bad else bad  # usually none
         followed: set[tuple[str, str]] = set()  # series that jumped after a cascade's origin: they join its event
         if self._turbulence is not None:
-            judged = [r for r in good if self._turbulence.judges(r)]
+            judged = self._turbulence.judged(good)
             for jump in self._turbulence.check(judged):
                 row = _consumer_input(written, jump.row) if jump.cascade and jump.row.kind == ACTV_GRAD else jump.row
                 found.append(self._make(rank, step, row, jump.metric, jump.value, jump.baseline, TURBULENCE_RULE))
@@ -144,7 +147,7 @@ class AnomalyDetector:
         set. One sum over all values; False (judge row by row) when it overflows."""
         if self.alert.nan.threshold is not None or not rows:
             return False
-        if not math.isfinite(sum(chain.from_iterable([row.values for row in rows]))):
+        if not math.isfinite(sum(chain.from_iterable(map(_VALUES, rows)))):
             return False
         col = self._nans_col
         return self._nans_shown or col is None or not any(row.values[col] for row in rows)

@@ -27,7 +27,7 @@ from msprobe_core.monitor.collector import Slot, StepCollector
 from msprobe_core.monitor.config import IOSpec
 from msprobe_core.monitor.records import ACTV, ACTV_GRAD
 from msprobe_core.monitor.step_state import StepState
-from msprobe_core.common.tool_guard import tool_work
+from msprobe_core.common.tool_guard import TOOL
 from msprobe_core.pytorch.native_shards import local_view
 from msprobe_core.pytorch.wrapper_names import is_compiled, opaque_to_compiler, unwrapped_modules
 
@@ -228,53 +228,51 @@ class ActivationHooks:
     def _on_forward(self, site: _Site, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
         if not module.training or not self.state.collecting or in_backward():
             return
+        TOOL.depth += 1  # the monitor's own tensor work never shows up in an L1 dump (tool_work, inlined)
         try:
-            with tool_work():  # the monitor's own tensor work never shows up in an L1 dump
-                self._capture(site, max(self._micro[site.chunk], 0), args, kwargs, output)
+            self._capture(site, args, kwargs, output)
         except Exception:  # never break the training step
             if not self._failed:
                 self._failed = True
                 logger.exception("monitor: activation hook of '%s' failed; activation statistics may be incomplete",
                                  site.name)
+        finally:
+            TOOL.depth -= 1
 
-    def _capture(self, site: _Site, micro: int, args: Any, kwargs: Any, output: Any) -> None:
+    def _capture(self, site: _Site, args: Any, kwargs: Any, output: Any) -> None:
         name = site.name
-        count = self._calls.get(name, 0)
-        self._calls[name] = count + 1
+        calls = self._calls
+        count = calls.get(name, 0)
+        calls[name] = count + 1
+        micro = self._micro[site.chunk]
+        if micro < 0:
+            micro = 0
         in_paths, tensors = _input_leaves(args, kwargs)
         out_paths, outs = _output_leaves(output)
         tensors += outs
-        collector, slots = self.collector, self._fwd_slots
+        collector, slots, refs, grad_hooks = self.collector, self._fwd_slots, self._refs, self._bwd_hooks
         for i, fwd_name, bwd_name in site.plan(count, in_paths, out_paths):
             t = tensors[i]
             key = _identity(t)
-            seen = self._seen(key, t)
+            ref = refs.get(key)
+            seen = ref is not None and ref() is t
+            if not seen:  # from now on it is (a dead tensor's identity may be reused: forget its slot and hook)
+                refs[key] = weakref.ref(t)
+                slots.pop(key, None)
+                grad_hooks.pop(key, None)
             if fwd_name is not None:
                 where = slots.get(key) if seen else None
-                if where is None:
+                alias = where is not None
+                if not alias:
                     where = slots[key] = collector.slot(t)
-                    alias = False
-                else:
-                    alias = True
-                collector.add_entry(ACTV, fwd_name, name, micro, t.numel(), where, external=not t.requires_grad,
-                                    alias=alias)
+                collector.add_entry(ACTV, fwd_name, name, micro, t.numel(), where, not t.requires_grad, alias)
             if bwd_name is not None and t.requires_grad:
-                hook = self._bwd_hooks.get(key) if seen else None
+                hook = grad_hooks.get(key) if seen else None
                 if hook is not None:
                     hook.names += ((bwd_name, name),)
                 else:
-                    hook = self._bwd_hooks[key] = _GradHook(self, micro, self.state, ((bwd_name, name),))
+                    hook = grad_hooks[key] = _GradHook(self, micro, self.state, ((bwd_name, name),))
                     t.register_hook(hook)
-
-    def _seen(self, key: int, t: torch.Tensor) -> bool:
-        """Whether ``t`` (identity ``key``) was seen before in this step; from now on it is."""
-        ref = self._refs.get(key)
-        if ref is not None and ref() is t:
-            return True
-        self._refs[key] = weakref.ref(t)
-        self._fwd_slots.pop(key, None)  # a dead tensor's identity, reused
-        self._bwd_hooks.pop(key, None)
-        return False
 
 
 class _GradHook:
@@ -295,16 +293,18 @@ class _GradHook:
         hooks = self.hooks
         if hooks.state is not self.state or not self.state.collecting or not _is_float(grad):
             return None
+        TOOL.depth += 1  # tool_work, inlined
         try:
             collector = hooks.collector
-            with tool_work():
-                where = collector.slot(grad)
+            where = collector.slot(grad)
             numel, micro, alias = grad.numel(), self.micro, False
             for full, module in self.names:
-                collector.add_entry(ACTV_GRAD, full, module, micro, numel, where, alias=alias)
+                collector.add_entry(ACTV_GRAD, full, module, micro, numel, where, False, alias)
                 alias = True
         except Exception:  # never break the backward pass
             if not hooks._failed:
                 hooks._failed = True
                 logger.exception("monitor: gradient hook of '%s' failed", self.names[0][0])
+        finally:
+            TOOL.depth -= 1
         return None

@@ -11,6 +11,7 @@ other partial rows (per-expert rows of fused expert tensors) ride in the same al
 
 from __future__ import annotations
 
+from itertools import repeat
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
@@ -35,6 +36,8 @@ class StateRecorder:
         """The monitored parameters under their qualified names, in model order."""
         self._owners: dict[str, str] = {}
         self._backward: list[str] = []
+        self._last_names: tuple[str, ...] = ()
+        self._last_modules: list[str] = []
 
     def select(self, chunks: Sequence[nn.Module], selects: Callable[[str], bool]) -> None:
         """Monitor the parameters of ``chunks`` that ``selects(name)`` keeps (names, owners and order decided now)."""
@@ -81,10 +84,18 @@ class StateRecorder:
         if self.reader.sharded and kind in SHARDED_KINDS:
             self._record_sharded(collector, kind, tensors, collecting, group, extra)
         elif collecting:
+            if not all(map(isinstance, tensors.values(), repeat(torch.Tensor))):
+                tensors = {name: t for name, t in tensors.items() if isinstance(t, torch.Tensor)}
+            names = tuple(tensors)
+            modules = repeat(module, len(names)) if module is not None else self._modules_of(names)
+            collector.record_columns(kind, names, list(modules), list(tensors.values()), micro_step)
+
+    def _modules_of(self, names: tuple[str, ...]) -> list[str]:
+        """The owner module of each of ``names`` (the last list asked for is kept: the same every step)."""
+        if self._last_names != names:
             owners = self._owners
-            items = [(name, module if module is not None else owners.get(name) or owner_module(name), t)
-                     for name, t in tensors.items() if isinstance(t, torch.Tensor)]
-            collector.record(kind, items, micro_step)
+            self._last_names, self._last_modules = names, [owners.get(n) or owner_module(n) for n in names]
+        return self._last_modules
 
     def _record_sharded(self, collector: StepCollector, kind: str, tensors: Mapping[str, torch.Tensor],
                         collecting: bool, group: Any, extra: ExtraPartials | None) -> None:

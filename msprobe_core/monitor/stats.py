@@ -6,22 +6,29 @@ NaN (each of them propagates NaN), so on the CPU, where reading a few numbers ba
 count is only computed for rows where one of those is not finite. The result is exact. On accelerators
 the count is computed with the rest (no host sync). Statistics of sharded tensors: ``shard_stats``.
 
-``StatsEngine.host_row`` is the per-tensor path for CPU tensors the one-pass kernel reads: host floats
-straight from the kernel, no tensor made (the monitor calls it thousands of times a step).
+``StatsEngine.raw_row`` (one tensor) and ``StatsEngine.raw_rows`` (a batch, one kernel call) are the
+monitor's path for CPU tensors the one-pass kernel reads: the kernel's host floats, no tensor made (the
+monitor calls them thousands of times a step); ``StatsEngine.columns`` turns a step's worth of them into
+the ``ops`` at once, a column at a time.
 """
 
 from __future__ import annotations
 
-from operator import itemgetter
+from array import array
+from itertools import repeat
+from operator import truediv
 from typing import Sequence
 
 import torch
 
-from msprobe_core.pytorch.tensor_stats import (HOST_CODES, MONITOR_OPS, batched_stats, fast_cpu_stats, host_stats,
-                                               raw_values, threads_for)
+from msprobe_core.pytorch.tensor_stats import (HOST_CODES, batched_stats, fast_cpu_stats, host_stats, raw_values,
+                                               threads_for)
 from msprobe_core.stats.kernel import KERNEL
 
 _NAN_PROXIES = ("min", "max", "norm", "mean")
+RAW_WIDTH = 6
+"""Host floats per tensor from the kernel: max, min, sum, sum of squares, zeros, NaNs."""
+_stats_many = getattr(KERNEL, "stats_many", None)
 # the float types tensor_stats.host_stats hands the kernel without a conversion, with their dtype codes
 _KERNEL_FLOATS = {dtype: HOST_CODES[dtype] for dtype in (torch.float32, torch.float64, torch.bfloat16)}
 
@@ -37,30 +44,70 @@ class StatsEngine:
         self._nans_at = self.ops.index("nans") if "nans" in self.ops else -1
         self._proxy_cols = [self._other_ops.index(op) for op in _NAN_PROXIES if op in self._other_ops]
         self._count_eps = self.eps if "zeros" in self.ops else -1.0
-        pick = tuple(MONITOR_OPS.index(op) for op in self.ops)
-        self._project = (None if pick == tuple(range(len(MONITOR_OPS)))
-                         else itemgetter(*pick) if len(pick) > 1 else lambda full: tuple(full[i] for i in pick))
-        """``ops`` out of a row in ``MONITOR_OPS`` order (None: the same order)."""
         self.host_rows = fast_cpu_stats()
-        """CPU tensors are summarised on the host by the one-pass kernel (``host_row``)."""
+        """CPU tensors are summarised on the host by the one-pass kernel (``raw_row``, ``raw_rows``)."""
+        self._row = array("d", bytes(RAW_WIDTH * 8))
 
-    def host_row(self, t: torch.Tensor) -> tuple[float, ...] | None:
-        """The statistics of one non-empty CPU tensor as host floats in ``ops`` order (float64; the same
-        numbers ``compute`` gives before its float32 rounding), read by the one-pass kernel; None where the
-        kernel does not apply (no kernel, another device, a subclass, ...). Called once per tensor: a dense
-        float CPU tensor goes straight to the kernel, anything else through ``host_stats``."""
+    def raw_row(self, t: torch.Tensor) -> Sequence[float] | None:
+        """The kernel's host floats (max, min, sum, sum of squares, zeros, NaNs; ``columns`` makes the ``ops``
+        of them) of one non-empty CPU tensor, valid until the next call (copy them out); None where the
+        kernel does not apply (no kernel, another device, a subclass, ...). A dense float CPU tensor goes
+        straight to the kernel, anything else through ``host_stats``."""
         code = _KERNEL_FLOATS.get(t.dtype)
-        if code is not None and raw_values(t) and not t._is_zerotensor():
+        if code is not None and raw_values(t):
             n = t.numel()
-            h = KERNEL.stats(t.data_ptr(), n, code, self._count_eps, threads_for(n))
-        else:
-            h = host_stats(t, self._count_eps)
-            if h is None:
-                return None
-            n = t.numel()
-        mx, mn, total, sumsq, zeros, nans = h
-        full = (mn, mx, sumsq ** 0.5, total / n, zeros / n, nans)  # MONITOR_OPS order
-        return full if self._project is None else self._project(full)
+            if _stats_many is None:
+                return KERNEL.stats(t.data_ptr(), n, code, self._count_eps, threads_for(n))
+            # one buffer through stats_many: no OpenMP region around a small one
+            _stats_many((t.data_ptr(),), (n,), (code,), self._count_eps, threads_for(n), self._row)
+            return self._row
+        return host_stats(t, self._count_eps)
+
+    def raw_rows(self, tensors: Sequence[torch.Tensor], raw: array, numels: array,
+                 counts: Sequence[int] | None = None) -> list[int]:
+        """``raw_row`` of each of non-empty ``tensors`` the kernel reads, appended to ``raw`` (``RAW_WIDTH``
+        floats a tensor) and their element counts to ``numels``, in order; returns the positions of the
+        others (for the device path). Dense float tensors all: one kernel call for the lot. ``counts``:
+        the tensors' element counts, when known."""
+        codes = [_KERNEL_FLOATS.get(t.dtype) for t in tensors]
+        if _stats_many is not None and None not in codes and all(map(raw_values, tensors)):
+            if counts is None:
+                counts = [t.numel() for t in tensors]
+            start = len(raw)
+            raw.frombytes(bytes(RAW_WIDTH * raw.itemsize * len(tensors)))
+            with memoryview(raw) as view:
+                _stats_many([t.data_ptr() for t in tensors], counts, codes, self._count_eps,
+                            threads_for(max(counts, default=0)), view[start:])
+            numels.extend(counts)
+            return []
+        rest = []
+        for i, t in enumerate(tensors):
+            values = self.raw_row(t)
+            if values is None:
+                rest.append(i)
+            else:
+                raw.extend(values)
+                numels.append(t.numel())
+        return rest
+
+    def columns(self, raw: array, numels: array) -> list[array]:
+        """The ``ops`` of the rows ``raw_rows`` made (``numels``: their element counts), a float32 column per
+        op in ``ops`` order (the numbers ``compute`` gives)."""
+        made = {}
+        for op in self.ops:
+            if op == "min":
+                made[op] = raw[1::RAW_WIDTH]
+            elif op == "max":
+                made[op] = raw[0::RAW_WIDTH]
+            elif op == "norm":
+                made[op] = map(pow, raw[3::RAW_WIDTH], repeat(0.5))
+            elif op == "mean":
+                made[op] = map(truediv, raw[2::RAW_WIDTH], numels)
+            elif op == "zeros":
+                made[op] = map(truediv, raw[4::RAW_WIDTH], numels)
+            else:
+                made[op] = raw[5::RAW_WIDTH]
+        return [array("f", made[op]) for op in self.ops]
 
     @torch.no_grad()
     def compute(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor:

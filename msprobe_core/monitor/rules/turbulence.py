@@ -57,6 +57,8 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import chain, compress
+from operator import attrgetter
 from typing import Sequence
 
 import numpy as np
@@ -64,6 +66,10 @@ import numpy as np
 from msprobe_core.monitor.config import TurbulenceRuleConfig
 from msprobe_core.monitor.records import ACTV, ACTV_GRAD, GRAD, MetricRow
 from msprobe_core.monitor.rules.windows import Windows, row_medians, sorted_quantile
+
+_KIND = attrgetter("kind")
+_VALUES = attrgetter("values")
+_LAYOUT = attrgetter("kind", "name", "micro_step", "numel", "call_id")
 
 OWN_SIGMAS = 8.0
 """A jump must exceed this many of the series' own robust standard deviations."""
@@ -162,17 +168,18 @@ class TurbulenceRule:
         self._layout: list[tuple] = []
         self._plans: list[_Plan] = []
 
-    def judges(self, row: MetricRow) -> bool:
-        return row.kind in self._kinds_judged
+    def judged(self, rows: Sequence[MetricRow]) -> list[MetricRow]:
+        """The rows of ``rows`` of the kinds this rule judges, in order."""
+        return list(compress(rows, map(self._kinds_judged.__contains__, map(_KIND, rows))))
 
     def check(self, rows: Sequence[MetricRow]) -> list[Jump]:
         """Judge one step's (or one skipped iteration's) good rows of the judged kinds, then learn from them."""
         if self._norm is None or not rows:
             return []
-        layout = [(r.kind, r.name, r.micro_step, r.numel, r.call_id) for r in rows]
+        layout = list(map(_LAYOUT, rows))
         if layout != self._layout:  # the same tensors every step, as a rule: plan once
             self._layout, self._plans = layout, self._plan(layout)
-        values = np.array([r.values for r in rows], dtype=np.float64)
+        values = np.fromiter(chain.from_iterable(map(_VALUES, rows)), dtype=np.float64).reshape(len(rows), -1)
         norms = values[:, self._norm]
         found: list[Jump] = []
         for plan in self._plans:

@@ -11,10 +11,20 @@ from __future__ import annotations
 import csv
 import io
 from dataclasses import dataclass
+from itertools import chain, groupby
+from operator import attrgetter
 from typing import IO, Sequence
 
 from msprobe_core.monitor.records import MetricRow
 from msprobe_core.monitor.writers.base import MetricWriter, WriterContext
+
+
+_STEP = "\0"
+"""Where a template holds the step."""
+_kind_of = attrgetter("kind")
+_name_of = attrgetter("name")
+_micro_of = attrgetter("micro_step")
+_values_of = attrgetter("values")
 
 
 @dataclass
@@ -33,35 +43,57 @@ class CsvWriter(MetricWriter):
         self.context = context
         self._files: dict[str, _OpenFile] = {}
         self._fmt = f"%.{context.ndigits}g"
-        self._row_fmts: dict[int, str] = {}
         self._fields: dict[str, str] = {}
+        """Names as csv fields, ``%`` doubled (for templates)."""
+        self._templates: dict[str, tuple[tuple, str | None]] = {}
+        """Per kind: the key (names, micro-steps, widths) of its last lines and their template (None: made
+        per step)."""
 
     def write(self, step: int, rows: Sequence[MetricRow]) -> None:
-        # one %-format per row ("%.Ng" is "{:.Ng}" for every float, nan and inf included), the lines of a
-        # kind joined and written at once: the bytes csv.writer would write, without a call per row
-        lines: dict[str, tuple[_OpenFile, list[str]]] = {}
-        row_fmts, fields = self._row_fmts, self._fields
-        for row in rows:
-            kind = row.kind
-            at = lines.get(kind)
-            if at is None:
-                at = lines[kind] = (self._file(kind, step, row.micro_step is not None), [])
-            values = row.values
-            n = len(values)
-            row_fmt = row_fmts.get(n)
-            if row_fmt is None:
-                row_fmt = row_fmts[n] = ",".join([self._fmt] * n)
-            name = fields.get(row.name)
-            if name is None:
-                name = fields[row.name] = _field(row.name)
-            if at[0].with_micro:
-                micro = -1 if row.micro_step is None else row.micro_step
-                at[1].append(f"{name},{step},{micro},{row_fmt % tuple(values)}\r\n" if n else f"{name},{step},{micro}\r\n")
+        # A kind's lines are one %-format of all its values ("%.Ng" is "{:.Ng}" for every float, nan and inf
+        # included) with a template made once for its names (the same every step): the bytes csv.writer
+        # would write, without a Python round per row.
+        by_kind: dict[str, list[MetricRow]] = {}
+        for kind, run in groupby(rows, _kind_of):
+            got = by_kind.get(kind)
+            if got is None:
+                by_kind[kind] = list(run)
             else:
-                at[1].append(f"{name},{step},{row_fmt % tuple(values)}\r\n" if n else f"{name},{step}\r\n")
-        for f, text in lines.values():
-            f.handle.write("".join(text))
+                got.extend(run)
+        for kind, kind_rows in by_kind.items():
+            f = self._file(kind, step, kind_rows[0].micro_step is not None)
+            f.handle.write(self._lines(kind, step, kind_rows, f.with_micro))
         self.flush()
+
+    def _lines(self, kind: str, step: int, rows: list[MetricRow], with_micro: bool) -> str:
+        """The lines of one kind's rows at ``step``."""
+        values = list(map(_values_of, rows))
+        key = (tuple(map(_name_of, rows)), tuple(map(_micro_of, rows)) if with_micro else None,
+               tuple(map(len, values)))
+        made = self._templates.get(kind)
+        if made is None or made[0] != key:
+            steady = not any(_STEP in name for name in key[0])  # else a name holds the step mark (a NUL)
+            made = self._templates[kind] = (key, self._template(*key) if steady else None)
+        template = made[1].replace(_STEP, str(step)) if made[1] is not None else self._template(*key, step=str(step))
+        return template % tuple(chain.from_iterable(values))
+
+    def _template(self, names: tuple[str, ...], micros: tuple[int | None, ...] | None, widths: tuple[int, ...],
+                  step: str = _STEP) -> str:
+        """A %-format of rows' lines with these names (micro-steps: the micro_step column), ``widths``
+        values each, the step written as ``step``."""
+        fields = self._fields
+        lines = []
+        for i, (name, n) in enumerate(zip(names, widths)):
+            field = fields.get(name)
+            if field is None:
+                field = fields[name] = _field(name).replace("%", "%%")
+            row_fmt = "," + ",".join([self._fmt] * n) if n else ""
+            if micros is not None:
+                micro = -1 if micros[i] is None else micros[i]
+                lines.append(f"{field},{step},{micro}{row_fmt}\r\n")
+            else:
+                lines.append(f"{field},{step}{row_fmt}\r\n")
+        return "".join(lines)
 
     def _file(self, kind: str, step: int, micro: bool) -> _OpenFile:
         f = self._files.get(kind)

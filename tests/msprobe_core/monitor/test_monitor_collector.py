@@ -63,6 +63,31 @@ def test_kernel_rows_equal_the_device_path_after_float32_rounding(ops):
     assert repr(got) == repr(want)  # nan-aware and bit for bit
 
 
+@pytest.mark.parametrize("eps", [1e-8, -1.0])
+def test_stats_many_gives_what_stats_gives_for_each_buffer(eps):
+    from array import array
+
+    from msprobe_core.stats.kernel import KERNEL
+    if KERNEL is None:
+        pytest.skip("the one-pass kernel is not built")
+    g = torch.Generator().manual_seed(0)
+    tensors = []
+    for i, n in enumerate([1, 15, 16, 17, 64, 4095, 4096, 4097, 9000, (1 << 17) + 3]):
+        t = torch.randn(n, generator=g) * 10.0 ** (i - 5)
+        t[n // 2] = [math.nan, math.inf, 0.0, -math.inf, 1.0][i % 5]
+        tensors += [t, t.to(torch.bfloat16), t.to(torch.float64)]
+    codes = [{torch.float32: 0, torch.float64: 1, torch.bfloat16: 2}[t.dtype] for t in tensors]
+    out = array("d", bytes(48 * len(tensors)))
+    KERNEL.stats_many([t.data_ptr() for t in tensors], [t.numel() for t in tensors], codes, eps, 2, out)
+    for i, (t, code) in enumerate(zip(tensors, codes)):
+        want = KERNEL.stats(t.data_ptr(), t.numel(), code, eps, 2)
+        assert repr(tuple(out[6 * i:6 * i + 6])) == repr(want)  # nan-aware and bit for bit
+    with pytest.raises(ValueError, match="same length"):
+        KERNEL.stats_many([tensors[0].data_ptr()], [], [], eps, 1, out)
+    with pytest.raises(ValueError, match="needed"):
+        KERNEL.stats_many([tensors[0].data_ptr()], [1], [0], eps, 1, array("d"))
+
+
 def test_has_nonfinite_and_recorded_look_at_the_stages_asked():
     c = StepCollector(_engine())
     c.record("actv", [("a.output", "a", torch.tensor([1.0, math.inf]))])
@@ -94,6 +119,21 @@ def test_csv_writer_writes_the_bytes_csv_writer_would(tmp_path):
     assert (tmp_path / "actv_7-7.csv").read_bytes().decode() == want.getvalue()
     # a kind's first row decides whether its file has a micro_step column (grad: none)
     assert (tmp_path / "grad_7-7.csv").read_bytes().decode() == "name,step,min,norm\r\nw,7,-inf,1.235e-07\r\n"
+
+
+def test_csv_templates_follow_steps_names_and_odd_characters(tmp_path):
+    w = CsvWriter(WriterContext(rank_dir=tmp_path, ops=("min",), ndigits=3, step_count_per_record=3))
+    steps = {4: ["a%s.output", "b%%"], 5: ["a%s.output", "b%%"], 6: ["c\0d", "e"]}
+    for step, names in steps.items():
+        w.write(step, [MetricRow("grad", n, "m", None, i, 1, (step + i / 3,)) for i, n in enumerate(names)])
+    w.close()
+    want = io.StringIO()
+    cw = csv.writer(want)
+    cw.writerow(["name", "step", "min"])
+    for step, names in steps.items():
+        for i, n in enumerate(names):
+            cw.writerow([n, step, f"{step + i / 3:.3g}"])
+    assert (tmp_path / "grad_4-6.csv").read_bytes().decode() == want.getvalue()
 
 
 def _rows(values, external=False):
