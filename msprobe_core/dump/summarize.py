@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from msprobe_core.files import json_text
 from msprobe_core.files.safe_names import NAME_MAX, name_max, safe_file_name
 
 NO_STATS = {"Max": None, "Min": None, "Mean": None, "Norm": None}
@@ -63,6 +64,38 @@ class SummarizerBase:
             return {str(k): self.summarize(v, f"{file_base}.{k}", save) for k, v in obj.items()}
         return self.describe(obj)
 
+    def text(self, obj: Any) -> Optional[str]:
+        """The JSON text of ``summarize(obj, None, False)``, built from each tensor's cached summary text
+        (``tensor_text``), or None when a tensor in ``obj`` has none (the caller takes ``summarize``)."""
+        if isinstance(obj, self.tensor_types):
+            return self.tensor_text(obj)
+        if obj is None:
+            return "null"
+        if isinstance(obj, (list, tuple)):
+            if type(obj).__name__ == "Size":
+                return json_text.encode(self.summarize(obj, None, False))
+            items = []
+            for v in obj:
+                item = self.tensor_text(v) if isinstance(v, self.tensor_types) else self.text(v)
+                if item is None:
+                    return None
+                items.append(item)
+            return json_text.array(items)
+        if isinstance(obj, dict):
+            pairs = []
+            for k, v in obj.items():
+                item = self.text(v)
+                if item is None:
+                    return None
+                pairs.append((str(k), item))
+            return json_text.obj(pairs)
+        return json_text.encode(self.describe(obj))
+
+    def tensor_text(self, t: Any) -> Optional[str]:
+        """The JSON text of ``tensor(t, None, False)`` where it is known at once (host statistics); None
+        where only ``tensor`` applies. The base class has none."""
+        return None
+
     def tensor(self, t: Any, file_base: Optional[str], save: bool) -> dict:
         """One tensor's summary (and its file when ``save``)."""
         raise NotImplementedError
@@ -110,6 +143,19 @@ class SummarizerBase:
     def _checksums(self, pending: list[tuple[dict, Any]]) -> None:
         """Fill the deferred ``md5`` fields."""
         raise NotImplementedError
+
+
+def stats_text(row: Any, kind: str, numel: int) -> str:
+    """``"Max": ..., "Min": ..., "Mean": ..., "Norm": ...`` as JSON text, the values ``fill`` gives from host
+    statistics (max, min, sum, sum of squares, ...)."""
+    if kind == "bool":
+        return f'"Max": {"true" if row[0] else "false"}, "Min": {"true" if row[1] else "false"}, "Mean": null, "Norm": null'
+    number = json_text.number
+    return (f'"Max": {number(row[0])}, "Min": {number(row[1])}, "Mean": {number(row[2] / numel)}, '
+            f'"Norm": {number(math.sqrt(row[3]))}')
+
+
+NO_STATS_TEXT = '"Max": null, "Min": null, "Mean": null, "Norm": null'
 
 
 def fill(summary: dict, row: Any, kind: str, numel: int, norm_is_squared: bool = True) -> None:

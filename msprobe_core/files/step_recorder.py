@@ -26,22 +26,15 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 from msprobe_core.files.atomic_write import write_text_atomic
 from msprobe_core.errors import DumpInputError
 from msprobe_core.files.call_stack import CallStack, format_frame
+from msprobe_core.files.json_text import encode as _encode
 from msprobe_core.files.safe_names import is_plain_file_name
 
 JOURNAL_SUFFIX = ".journal"
 ERROR_LOG_NAME = "dump_error_info.log"
+NO_PARENT = False
+"""``put_text``'s parent when the dump keeps no construct.json (a parent is a record name or None)."""
 TENSOR_DIR_NAME = "dump_tensor_data"
 
-_c_encoder = json.encoder.c_make_encoder
-if _c_encoder is not None:  # one C encoder for the whole run (JSONEncoder.encode builds one per call)
-    _c_encode = _c_encoder(None, None, json.encoder.encode_basestring, None, ": ", ", ", False, False, True)
-
-    def _encode(obj: Any) -> str:
-        if type(obj) is str:
-            return json.encoder.encode_basestring(obj)
-        return "".join(_c_encode(obj, 0))
-else:  # pragma: no cover - CPython always has the C encoder
-    _encode = json.JSONEncoder(ensure_ascii=False).encode
 _LEN = struct.Struct("<I")
 _pack_len = _LEN.pack
 _marshal = marshal.dumps
@@ -252,6 +245,44 @@ class StepRecorder:
         self.data[name] = record
         self._append(("R", name, seq, record))
 
+    def put_text(self, name: str, text: str, seq: int, stack: Optional[CallStack] = None,
+                 parent: Any = NO_PARENT) -> None:
+        """Store a complete record given as its JSON ``text`` (nothing in it waits for statistics), with its
+        ``stack`` and construct.json ``parent`` (``NO_PARENT``: none kept), and journal all of it now in one
+        frame (after any fragments still queued, in order)."""
+        self.data[name] = text
+        if stack is not None:
+            self.stack[name] = stack
+        if parent is not NO_PARENT:
+            self.construct[name] = parent
+        self._changes += 1
+        if self._journal is None:
+            return
+        entries = []
+        sid = -1
+        if stack is not None:
+            sid = stack.sid
+            if sid not in self._journaled_stacks:
+                self._journaled_stacks.add(sid)
+                entries.append(("S", sid, list(stack.frames)))
+        entries.append(("J", name, seq, text, sid, parent))
+        with self._journal_lock:
+            if self._journal is None:  # finished meanwhile
+                return
+            if self._queued:  # earlier fragments wait for their statistics: this one goes behind them
+                self._queued.extend(entries)
+                return
+            frames = []
+            for e in entries:
+                body = _marshal(e)
+                frames.append(_pack_len(len(body)))
+                frames.append(body)
+            try:
+                self._journal.append(b"".join(frames))
+            except OSError:  # a full disk: the fragments wait for the next sync, in order
+                self._queued.extend(entries)
+                raise
+
     def put_field(self, name: str, path: Sequence[Any], value: Any, skeleton: Callable[[], Any]) -> Any:
         """Set one field of a record that fills in over time (backward grads, parameter grads); returns the
         record (``seal`` it once complete)."""
@@ -381,7 +412,7 @@ def _descend(record: Any, path: Sequence[Any]) -> Any:
 
 # ------------------------------------------------------------------------------------------- recovery
 JSON_NAMES = ("dump.json", "debug.json")
-_ENTRY_SIZES = {"h": 3, "r": 4, "j": 4, "f": 4, "S": 3, "s": 3, "c": 3}
+_ENTRY_SIZES = {"h": 3, "r": 4, "j": 4, "J": 6, "f": 4, "S": 3, "s": 3, "c": 3}
 
 
 def read_journal(raw: bytes) -> tuple[list[tuple], int]:
@@ -440,6 +471,13 @@ class Replay:
         elif k in ("r", "j"):
             self.data[e[1]] = json.loads(e[3]) if k == "j" else e[3]
             self.order.setdefault(e[1], int(e[2]))
+        elif k == "J":  # a record as JSON text, its stack id (-1: none) and parent (NO_PARENT: none kept)
+            self.data[e[1]] = json.loads(e[3])
+            self.order.setdefault(e[1], int(e[2]))
+            if e[4] >= 0:
+                self.stack[e[1]] = self.stacks.get(e[4], [])
+            if e[5] is not NO_PARENT:
+                self.construct[e[1]] = e[5] if e[5] is None or isinstance(e[5], str) else str(e[5])
         elif k == "f":
             path = e[2]
             if not isinstance(path, list) or not path:
