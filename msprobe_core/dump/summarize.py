@@ -71,6 +71,9 @@ class SummarizerBase:
             return self.tensor_text(obj)
         if obj is None:
             return "null"
+        kind = type(obj)
+        if kind is float or kind is int or kind is bool:  # ``describe``'s {"type": ..., "value": ...}, written at once
+            return f'{{"type": "{kind.__name__}", "value": {json_text.number(obj) if kind is float else repr(obj).lower() if kind is bool else obj}}}'
         if isinstance(obj, (list, tuple)):
             if type(obj).__name__ == "Size":
                 return json_text.encode(self.summarize(obj, None, False))
@@ -150,9 +153,11 @@ def stats_text(row: Any, kind: str, numel: int) -> str:
     statistics (max, min, sum, sum of squares, ...)."""
     if kind == "bool":
         return f'"Max": {"true" if row[0] else "false"}, "Min": {"true" if row[1] else "false"}, "Mean": null, "Norm": null'
+    mx, mn, mean, norm = row[0], row[1], row[2] / numel, math.sqrt(row[3])
+    if (mx + mn + mean + norm) * 0.0 == 0.0:  # all finite: each one's repr is its JSON text
+        return f'"Max": {mx!r}, "Min": {mn!r}, "Mean": {mean!r}, "Norm": {norm!r}'
     number = json_text.number
-    return (f'"Max": {number(row[0])}, "Min": {number(row[1])}, "Mean": {number(row[2] / numel)}, '
-            f'"Norm": {number(math.sqrt(row[3]))}')
+    return f'"Max": {number(mx)}, "Min": {number(mn)}, "Mean": {number(mean)}, "Norm": {number(norm)}'
 
 
 NO_STATS_TEXT = '"Max": null, "Min": null, "Mean": null, "Norm": null'

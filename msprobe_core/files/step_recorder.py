@@ -27,6 +27,7 @@ from msprobe_core.files.atomic_write import write_text_atomic
 from msprobe_core.errors import DumpInputError
 from msprobe_core.files.call_stack import CallStack, format_frame
 from msprobe_core.files.json_text import encode as _encode
+from msprobe_core.files.json_text import encode_string
 from msprobe_core.files.safe_names import is_plain_file_name
 
 JOURNAL_SUFFIX = ".journal"
@@ -36,6 +37,11 @@ NO_PARENT = False
 TENSOR_DIR_NAME = "dump_tensor_data"
 
 _LEN = struct.Struct("<I")
+
+
+def _key(k: Any) -> str:
+    return encode_string(k) if type(k) is str else _encode(k)
+
 _pack_len = _LEN.pack
 _marshal = marshal.dumps
 _MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
@@ -59,9 +65,13 @@ def _encode_value(v: Any) -> str:
     return v.text if type(v) is EncodedRecord else _encode(v)
 
 
-def _encode_record(v: Any) -> str:
+def _record_text(v: Any) -> str:
     """A record of "data": a ``str`` is its JSON text already (``StepRecorder.sync_journal``)."""
     return v if type(v) is str else _encode_value(v)
+
+
+def _stack_text(stack: CallStack) -> str:
+    return stack.json_text(_encode)
 
 
 def dumps_by_line(obj: Any) -> str:
@@ -72,11 +82,22 @@ def dumps_by_line(obj: Any) -> str:
     parts = []
     for key, value in obj.items():
         if key == "data" and isinstance(value, dict) and value:
-            inner = ",\n".join(f"  {_encode(k)}: {_encode_record(v)}" for k, v in value.items())
-            parts.append(f" {_encode(key)}: {{\n{inner}\n }}")
+            parts.append(f" {_encode(key)}: {{\n{_lines(value, _record_text, '  ')[2:-3]}\n }}")
         else:
             parts.append(f" {_encode(key)}: {_encode_value(value)}")
     return "{\n" + ",\n".join(parts) + "\n}\n"
+
+
+def _lines(entries: dict, text: Callable[[Any], str], indent: str = " ") -> str:
+    """``dumps_by_line`` of a flat mapping of names to values given as JSON ``text`` (stack.json)."""
+    if not entries:
+        return "{\n\n}\n"
+    parts = ["{\n"]
+    add = parts.extend
+    for k, v in entries.items():  # pieces joined once: no string per entry
+        add((indent, _key(k), ": ", text(v), ",\n"))
+    parts[-1] = "\n}\n"
+    return "".join(parts)
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
@@ -233,11 +254,14 @@ class StepRecorder:
                     raise
 
     # ---------------------------------------------------------------- records
-    def reserve(self, name: str) -> int:
-        """Keep ``name``'s place in execution order; returns its sequence number."""
+    def reserve(self, name: str, stack: Optional[CallStack] = None) -> int:
+        """Keep ``name``'s place in execution order (and its ``stack``'s in stack.json, journaled with the
+        record by ``put_text``); returns its sequence number."""
         self.ensure_dir()
         seq = next(self._seq)
         self.data.setdefault(name, None)
+        if stack is not None:
+            self.stack[name] = stack
         return seq
 
     def put(self, name: str, record: Any, seq: int) -> None:
@@ -350,8 +374,8 @@ class StepRecorder:
         doc["data"] = {k: v for k, v in self.data.items() if v is not None}
         write_json_atomic(self.rank_dir / self.json_name, doc)
         if self.json_name == "dump.json":
-            write_json_atomic(self.rank_dir / "stack.json",
-                              {k: EncodedRecord(v.json_text(_encode)) for k, v in self.stack.items()})
+            write_text_atomic(self.rank_dir / "stack.json", _lines(self.stack, _stack_text),
+                              errors="backslashreplace")
             write_json_atomic(self.rank_dir / "construct.json", self.construct)
         self._written = self._changes
 

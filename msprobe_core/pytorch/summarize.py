@@ -27,6 +27,7 @@ from msprobe_core.pytorch.tensor_stats import HOST_CODES, host_stats, summary_ki
 
 _contiguous = torch.Tensor.contiguous
 _strided = torch.strided
+_bool = torch.bool
 _to = torch.Tensor.to
 
 _DTYPE_NAMES: dict[torch.dtype, str] = {}
@@ -211,8 +212,8 @@ class Summarizer(SummarizerBase):
 
     def _text_body(self, t: torch.Tensor, entry: "_Entry") -> Optional[str]:
         try:
-            kind = summary_kind(t)
-            if kind == "empty" or not self.statistics:
+            numel = t.numel()
+            if not numel or not self.statistics:
                 values = NO_STATS_TEXT
             else:
                 stats = entry.stats
@@ -223,7 +224,7 @@ class Summarizer(SummarizerBase):
                     entry.stats = stats
                 elif type(stats[0]) is not float:  # statistics on their way from the device
                     return None
-                values = stats_text(stats, kind, t.numel())
+                values = stats_text(stats, "bool" if t.dtype is _bool else "float", numel)
             body = entry.text = f'{_prefix(t.dtype, t.shape)}{values}, "requires_grad": '
         except Exception:  # anything odd (a nested tensor has no shape): ``tensor`` says what it is
             return None
