@@ -197,8 +197,17 @@ class Summarizer(SummarizerBase):
         """The JSON text of ``tensor(t, None, False)`` for a dense CPU tensor the kernel reads, made once per
         tensor version (the next call's input is this call's output: a lookup); None for anything else
         (md5, another device, a subclass, a DTensor piece...), which takes ``tensor``."""
+        if self.combined and id(t) in self.combined:
+            return None
+        entry = self._cache.get(id(t))
+        try:  # the usual case first: this version's text is made (only for tensors the checks below let in)
+            if entry is not None and entry.text is not None and entry.version == t._version \
+                    and entry.ptr == t.data_ptr() and entry.ref() is t:
+                return entry.text + ("true}" if t.requires_grad else "false}")
+        except RuntimeError:  # no version counter (an inference tensor), no storage (a wrapper subclass)
+            return None
         if self.md5 or type(t) not in PLAIN_TYPES or t.layout is not _strided or not t.is_cpu \
-                or t.dtype not in _TEXT_DTYPES or (self.combined and id(t) in self.combined):
+                or t.dtype not in _TEXT_DTYPES:
             return None
         entry = self._entry(t)
         if entry is None:
