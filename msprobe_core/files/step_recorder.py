@@ -114,6 +114,10 @@ class Journal:
     which ``read_frames`` takes as the end. Not locked itself: ``StepRecorder`` serialises its appends."""
 
     CHUNK = 1 << 17  # 128 KiB first (an L0 step journals ~100 KB), doubling as records come
+    first_size = CHUNK
+    """The first mapping's size: the size the previous journal of this process reached (one step journals
+    about as much as the last one), so a step's journal is mapped once instead of growing through every
+    doubling (each one reserves and pre-faults the whole file again)."""
 
     def __init__(self, path: Path):
         self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
@@ -139,7 +143,7 @@ class Journal:
         self._pos = end
 
     def _grow(self, need: int) -> None:
-        size = max(self.CHUNK, self._size * 2)
+        size = max(Journal.first_size, self._size * 2)
         while size < need:
             size *= 2
         try:
@@ -158,6 +162,8 @@ class Journal:
             self._map = None
 
     def close(self) -> None:
+        if self._pos:
+            Journal.first_size = max(self.CHUNK, 1 << (self._pos - 1).bit_length())
         self._unmap()
         os.close(self.fd)
 
