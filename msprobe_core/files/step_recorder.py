@@ -37,37 +37,21 @@ NO_PARENT = False
 TENSOR_DIR_NAME = "dump_tensor_data"
 
 _LEN = struct.Struct("<I")
-
-
-def _key(k: Any) -> str:
-    return encode_string(k) if type(k) is str else _encode(k)
-
 _pack_len = _LEN.pack
 _marshal = marshal.dumps
 _MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
 
 
-class EncodedRecord:
-    """A value already encoded as JSON ``text`` (written as is into the JSON file): stack.json's entries.
-
-    Finished records of ``StepRecorder.data`` are held as their JSON text itself, a plain ``str`` (a record
-    is never a string: it is a dict or a list): the training process then holds one string per record
-    instead of a tree of dicts and lists, and a string is no object Python's garbage collector tracks, so
-    the records of a long step do not make its full collections (which scan the whole heap) more frequent."""
-
-    __slots__ = ("text",)
-
-    def __init__(self, text: str):
-        self.text = text
-
-
-def _encode_value(v: Any) -> str:
-    return v.text if type(v) is EncodedRecord else _encode(v)
+def _key(k: Any) -> str:
+    return encode_string(k) if type(k) is str else _encode(k)
 
 
 def _record_text(v: Any) -> str:
-    """A record of "data": a ``str`` is its JSON text already (``StepRecorder.sync_journal``)."""
-    return v if type(v) is str else _encode_value(v)
+    """A record of "data" as JSON text. Finished records are held as their JSON text itself, a plain ``str`` (a
+    record is never a string: it is a dict or a list): the training process then holds one string per record
+    instead of a tree of dicts and lists, and a string is no object Python's garbage collector tracks, so the
+    records of a long step do not make its full collections (which scan the whole heap) more frequent."""
+    return v if type(v) is str else _encode(v)
 
 
 def _stack_text(stack: CallStack) -> str:
@@ -84,7 +68,7 @@ def dumps_by_line(obj: Any) -> str:
         if key == "data" and isinstance(value, dict) and value:
             parts.append(f" {_encode(key)}: {{\n{_lines(value, _record_text, '  ')[2:-3]}\n }}")
         else:
-            parts.append(f" {_encode(key)}: {_encode_value(value)}")
+            parts.append(f" {_encode(key)}: {_encode(value)}")
     return "{\n" + ",\n".join(parts) + "\n}\n"
 
 
