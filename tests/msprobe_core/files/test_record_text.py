@@ -141,3 +141,31 @@ def test_a_killed_statistics_dump_loses_no_record(tmp_path, level):
     assert recovered == json.loads((want / "dump.json").read_text())
     for name in ("stack.json", "construct.json"):
         assert json.loads((got / name).read_text()) == json.loads((want / name).read_text())
+
+
+def _close(a, b) -> bool:
+    """Same JSON structure; floats equal to 1e-5 relative (the kernel and torch's reductions round differently)."""
+    if isinstance(a, float) and isinstance(b, float):
+        return a == pytest.approx(b, rel=1e-5, abs=1e-6, nan_ok=True)
+    if isinstance(a, dict) and isinstance(b, dict):
+        return list(a) == list(b) and all(_close(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+@pytest.mark.skipif(KERNEL is None, reason="the kernel is not built (or MSPROBE_FAST_STATS=0)")
+def test_without_the_kernel_the_dump_has_the_same_records_and_stacks(tmp_path, monkeypatch):
+    """MSPROBE_FAST_STATS=0: summaries from torch's reductions (the dict route), stacks by the Python frame walk."""
+    runs = []
+    for name, switch in (("kernel", "1"), ("torch", "0")):
+        (tmp_path / name).mkdir()
+        monkeypatch.setenv("MSPROBE_FAST_STATS", switch)
+        proc, out = run_killed_mid_step(tmp_path / name, "SIGCONT", "mix", "statistics")
+        assert proc.returncode == 0, proc.stderr
+        runs.append(out)
+    for step in ("step0", "step1", "step2"):
+        a, b = (next((out / step).iterdir()) for out in runs)
+        for name in ("stack.json", "construct.json"):
+            assert (a / name).read_text() == (b / name).read_text()
+        assert _close(json.loads((a / "dump.json").read_text()), json.loads((b / "dump.json").read_text()))
