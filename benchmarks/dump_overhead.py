@@ -2,7 +2,8 @@
 
 Each configuration runs in a fresh process: build the model, one warm-up step, then ``--steps`` timed
 steps with ``start(model)`` before the forward and ``stop(); step()`` after ``optimizer.step()``. The
-per-step time is the median over ``--repeats`` processes' means. Also measures what importing
+per-step time is the median over ``--repeats`` processes' means; the ``cpu`` column is the ratio of the
+process CPU time per step (far less sensitive to other jobs on a shared machine). Also measures what importing
 ``msprobe_core.pytorch`` adds to ``import torch``.
 
     python benchmarks/dump_overhead.py [--steps 5] [--repeats 3] [--only L1,mix]
@@ -42,8 +43,10 @@ if cfg is not None:
         before = lambda i: dbg.start(model)
         after = lambda i: (dbg.stop(), dbg.step())
 small_gpt.train(model, opt, data, 1, before, after)
+c0 = time.process_time()
 losses, seconds = small_gpt.train(model, opt, data, {steps}, before, after)
-print(json.dumps({{"step_s": seconds / {steps}, "losses": losses}}))
+cpu = time.process_time() - c0
+print(json.dumps({{"step_s": seconds / {steps}, "cpu_s": cpu / {steps}, "losses": losses}}))
 """
 
 
@@ -112,15 +115,17 @@ def main() -> None:
         for out in _DISK_OUTPUTS:
             shutil.rmtree(out, ignore_errors=True)
     times = {n: [r["step_s"] for r in runs[n]] for n in names}
+    cpu = {n: statistics.median(r["cpu_s"] for r in runs[n]) for n in names}
     losses = {n: [r["losses"] for r in runs[n]] for n in names}
     sizes = {n: runs[n][-1]["bytes"] for n in names}
     base = statistics.median(times["none"])
     reference = losses["none"][0]
-    print(f"{'config':<16} {'step ms':>8} {'ratio':>6} {'target':>8} {'MB/step':>8}  losses equal (runs)")
+    print(f"{'config':<16} {'step ms':>8} {'ratio':>6} {'cpu':>6} {'target':>8} {'MB/step':>8}  losses equal (runs)")
     for n in names:
         med = statistics.median(times[n])
         target = TARGETS.get(n)
-        print(f"{n:<16} {med * 1e3:8.1f} {med / base:6.2f}x {('<= %.2fx' % target) if target else '':>8} "
+        print(f"{n:<16} {med * 1e3:8.1f} {med / base:6.2f}x {cpu[n] / cpu['none']:5.2f}x "
+              f"{('<= %.2fx' % target) if target else '':>8} "
               f"{sizes[n] / 1e6 / (args.steps + 1):8.1f}  {_equal_runs(losses[n], reference)}")
     print(f"import msprobe_core.pytorch adds {import_cost(args.repeats):.3f} s to import torch (target <= 0.3 s)")
 

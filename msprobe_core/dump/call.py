@@ -19,6 +19,7 @@ class Call:
     parent: Optional[str]
     grad: bool = False  # autograd records this call and its backward is dumped
     edges: Any = None   # framework data for its backward ``output`` (PyTorch: its inputs' gradient edges)
+    stack: Any = None   # its call stack, while its record is JSON text (``CallRecords``: journaled with it at its end)
 
     def backward_parent(self) -> Optional[str]:
         """The parent of its backward record in construct.json."""

@@ -8,6 +8,7 @@ and the framework's tensors are its service's (given to its constructor)."""
 
 from __future__ import annotations
 
+import json
 import threading
 from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 from msprobe_core.common.tool_guard import TOOL
 from msprobe_core.dump.call import Call
 from msprobe_core.dump.step_state import StepState
+from msprobe_core.files.step_recorder import NO_PARENT
 from msprobe_core.log import setup_logging
 
 if TYPE_CHECKING:
@@ -65,6 +67,12 @@ class CallRecords:
         self._saves = service.saves_tensors    # task tensor: every record's tensor files
         self._overflow_check = service.cfg.task == "overflow_check"
         self._overflows = 0  # overflow_check: calls kept so far (in the whole process)
+        selection = service.selection
+        # forward records kept as JSON text from their start (``_text_inputs``), decided once: the text of
+        # each tensor's summary is made once per tensor version, and the record journaled whole at its end
+        self._as_text = selection.forward and not self._overflow_check
+        self._keep_in = selection.keeps("forward", "input")
+        self._keep_out = selection.keeps("forward", "output")
         self._hook_fns: dict[tuple, Callable] = {}  # the module hooks, made once (``_hook_fn``)
         self._grad_hook = self.on_grad            # bound once: a gradient hook's partial holds no new object
         self.hooked_models: list[Any] = []
@@ -150,7 +158,8 @@ class CallRecords:
             record = {_RAW_INPUTS: (args, kwargs, parameters),
                       _INPUT_FLAGS: [self._overflow_flag(t) for t in self._tensors_in((args, kwargs, parameters))]}
         else:
-            record = self._input_record(name, args, kwargs, parameters, save)
+            record = (self._text_inputs(args, kwargs, parameters) if self._as_text and not save else None) \
+                or self._input_record(name, args, kwargs, parameters, save)
         call = Call(name, backward, seq, record, save, parent, self.selection.backward and grad_enabled)
         if call.grad:
             tensors = self._tensors_in((args, kwargs))
@@ -159,8 +168,26 @@ class CallRecords:
             if self.selection.keeps("backward", "output"):
                 self._prepare_backward(call, tensors)
         if not overflow and self.cfg.extra_info:
-            rec.put_stack(name, self._capture_stack())
+            if type(record) is str:  # journaled with the record at its end; its place in stack.json kept now
+                call.stack = rec.stack[name] = self._capture_stack()
+            else:
+                rec.put_stack(name, self._capture_stack())
         return call
+
+    def _text_inputs(self, args: tuple, kwargs: dict, parameters: Any) -> Optional[str]:
+        """The forward record's JSON text up to its ``output``, when every tensor's summary is known at once
+        (``SummarizerBase.text``: host statistics); None otherwise (``_input_record`` makes it as a dict)."""
+        if not self._keep_in:
+            return '{"input_args": [], "input_kwargs": {}' + (', "parameters": {}' if parameters is not None else "")
+        text = self.summarizer.text
+        a = text(args)
+        k = text(kwargs) if kwargs else "{}"
+        if a is None or k is None:
+            return None
+        if parameters is None:
+            return f'{{"input_args": {a}, "input_kwargs": {k}'
+        p = text(dict(parameters))
+        return None if p is None else f'{{"input_args": {a}, "input_kwargs": {k}, "parameters": {p}'
 
     def _input_record(self, name: str, args: tuple, kwargs: dict, parameters: Any, save: bool) -> dict[str, Any]:
         """The forward record's ``input_args``, ``input_kwargs`` (and a module's ``parameters``)."""
@@ -180,6 +207,10 @@ class CallRecords:
         autograd recorded the call, so its backward record gets gradient hooks)."""
         rec = self.service.recorder or self._open_step()
         outputs = list(out) if isinstance(out, (list, tuple)) else [out]
+        if type(call.record) is str and self._text_record(rec, call, outputs):
+            if self.selection.backward and grad_enabled:
+                self._hook_outputs(call, self._tensors_in(outputs))
+            return
         keep_out = self.selection.forward and self.selection.keeps("forward", "output")
         if self._overflow_check:
             if not self._overflowed(call.record[_INPUT_FLAGS], outputs):
@@ -195,14 +226,32 @@ class CallRecords:
             rec.put_parent(call.name, call.parent)
         tensors = self._tensors_in(outputs)
         if self.selection.backward and grad_enabled:
-            sizes = self.step_state.bwd_sizes
-            sizes[call.backward] = (len(tensors), sizes.get(call.backward, _NO_SIZES)[1])
-            if self.selection.keeps("backward", "input"):
-                parent = call.backward_parent()
-                for i, t in enumerate(tensors):
-                    if self._wants_grad(t):
-                        self._hook_tensor_grad(t, partial(self._grad_hook, call.backward, "input", i, call.save, parent))
+            self._hook_outputs(call, tensors)
         self._sync(record_on_device=self._on_device(tensors))
+
+    def _text_record(self, rec: Any, call: Call, outputs: list) -> bool:
+        """Finish a record kept as JSON text: journaled now with its stack and parent, in one frame (nothing
+        in it waits for statistics). False, with the record made a dict again, when an output's summary is
+        not known at once (device statistics): the dict route finishes it."""
+        text = self.summarizer.text(outputs) if self._keep_out else "[]"
+        if text is None:
+            call.record = json.loads(call.record + "}")
+            if call.stack is not None:
+                rec.put_stack(call.name, call.stack)
+            return False
+        rec.put_text(call.name, f'{call.record}, "output": {text}}}', call.seq, call.stack,
+                     call.parent if self._construct else NO_PARENT)
+        return True
+
+    def _hook_outputs(self, call: Call, tensors: list) -> None:
+        """The backward record's ``input``: a gradient hook on each output tensor."""
+        sizes = self.step_state.bwd_sizes
+        sizes[call.backward] = (len(tensors), sizes.get(call.backward, _NO_SIZES)[1])
+        if self.selection.keeps("backward", "input"):
+            parent = call.backward_parent()
+            for i, t in enumerate(tensors):
+                if self._wants_grad(t):
+                    self._hook_tensor_grad(t, partial(self._grad_hook, call.backward, "input", i, call.save, parent))
 
     def _overflowed(self, input_flags: list, outputs: list) -> bool:
         """Does the call hold Inf/NaN in an input (``input_flags``, taken when it started) or an output

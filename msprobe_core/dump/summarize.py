@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from msprobe_core.files import json_text
 from msprobe_core.files.safe_names import NAME_MAX, name_max, safe_file_name
 
 NO_STATS = {"Max": None, "Min": None, "Mean": None, "Norm": None}
@@ -63,6 +64,41 @@ class SummarizerBase:
             return {str(k): self.summarize(v, f"{file_base}.{k}", save) for k, v in obj.items()}
         return self.describe(obj)
 
+    def text(self, obj: Any) -> Optional[str]:
+        """The JSON text of ``summarize(obj, None, False)``, built from each tensor's cached summary text
+        (``tensor_text``), or None when a tensor in ``obj`` has none (the caller takes ``summarize``)."""
+        if isinstance(obj, self.tensor_types):
+            return self.tensor_text(obj)
+        if obj is None:
+            return "null"
+        kind = type(obj)
+        if kind is float or kind is int or kind is bool:  # ``describe``'s {"type": ..., "value": ...}, written at once
+            return f'{{"type": "{kind.__name__}", "value": {json_text.number(obj) if kind is float else repr(obj).lower() if kind is bool else obj}}}'
+        if isinstance(obj, (list, tuple)):
+            if type(obj).__name__ == "Size":
+                return json_text.encode(self.summarize(obj, None, False))
+            items = []
+            for v in obj:
+                item = self.tensor_text(v) if isinstance(v, self.tensor_types) else self.text(v)
+                if item is None:
+                    return None
+                items.append(item)
+            return json_text.array(items)
+        if isinstance(obj, dict):
+            pairs = []
+            for k, v in obj.items():
+                item = self.text(v)
+                if item is None:
+                    return None
+                pairs.append((str(k), item))
+            return json_text.obj(pairs)
+        return json_text.encode(self.describe(obj))
+
+    def tensor_text(self, t: Any) -> Optional[str]:
+        """The JSON text of ``tensor(t, None, False)`` where it is known at once (host statistics); None
+        where only ``tensor`` applies. The base class has none."""
+        return None
+
     def tensor(self, t: Any, file_base: Optional[str], save: bool) -> dict:
         """One tensor's summary (and its file when ``save``)."""
         raise NotImplementedError
@@ -110,6 +146,21 @@ class SummarizerBase:
     def _checksums(self, pending: list[tuple[dict, Any]]) -> None:
         """Fill the deferred ``md5`` fields."""
         raise NotImplementedError
+
+
+def stats_text(row: Any, kind: str, numel: int) -> str:
+    """``"Max": ..., "Min": ..., "Mean": ..., "Norm": ...`` as JSON text, the values ``fill`` gives from host
+    statistics (max, min, sum, sum of squares, ...)."""
+    if kind == "bool":
+        return f'"Max": {"true" if row[0] else "false"}, "Min": {"true" if row[1] else "false"}, "Mean": null, "Norm": null'
+    mx, mn, mean, norm = row[0], row[1], row[2] / numel, math.sqrt(row[3])
+    if (mx + mn + mean + norm) * 0.0 == 0.0:  # all finite: each one's repr is its JSON text
+        return f'"Max": {mx!r}, "Min": {mn!r}, "Mean": {mean!r}, "Norm": {norm!r}'
+    number = json_text.number
+    return f'"Max": {number(mx)}, "Min": {number(mn)}, "Mean": {number(mean)}, "Norm": {number(norm)}'
+
+
+NO_STATS_TEXT = '"Max": null, "Min": null, "Mean": null, "Norm": null'
 
 
 def fill(summary: dict, row: Any, kind: str, numel: int, norm_is_squared: bool = True) -> None:

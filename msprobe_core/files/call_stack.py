@@ -12,7 +12,12 @@ import linecache
 import sys
 from typing import Any, Callable, Optional
 
+from msprobe_core.stats.kernel import KERNEL
+
 Frame = tuple[str, int, str]
+_frame_key = getattr(KERNEL, "frame_key", None)
+"""The compiled walk over the frames (``stats/_fast_stats.c``): each frame's code address and offset as bytes;
+None without the kernel (the same key is then built here, as a tuple)."""
 
 _MAX_STACKS = 200_000  # distinct call stacks kept; beyond this, stacks are built without interning
 
@@ -70,14 +75,17 @@ class StackCapture:
 
     def capture(self, depth: int = 2) -> CallStack:
         """The stack of the caller ``depth`` frames up (2: the caller of the function that calls this)."""
-        f = sys._getframe(depth)
-        key = []
-        append = key.append
-        while f is not None:
-            append(id(f.f_code))
-            append(f.f_lasti)
-            f = f.f_back
-        k = tuple(key)
+        if _frame_key is not None:
+            k: Any = _frame_key(depth)
+        else:
+            f = sys._getframe(depth)
+            key = []
+            append = key.append
+            while f is not None:
+                append(id(f.f_code))
+                append(f.f_lasti)
+                f = f.f_back
+            k = tuple(key)
         stack = self._interned.get(k)
         if stack is None:
             stack = self._build(sys._getframe(depth))

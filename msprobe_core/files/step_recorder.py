@@ -26,49 +26,36 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 from msprobe_core.files.atomic_write import write_text_atomic
 from msprobe_core.errors import DumpInputError
 from msprobe_core.files.call_stack import CallStack, format_frame
+from msprobe_core.files.json_text import encode as _encode
+from msprobe_core.files.json_text import encode_string
 from msprobe_core.files.safe_names import is_plain_file_name
 
 JOURNAL_SUFFIX = ".journal"
 ERROR_LOG_NAME = "dump_error_info.log"
+NO_PARENT = False
+"""``put_text``'s parent when the dump keeps no construct.json (a parent is a record name or None)."""
 TENSOR_DIR_NAME = "dump_tensor_data"
 
-_c_encoder = json.encoder.c_make_encoder
-if _c_encoder is not None:  # one C encoder for the whole run (JSONEncoder.encode builds one per call)
-    _c_encode = _c_encoder(None, None, json.encoder.encode_basestring, None, ": ", ", ", False, False, True)
-
-    def _encode(obj: Any) -> str:
-        if type(obj) is str:
-            return json.encoder.encode_basestring(obj)
-        return "".join(_c_encode(obj, 0))
-else:  # pragma: no cover - CPython always has the C encoder
-    _encode = json.JSONEncoder(ensure_ascii=False).encode
 _LEN = struct.Struct("<I")
 _pack_len = _LEN.pack
 _marshal = marshal.dumps
 _MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
 
 
-class EncodedRecord:
-    """A value already encoded as JSON ``text`` (written as is into the JSON file): stack.json's entries.
-
-    Finished records of ``StepRecorder.data`` are held as their JSON text itself, a plain ``str`` (a record
-    is never a string: it is a dict or a list): the training process then holds one string per record
-    instead of a tree of dicts and lists, and a string is no object Python's garbage collector tracks, so
-    the records of a long step do not make its full collections (which scan the whole heap) more frequent."""
-
-    __slots__ = ("text",)
-
-    def __init__(self, text: str):
-        self.text = text
+def _key(k: Any) -> str:
+    return encode_string(k) if type(k) is str else _encode(k)
 
 
-def _encode_value(v: Any) -> str:
-    return v.text if type(v) is EncodedRecord else _encode(v)
+def _record_text(v: Any) -> str:
+    """A record of "data" as JSON text. Finished records are held as their JSON text itself, a plain ``str`` (a
+    record is never a string: it is a dict or a list): the training process then holds one string per record
+    instead of a tree of dicts and lists, and a string is no object Python's garbage collector tracks, so the
+    records of a long step do not make its full collections (which scan the whole heap) more frequent."""
+    return v if type(v) is str else _encode(v)
 
 
-def _encode_record(v: Any) -> str:
-    """A record of "data": a ``str`` is its JSON text already (``StepRecorder.sync_journal``)."""
-    return v if type(v) is str else _encode_value(v)
+def _stack_text(stack: CallStack) -> str:
+    return stack.json_text(_encode)
 
 
 def dumps_by_line(obj: Any) -> str:
@@ -79,11 +66,22 @@ def dumps_by_line(obj: Any) -> str:
     parts = []
     for key, value in obj.items():
         if key == "data" and isinstance(value, dict) and value:
-            inner = ",\n".join(f"  {_encode(k)}: {_encode_record(v)}" for k, v in value.items())
-            parts.append(f" {_encode(key)}: {{\n{inner}\n }}")
+            parts.append(f" {_encode(key)}: {{\n{_lines(value, _record_text, '  ')[2:-3]}\n }}")
         else:
-            parts.append(f" {_encode(key)}: {_encode_value(value)}")
+            parts.append(f" {_encode(key)}: {_encode(value)}")
     return "{\n" + ",\n".join(parts) + "\n}\n"
+
+
+def _lines(entries: dict, text: Callable[[Any], str], indent: str = " ") -> str:
+    """``dumps_by_line`` of a flat mapping of names to values given as JSON ``text`` (stack.json)."""
+    if not entries:
+        return "{\n\n}\n"
+    parts = ["{\n"]
+    add = parts.extend
+    for k, v in entries.items():  # pieces joined once: no string per entry
+        add((indent, _key(k), ": ", text(v), ",\n"))
+    parts[-1] = "\n}\n"
+    return "".join(parts)
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
@@ -100,6 +98,10 @@ class Journal:
     which ``read_frames`` takes as the end. Not locked itself: ``StepRecorder`` serialises its appends."""
 
     CHUNK = 1 << 17  # 128 KiB first (an L0 step journals ~100 KB), doubling as records come
+    first_size = CHUNK
+    """The first mapping's size: the size the previous journal of this process reached (one step journals
+    about as much as the last one), so a step's journal is mapped once instead of growing through every
+    doubling (each one reserves and pre-faults the whole file again)."""
 
     def __init__(self, path: Path):
         self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
@@ -125,7 +127,7 @@ class Journal:
         self._pos = end
 
     def _grow(self, need: int) -> None:
-        size = max(self.CHUNK, self._size * 2)
+        size = max(Journal.first_size, self._size * 2)
         while size < need:
             size *= 2
         try:
@@ -144,6 +146,8 @@ class Journal:
             self._map = None
 
     def close(self) -> None:
+        if self._pos:
+            Journal.first_size = max(self.CHUNK, 1 << (self._pos - 1).bit_length())
         self._unmap()
         os.close(self.fd)
 
@@ -240,17 +244,58 @@ class StepRecorder:
                     raise
 
     # ---------------------------------------------------------------- records
-    def reserve(self, name: str) -> int:
-        """Keep ``name``'s place in execution order; returns its sequence number."""
+    def reserve(self, name: str, stack: Optional[CallStack] = None) -> int:
+        """Keep ``name``'s place in execution order (and its ``stack``'s in stack.json, journaled with the
+        record by ``put_text``); returns its sequence number."""
         self.ensure_dir()
         seq = next(self._seq)
         self.data.setdefault(name, None)
+        if stack is not None:
+            self.stack[name] = stack
         return seq
 
     def put(self, name: str, record: Any, seq: int) -> None:
         """Store a complete record (e.g. a finished forward call) and journal it."""
         self.data[name] = record
         self._append(("R", name, seq, record))
+
+    def put_text(self, name: str, text: str, seq: int, stack: Optional[CallStack] = None,
+                 parent: Any = NO_PARENT) -> None:
+        """Store a complete record given as its JSON ``text`` (nothing in it waits for statistics), with its
+        ``stack`` and construct.json ``parent`` (``NO_PARENT``: none kept), and journal all of it now in one
+        frame (after any fragments still queued, in order)."""
+        self.data[name] = text
+        if stack is not None:
+            self.stack[name] = stack
+        if parent is not NO_PARENT:
+            self.construct[name] = parent
+        self._changes += 1
+        if self._journal is None:
+            return
+        entries = []
+        sid = -1
+        if stack is not None:
+            sid = stack.sid
+            if sid not in self._journaled_stacks:
+                self._journaled_stacks.add(sid)
+                entries.append(("S", sid, list(stack.frames)))
+        entries.append(("J", name, seq, text, sid, parent))
+        with self._journal_lock:
+            if self._journal is None:  # finished meanwhile
+                return
+            if self._queued:  # earlier fragments wait for their statistics: this one goes behind them
+                self._queued.extend(entries)
+                return
+            frames = []
+            for e in entries:
+                body = _marshal(e)
+                frames.append(_pack_len(len(body)))
+                frames.append(body)
+            try:
+                self._journal.append(b"".join(frames))
+            except OSError:  # a full disk: the fragments wait for the next sync, in order
+                self._queued.extend(entries)
+                raise
 
     def put_field(self, name: str, path: Sequence[Any], value: Any, skeleton: Callable[[], Any]) -> Any:
         """Set one field of a record that fills in over time (backward grads, parameter grads); returns the
@@ -319,8 +364,8 @@ class StepRecorder:
         doc["data"] = {k: v for k, v in self.data.items() if v is not None}
         write_json_atomic(self.rank_dir / self.json_name, doc)
         if self.json_name == "dump.json":
-            write_json_atomic(self.rank_dir / "stack.json",
-                              {k: EncodedRecord(v.json_text(_encode)) for k, v in self.stack.items()})
+            write_text_atomic(self.rank_dir / "stack.json", _lines(self.stack, _stack_text),
+                              errors="backslashreplace")
             write_json_atomic(self.rank_dir / "construct.json", self.construct)
         self._written = self._changes
 
@@ -381,7 +426,7 @@ def _descend(record: Any, path: Sequence[Any]) -> Any:
 
 # ------------------------------------------------------------------------------------------- recovery
 JSON_NAMES = ("dump.json", "debug.json")
-_ENTRY_SIZES = {"h": 3, "r": 4, "j": 4, "f": 4, "S": 3, "s": 3, "c": 3}
+_ENTRY_SIZES = {"h": 3, "r": 4, "j": 4, "J": 6, "f": 4, "S": 3, "s": 3, "c": 3}
 
 
 def read_journal(raw: bytes) -> tuple[list[tuple], int]:
@@ -440,6 +485,13 @@ class Replay:
         elif k in ("r", "j"):
             self.data[e[1]] = json.loads(e[3]) if k == "j" else e[3]
             self.order.setdefault(e[1], int(e[2]))
+        elif k == "J":  # a record as JSON text, its stack id (-1: none) and parent (NO_PARENT: none kept)
+            self.data[e[1]] = json.loads(e[3])
+            self.order.setdefault(e[1], int(e[2]))
+            if e[4] >= 0:
+                self.stack[e[1]] = self.stacks.get(e[4], [])
+            if e[5] is not NO_PARENT:
+                self.construct[e[1]] = e[5] if e[5] is None or isinstance(e[5], str) else str(e[5])
         elif k == "f":
             path = e[2]
             if not isinstance(path, list) or not path:

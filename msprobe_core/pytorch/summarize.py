@@ -16,16 +16,18 @@ from typing import Any, Optional
 import torch
 
 from msprobe_core.dump import summarize as core
-from msprobe_core.dump.summarize import SummarizerBase, fill, plain_value
+from msprobe_core.dump.summarize import NO_STATS_TEXT, SummarizerBase, fill, plain_value, stats_text
+from msprobe_core.files.json_text import encode_string
 from msprobe_core.pytorch import tensor_stats
 from msprobe_core.pytorch.native_shards import is_dtensor
 from msprobe_core.pytorch.odd_tensors import PLAIN_TYPES, QUANTIZED_DTYPES, known_shape, unsupported_reason
 from msprobe_core.pytorch.pt_writer import TensorFiles
 from msprobe_core.pytorch.tensor_crc import tensor_crc32
-from msprobe_core.pytorch.tensor_stats import host_stats, summary_kind, summary_stats
+from msprobe_core.pytorch.tensor_stats import HOST_CODES, host_stats, summary_kind, summary_stats
 
 _contiguous = torch.Tensor.contiguous
 _strided = torch.strided
+_bool = torch.bool
 _to = torch.Tensor.to
 
 _DTYPE_NAMES: dict[torch.dtype, str] = {}
@@ -36,6 +38,20 @@ would be promoted to the garbage collector's oldest generation by the ten thousa
 collections (which scan the whole heap) frequent. A version seen again after it fell out is summarized
 again, to the same values."""
 _SHAPES: dict[tuple, tuple] = {}  # one tuple per shape seen (4,096 at most)
+_TEXT_DTYPES = frozenset(HOST_CODES) | {torch.float16}  # the kernel reads them (float16 through a float32 copy)
+_PREFIXES: dict[tuple, str] = {}  # (dtype, shape) -> a summary's JSON text up to its statistics (4,096 at most)
+
+
+def _prefix(dtype: torch.dtype, size: torch.Size) -> str:
+    """``{"type": "torch.Tensor", "dtype": ..., "shape": [...], `` as JSON text, made once per dtype and shape."""
+    key = (dtype, size)
+    text = _PREFIXES.get(key)
+    if text is None:
+        if len(_PREFIXES) >= 4096:
+            _PREFIXES.clear()
+        text = _PREFIXES[key] = (f'{{"type": "torch.Tensor", "dtype": {encode_string(str(dtype))}, '
+                                 f'"shape": [{", ".join(str(int(d)) for d in size)}], ')
+    return text
 
 
 def _shape(size: torch.Size) -> tuple:
@@ -58,7 +74,7 @@ _GROUPS: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()  #
 class _Entry:
     """What is known about one tensor version: its statistics, CRC and first saved file."""
 
-    __slots__ = ("ref", "version", "ptr", "stats", "crc", "file")  # file: the path of its first saved file
+    __slots__ = ("ref", "version", "ptr", "stats", "crc", "file", "text")  # file: the path of its first saved file
 
     def __init__(self, ref, version, ptr):
         self.ref = ref
@@ -67,6 +83,7 @@ class _Entry:
         self.stats = None
         self.crc = None
         self.file = None
+        self.text = None  # its summary's JSON text up to ``"requires_grad": `` (``tensor_text``)
 
 
 class Summarizer(SummarizerBase):
@@ -175,6 +192,52 @@ class Summarizer(SummarizerBase):
         if data_name is not None:
             summary["data_name"] = data_name
         return summary
+
+    def tensor_text(self, t: torch.Tensor) -> Optional[str]:
+        """The JSON text of ``tensor(t, None, False)`` for a dense CPU tensor the kernel reads, made once per
+        tensor version (the next call's input is this call's output: a lookup); None for anything else
+        (md5, another device, a subclass, a DTensor piece...), which takes ``tensor``."""
+        if self.combined and id(t) in self.combined:
+            return None
+        entry = self._cache.get(id(t))
+        try:  # the usual case first: this version's text is made (only for tensors the checks below let in)
+            if entry is not None and entry.text is not None and entry.version == t._version \
+                    and entry.ptr == t.data_ptr() and entry.ref() is t:
+                return entry.text + ("true}" if t.requires_grad else "false}")
+        except RuntimeError:  # no version counter (an inference tensor), no storage (a wrapper subclass)
+            return None
+        if self.md5 or type(t) not in PLAIN_TYPES or t.layout is not _strided or not t.is_cpu \
+                or t.dtype not in _TEXT_DTYPES:
+            return None
+        entry = self._entry(t)
+        if entry is None:
+            return None
+        body = entry.text
+        if body is None:
+            body = self._text_body(t, entry)
+            if body is None:
+                return None
+        return body + ("true}" if t.requires_grad else "false}")
+
+    def _text_body(self, t: torch.Tensor, entry: "_Entry") -> Optional[str]:
+        try:
+            numel = t.numel()
+            if not numel or not self.statistics:
+                values = NO_STATS_TEXT
+            else:
+                stats = entry.stats
+                if stats is None:
+                    stats = host_stats(t)
+                    if stats is None:  # a lazy negation, a zero tensor: torch's reductions (``tensor``)
+                        return None
+                    entry.stats = stats
+                elif type(stats[0]) is not float:  # statistics on their way from the device
+                    return None
+                values = stats_text(stats, "bool" if t.dtype is _bool else "float", numel)
+            body = entry.text = f'{_prefix(t.dtype, t.shape)}{values}, "requires_grad": '
+        except Exception:  # anything odd (a nested tensor has no shape): ``tensor`` says what it is
+            return None
+        return body
 
     def _dtensor(self, t: torch.Tensor, file_base: Optional[str], save: bool) -> dict:
         """A DTensor (not combined from the shards, see ``_combined``): its local tensor's statistics, marked

@@ -9,6 +9,9 @@
  *   copy_stats(dst, src, numel, code, eps, threads=1) -> the same, while copying the buffer to dst
  *   buffer(address, nbytes)             -> read-only memoryview over the bytes (for checksums)
  *   stats_many(addresses, numels, codes, eps, threads, out) -> stats() of many buffers, into out (below)
+ *   frame_key(depth)                    -> bytes naming the caller's call stack from `depth` frames up: each
+ *                                          frame's code object address and instruction offset (the dump's
+ *                                          stack.json interns stacks by it; files/call_stack.py)
  *
  * With eps < 0 the zero count is skipped (0) and NaNs are only counted when the sums come out non-finite
  * (a finite sum of squares proves there is none): one pass in the common case.
@@ -27,6 +30,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <frameobject.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -292,9 +296,51 @@ static PyObject *buffer(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 
 static PyObject *stats_many(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 
+static PyObject *frame_key(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 1) {
+        PyErr_SetString(PyExc_TypeError, "frame_key(depth) takes 1 argument");
+        return NULL;
+    }
+    long depth = PyLong_AsLong(args[0]);
+    if (depth == -1 && PyErr_Occurred()) return NULL;
+    uintptr_t key[256];
+    PyFrameObject *f = PyEval_GetFrame();  /* borrowed */
+    Py_XINCREF(f);
+    for (long i = 0; i < depth && f != NULL; i++) {
+        PyFrameObject *back = PyFrame_GetBack(f);
+        Py_DECREF(f);
+        f = back;
+    }
+    PyObject *out = NULL;
+    Py_ssize_t cap = 256, used = 0;
+    uintptr_t *buf = key;
+    while (f != NULL) {
+        if (used + 2 > cap) {  /* a deep stack: grow on the heap */
+            uintptr_t *bigger = PyMem_Malloc(2 * cap * sizeof(uintptr_t));
+            if (bigger == NULL) { Py_DECREF(f); if (buf != key) PyMem_Free(buf); return PyErr_NoMemory(); }
+            memcpy(bigger, buf, used * sizeof(uintptr_t));
+            if (buf != key) PyMem_Free(buf);
+            buf = bigger;
+            cap *= 2;
+        }
+        PyCodeObject *code = PyFrame_GetCode(f);
+        buf[used++] = (uintptr_t)code;
+        Py_DECREF(code);
+        buf[used++] = (uintptr_t)PyFrame_GetLasti(f);
+        PyFrameObject *back = PyFrame_GetBack(f);
+        Py_DECREF(f);
+        f = back;
+    }
+    out = PyBytes_FromStringAndSize((const char *)buf, used * (Py_ssize_t)sizeof(uintptr_t));
+    if (buf != key) PyMem_Free(buf);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"stats_many", (PyCFunction)(void (*)(void))stats_many, METH_FASTCALL,
      "stats_many(addresses, numels, codes, eps, threads, out) -> None: stats(...) of many buffers into out"},
+    {"frame_key", (PyCFunction)(void (*)(void))frame_key, METH_FASTCALL,
+     "frame_key(depth) -> bytes: code address and instruction offset of each frame from depth frames up"},
     {"buffer", (PyCFunction)(void (*)(void))buffer, METH_FASTCALL,
      "buffer(address, nbytes) -> read-only memoryview over that memory (keep its owner alive)"},
     {"copy_stats", (PyCFunction)(void (*)(void))copy_stats, METH_FASTCALL,
