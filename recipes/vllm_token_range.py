@@ -33,6 +33,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -90,15 +91,23 @@ def tiny_llama(folder: Path, seed: int = 0, vocab_size: int = 1000) -> str:
     return str(folder)
 
 
-def close_engine(llm: Any, timeout: float = 60.0) -> list[Optional[int]]:
+def close_engine(llm: Any, timeout: float = 60.0, settle: float = 1.0) -> list[Optional[int]]:
     """Stop the engine's processes now and wait for them (left to interpreter exit, vLLM gives them 5 s and then
     kills them; on 2 CPU cores its worker takes longer to leave). Their exit codes (none for an in-process
-    engine)."""
+    engine).
+
+    vLLM stops its engine process with SIGTERM, which that process handles in Python, on its main thread. A
+    signal that comes while the main thread is on its way back to waiting for input (it has just answered the
+    last request, which is when a script calls this) is noted by CPython but its handler runs only when that
+    thread runs Python again, at the next input, which never comes: vLLM kills the process after ``timeout``
+    (exit code None). So the engine is given ``settle`` seconds to be waiting for input first."""
     core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
     if core is None or not callable(getattr(core, "shutdown", None)):
         return []
     manager = getattr(getattr(core, "resources", None), "engine_manager", None)
     procs = list(getattr(manager, "processes", None) or [])
+    if procs:
+        time.sleep(settle)
     core.shutdown(timeout=timeout)
     return [p.exitcode for p in procs]
 

@@ -113,6 +113,8 @@ class CallRecords:
 
     # ================================================================== L1 APIs
     def on_api_call(self, original: Callable, prefix: str, api: str, args: tuple, kwargs: dict):
+        """A wrapped API called while recording (the patchers' handler): runs ``original`` and records the call
+        as ``{prefix}.{api}.{n}.forward`` (and its backward); returns the original's result unchanged."""
         key = f"{prefix}.{api}"
         state = self.step_state
         n = state.counters.get(key, 0)

@@ -38,7 +38,7 @@ from msprobe_core.errors import ConfigError
 from msprobe_core.files.step_recorder import StepRecorder
 from msprobe_core.log import setup_logging
 
-__all__ = ["Call", "DumpServiceBase"]  # Call: the framework services import it from here
+__all__ = ["Call", "DumpServiceBase", "saves_files"]  # Call: the framework services import it from here
 
 logger = setup_logging()
 

@@ -36,7 +36,7 @@ class StepTriggers:
 
     def install(self, monitor: StepEvents, chunks: Sequence[nn.Module], optimizer: Any, *, patch_optimizer: bool,
                 skips: SkippedUpdates, step_label: Callable[[], int] | None = None,
-                step_skipped: Callable[[], bool | None] | None = None) -> None:
+                step_skipped: Callable[[Any], bool | None] | None = None) -> None:
         """Hook the first chunk's forward (``skips``), and with ``patch_optimizer`` the optimizer's ``step``
         and ``zero_grad``."""
         self.remove()
@@ -49,8 +49,8 @@ class StepTriggers:
             monitor.pre_optimizer_step()
             return label
 
-        def after(label: int | None, _result: Any) -> None:
-            monitor.post_optimizer_step(label, skipped=step_skipped() if step_skipped is not None else None)
+        def after(label: int | None, result: Any) -> None:
+            monitor.post_optimizer_step(label, skipped=step_skipped(result) if step_skipped is not None else None)
 
         self._handles.append(wrap(optimizer, "step", before=before, after=after, where="monitor: optimizer.step",
                                   logger=logger))

@@ -131,12 +131,13 @@ class TrainerMon:
     def set_monitor(self, model: nn.Module | Sequence[nn.Module], grad_acc_steps: int = 1, optimizer: Any = None,
                     dp_group: Any = None, tp_group: Any = None, start_iteration: int = 0, *,
                     patch_optimizer: bool = True, step_label: Callable[[], int] | None = None,
-                    step_skipped: Callable[[], bool | None] | None = None) -> "TrainerMon":
+                    step_skipped: Callable[[Any], bool | None] | None = None) -> "TrainerMon":
         """Attach to a model (a module or a list of chunks) and an optimizer, and start monitoring.
 
         With ``patch_optimizer`` (the default) the optimizer instance's ``step`` is wrapped so every
         ``optimizer.step()`` is a monitor step (labelled ``step_label()``, read just before the update,
-        when given; ``step_skipped()``, read just after it, says whether the framework skipped the update),
+        when given; ``step_skipped(result)``, called with what it returned, says whether the framework
+        skipped the update),
         and its ``zero_grad`` to notice an update a loss scaler skipped without calling ``optimizer.step()``;
         otherwise call ``step()`` (or the pre/post pair) yourself. msprobe's older argument order
         ``(model, optimizer, grad_acc_steps, ...)`` is accepted.

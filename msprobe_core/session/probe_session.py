@@ -92,7 +92,7 @@ class ProbeSession:
     # ------------------------------------------------------------------------------ event: attach
     def attach(self, model: Model, optimizer: Any = None, grad_acc_steps: int = 1, state_reader: Any = None,
                dp_group: Any = None, start_iteration: int = 0, *, patch_optimizer: bool = False,
-               step_label: Optional[Callable[[], int]] = None, step_skipped: Optional[Callable[[], Optional[bool]]] = None,
+               step_label: Optional[Callable[[], int]] = None, step_skipped: Optional[Callable[[Any], Optional[bool]]] = None,
                rank_id: Optional[int] = None) -> None:
         """The real module(s) being trained, and, for the monitor, the optimizer whose state it reads.
 
@@ -100,8 +100,9 @@ class ProbeSession:
         optimizer states live (``msprobe_core.monitor.state_readers``; a sharded reader combines shard
         statistics over its group, or ``dp_group``). ``start_iteration``: the label of the first monitored
         step. ``patch_optimizer``: wrap ``optimizer.step`` so that every call runs ``gradients_ready``,
-        ``before_optimizer_step`` and ``after_optimizer_step(step_label(), skipped=step_skipped())`` (the
-        integration then makes none of these calls itself). ``rank_id``: name the dump's rank folder explicitly.
+        ``before_optimizer_step`` and ``after_optimizer_step(step_label(), skipped=step_skipped(result))``,
+        ``result`` being what ``optimizer.step()`` returned (the integration then makes none of these calls
+        itself). ``rank_id``: name the dump's rank folder explicitly.
         """
         self._model = model
         self._optimizer = optimizer

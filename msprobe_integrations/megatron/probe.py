@@ -25,14 +25,12 @@ an iteration starts and ends. Statistics, files and rules live in ``msprobe_core
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 from typing import Any, Optional, Sequence, Union
 
 import torch
 
 from msprobe_core import hparams
-from msprobe_core.common.patch import PatchHandle, patch
 from msprobe_core.errors import ConfigError
 from msprobe_core.session import ConfigLike, ProbeSession, cancel_close_at_exit, close_at_exit, dist_ready, group_size
 from msprobe_integrations.megatron.state_reader import MegatronStateReader, leaf_optimizers
@@ -167,8 +165,6 @@ class MegatronProbe:
         self.hyperparameter_files: list = []
         self.next_step = 1
         self._step: Optional[int] = None
-        self._step_result: Any = None
-        self._result_patch: Optional[PatchHandle] = None
         self._closed = False
 
     @classmethod
@@ -206,8 +202,6 @@ class MegatronProbe:
                                process_group=pipeline_group(), params_have_main_grad=True)
         self.session = session
         reader = MegatronStateReader(optimizer) if optimizer is not None else None
-        if optimizer is not None and session.monitor is not None:  # under the session's wrapper (below)
-            self._result_patch = patch(optimizer, "step", self._keep_step_result)
         # the session wraps optimizer.step: gradients after the data-parallel reduction, before clipping
         session.attach(self.chunks, optimizer, grad_acc_steps=num_microbatches(args), state_reader=reader,
                        dp_group=data_parallel_group(), start_iteration=start_iteration,
@@ -246,19 +240,11 @@ class MegatronProbe:
         label, self.next_step = self.next_step, self.next_step + 1
         return label
 
-    def _keep_step_result(self, original: Any) -> Any:
-        @functools.wraps(original)
-        def step(*args: Any, **kwargs: Any) -> Any:
-            self._step_result = result = original(*args, **kwargs)
-            return result
-
-        return step
-
-    def _update_skipped(self) -> Optional[bool]:
+    @staticmethod
+    def _update_skipped(result: Any) -> Optional[bool]:
         """Whether the optimizer step just run skipped its update: Megatron's ``optimizer.step()`` returns
         ``(update_successful, grad_norm, num_zeros_in_grad)``, ``update_successful`` False when the loss
         scaler found Inf/NaN gradients. None for a step that returns something else."""
-        result, self._step_result = self._step_result, None
         if isinstance(result, tuple) and result and isinstance(result[0], bool):
             return not result[0]
         return None
@@ -271,10 +257,7 @@ class MegatronProbe:
         self._closed = True
         if self.session is not None:
             self.session.close()
-        if self._result_patch is not None:
-            self._result_patch.remove()
-            self._result_patch = None
-        self.chunks, self.optimizer, self._step_result = [], None, None  # keep no model alive past the run
+        self.chunks, self.optimizer = [], None  # keep no model alive past the run
         try:
             cancel_close_at_exit(self.close)
         except Exception:  # pragma: no cover
