@@ -1,14 +1,15 @@
 """The monitor and the dump on a ``torch.compile``d model: the same names and numbers as the eager model
 (``compare`` of the two L0 dumps finds no divergence; the monitor's weight, gradient and Adam-moment
-statistics are the single-device ones), no record lost at any level, and no recompilation once warm (the
-tool's hooks run eagerly: ``torch._dynamo.utils.counters`` counts their graph breaks, stated in the README).
+statistics are the single-device ones), no record lost at any level, and no recompilation once warm
+(``torch._dynamo.utils.counters`` counts graph breaks and graphs, stated in the docs).
 
-Losses are bit-identical with the tool on and off with the ``aot_eager`` backend (Dynamo and AOTAutograd, no
-kernel fusion). Under Inductor a graph break changes the kernels Inductor generates on both sides of it (it
-fuses and partitions each graph on its own), so losses with the tool's breaks differ
-from the unbroken graph's in the last bits (measured: 6e-8 relative). That is the breaks' doing, not the
-tool's: the same breaks made by hooks that do nothing give the tool's losses bit for bit
-(``test_inductor_losses_are_those_of_the_same_graph_breaks_without_the_tool``)."""
+The monitor computes activation statistics inside the graph (``monitor.compiled_hooks``): no graph break, and
+losses bit-identical with the monitor on and off under Inductor too. The dump's module hooks run eagerly at a
+graph break each: losses bit-identical with the ``aot_eager`` backend (Dynamo and AOTAutograd, no kernel
+fusion); under Inductor a graph break changes the kernels Inductor generates on both sides of it (it fuses and
+partitions each graph on its own), so losses with the dump's breaks differ from the unbroken graph's in the
+last bits (measured: 6e-8 relative). That is the breaks' doing, not the dump's: the same breaks made by hooks
+that do nothing give the dump's losses bit for bit (``test_inductor_losses_with_the_tool``)."""
 
 from __future__ import annotations
 
@@ -144,19 +145,27 @@ def test_monitor_on_compiled_model_gives_single_device_statistics(tmp_path):
         assert "0.output" in step["actv"] or any(k.startswith("0.") for k in step["actv"])
 
 
-def test_inductor_losses_are_those_of_the_same_graph_breaks_without_the_tool(tmp_path):
-    """Default backend (Inductor): the monitor's and the L0 dump's losses equal, bit for bit, those of the same
-    model with a forward hook on every module that does nothing but break the graph where the tool's hooks do.
-    The tool's own work changes no number; the graph breaks alone change Inductor's kernels."""
+def test_inductor_losses_with_the_tool(tmp_path):
+    """Default backend (Inductor). The monitor computes its statistics inside the graph (no graph break): its
+    losses are those of the compiled model without it, bit for bit (``test_monitor_compiled.py`` for its rows).
+    The L0 dump's losses equal, bit for bit, those of the same model with a forward hook on every module that
+    does nothing but break the graph where the dump's hooks do: the dump's own work changes no number; its
+    graph breaks alone change Inductor's kernels."""
+    plain, _ = run(torch.compile(sliced_model()), 3)
+    torch._dynamo.reset()
+    counters.clear()
+    losses, graphs = run(torch.compile(sliced_model()), 3, monitor=MONITOR, out=tmp_path / "mon")
+    assert losses == plain and graph_breaks() == 0 and graphs[-1] == 1
+
     def noop(*_):
         return None
 
+    torch._dynamo.reset()
     model = sliced_model()
     for module in model.modules():
         module.register_forward_hook(opaque_to_compiler(noop))
     breaks, _ = run(torch.compile(model), 3)
-    for kwargs in ({"monitor": MONITOR, "out": tmp_path / "mon"}, {"dump": tmp_path / "d", "level": "L0"}):
-        torch._dynamo.reset()
-        losses, graphs = run(torch.compile(sliced_model()), 3, **kwargs)
-        assert losses == breaks, kwargs
-        assert graphs[1] == graphs[-1], graphs  # no recompilation once warm
+    torch._dynamo.reset()
+    losses, graphs = run(torch.compile(sliced_model()), 3, dump=tmp_path / "d", level="L0")
+    assert losses == breaks
+    assert graphs[1] == graphs[-1], graphs  # no recompilation once warm
