@@ -1,10 +1,13 @@
 """The framework back-end of the dump: ``DumpBackend``, the one interface a framework's dump service fills in.
 
-``dump.service.DumpServiceBase`` does everything that does not touch a framework (steps, folders, records,
-selection, files); what touches tensors, models and autograd it asks of its back-end through the methods
-below, and nothing else. A new framework subclasses ``DumpServiceBase`` and provides them, as
-``msprobe_core.pytorch.dump_service.DumpService`` and ``msprobe_core.mindspore.dump_service.DumpService`` do
-(``tests/msprobe_core/dump/test_backend_interface.py`` holds both to this list).
+``dump.service.DumpServiceBase`` and its parts (``dump.call_records.CallRecords``, ``dump.user_api.UserApi``)
+do everything that does not touch a framework (steps, folders, records, selection, files); what touches
+tensors, models and autograd they ask of the back-end through the methods below, and nothing else. A new
+framework subclasses ``DumpServiceBase`` and provides them, as ``msprobe_core.pytorch.dump_service.DumpService``
+and ``msprobe_core.mindspore.dump_service.DumpService`` do (``tests/msprobe_core/dump/test_backend_interface.py``
+holds both to this list). Its ``__init__`` makes the summarizer and the tensor-file writer, passes them to
+``DumpServiceBase.__init__(cfg, summarizer, files)``, then gives its API patcher to ``set_patcher`` (the
+patcher calls the records' ``_on_api_call``, which exists once the base is initialized).
 
 Class attributes (or set in ``__init__``):
 
@@ -21,10 +24,12 @@ Class attributes (or set in ``__init__``):
 ============================  ==========================================================================
 
 Methods: required ones are abstract (a back-end that misses one cannot be instantiated); the others have
-the default given here. They are plain methods called directly by the shared code: no indirection on the
-hot path. The shared code's own override points, which a back-end may extend with ``super()``, are
+the default given here. The parts bind them once when the service is made (bound methods): no indirection
+on the hot path. The shared code's own override points, which a back-end may extend with ``super()``, are
 ``should_record`` and ``_may_record_exclusive`` (when not to record: PyTorch skips its backward pass),
-``_end`` (the end of a call's record) and ``_finish_step`` (per-step state of the back-end).
+``_end`` (the end of a call's record) and ``_finish_step`` (per-step state of the back-end). What a
+back-end calls of the shared code: ``_on_api_call`` (its patchers' handler), ``_on_grad`` (a gradient of
+a backward record), ``_end_record`` (the shared end of a record, from its ``_end``), ``_error``.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any, Callable, Optional
 
-from msprobe_core.dump.call_records import Call
+from msprobe_core.dump.call import Call
 
 
 class DumpBackend(ABC):

@@ -1,25 +1,27 @@
-"""The records of the calls a dump looks at: ``CallRecords``, the part of ``dump.service.DumpServiceBase``
-that turns a wrapped API call (L1) or a module call (L0) into its records.
+"""The records of the calls a dump looks at: ``CallRecords``, the part of a dump service
+(``dump.service.DumpServiceBase``) that turns a wrapped API call (L1) or a module call (L0) into its records.
 
 The begin and end of a record (forward inputs, outputs, construct.json parents, stack.json), overflow_check
 on inputs and outputs (a call is kept only if it holds Inf/NaN, within ``overflow_nums``), backward records
-from gradient hooks, module pre/post hooks and parameter gradients, and the token window of ``start(model,
-token_range=...)``. The state it works on (recorder, counters, selection, summarizer) is the service's."""
+from gradient hooks, module pre/post hooks and parameter gradients. The step's files, the recording gates
+and the framework's tensors are its service's (given to its constructor)."""
 
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
+from msprobe_core.common.tool_guard import TOOL
+from msprobe_core.dump.call import Call
+from msprobe_core.dump.step_state import StepState
 from msprobe_core.log import setup_logging
 
 if TYPE_CHECKING:
+    from msprobe_core.dump.backend import DumpBackend
     from msprobe_core.dump.config import DumpConfig
+    from msprobe_core.dump.host import DumpHost
     from msprobe_core.dump.selection import RecordSelection
-    from msprobe_core.dump.step_state import StepState
-    from msprobe_core.files.step_recorder import StepRecorder
 
 logger = setup_logging()
 
@@ -38,51 +40,71 @@ def _backward_skeleton(sizes: Optional[tuple[int, int]]) -> dict[str, list]:
     return {"input": [None] * n_in, "output": [None] * n_out}
 
 
-@dataclass(slots=True, eq=False)
-class Call:
-    """A recorded forward call between its start and its end."""
-
-    name: str
-    backward: str
-    seq: int
-    record: dict
-    save: bool
-    parent: Optional[str]
-    grad: bool = False  # autograd records this call and its backward is dumped
-    edges: Any = None   # framework data for its backward ``output`` (PyTorch: its inputs' gradient edges)
-
-    def backward_parent(self) -> Optional[str]:
-        """The parent of its backward record in construct.json."""
-        return self.parent.replace(".forward", ".backward") if self.parent else None
-
-
 class CallRecords:
-    """Recording of API and module calls, mixed into ``DumpServiceBase``: it uses the framework's methods
-    (``dump.backend.DumpBackend``), the service's methods ``_open_step``, ``_sync``, ``_own``, ``_error``,
-    ``_update_recording``, ``_other_thread``, ``_may_record_exclusive``, ``should_record``, and the service
-    state declared here (set by ``DumpServiceBase.__init__``; plain attributes: the hot path reads them
-    directly)."""
+    """The records of API and module calls of one dump service (``DumpServiceBase.records``).
 
-    cfg: DumpConfig
-    selection: RecordSelection
-    recorder: Optional[StepRecorder]      # the open step's dump.json
-    _tls: Any                             # the toolkit's own-work depth (``common.tool_guard.TOOL``)
-    _thread: int                          # the dumping thread
-    _construct: bool                      # construct.json parents are kept (L0 / mix)
-    _uses_l0: bool
-    _saves: bool                          # task tensor: tensor files
-    _overflow_check: bool
-    _overflows: int                       # overflow_check: calls kept so far
-    _token_ok: bool                       # inside start()'s token_range
-    step_state: StepState                 # the open step's counters, open modules and calls
-    _hook_fns: dict[tuple, Callable]      # the module hooks, made once (``_hook_fn``)
-    _grad_hook: Callable                  # ``_on_grad``, bound once
-    _forward_handles: list[Any]           # removed at stop()
-    _step_handles: list[Any]              # removed at step()
-    _hooked_models: list[Any]
+    It owns what only the recording needs: the open step's bookkeeping (``step_state``, replaced by
+    ``new_step``), the overflow count and the module hooks made once per process. Everything else it is
+    given at construction and binds once (the hot path reads its own attributes, never a chain): the
+    service (``dump.host.DumpHost``: configuration, selection, summarizer, opening the step's recorder,
+    journal sync, own-work guard, error log, the recording gates) and the framework back-end
+    (``dump.backend.DumpBackend``: tensors, gradients, stacks). What it reads of the service while running:
+    ``recorder`` (the open step's dump.json) and ``dumping_thread``."""
+
+    def __init__(self, service: DumpHost, backend: DumpBackend) -> None:
+        self.service = service
+        self.backend = backend
+        self.cfg: DumpConfig = service.cfg
+        self.selection: RecordSelection = service.selection
+        self.summarizer: Any = service.summarizer
+        self.patcher: Any = None  # the L1 API patcher (``DumpServiceBase.set_patcher``): runs a recorded original
+        self.step_state = StepState()  # replaced, never cleared, when the step ends (``new_step``)
+        self._tls = TOOL
+        self._construct = service.uses_l0      # construct.json parents are kept (L0 / mix)
+        self._uses_l0 = service.uses_l0
+        self._saves = service.saves_tensors    # task tensor: every record's tensor files
+        self._overflow_check = service.cfg.task == "overflow_check"
+        self._overflows = 0  # overflow_check: calls kept so far (in the whole process)
+        self._hook_fns: dict[tuple, Callable] = {}  # the module hooks, made once (``_hook_fn``)
+        self._grad_hook = self.on_grad            # bound once: a gradient hook's partial holds no new object
+        self.hooked_models: list[Any] = []
+        self._forward_handles: list[Any] = service.forward_handles  # removed at stop()
+        # the service's methods
+        self._open_step = service._open_step
+        self._sync = service._sync
+        self._own = service._own
+        self._error = service._error
+        self._other_thread = service._other_thread
+        self.should_record = service.should_record
+        self._may_record_exclusive = service._may_record_exclusive
+        self._end = service._end
+        # the framework back-end's
+        self.same_values: frozenset = backend.same_values
+        self._quiet = backend._quiet
+        self._tensors_in = backend._tensors_in
+        self._wants_grad = backend._wants_grad
+        self._hook_tensor_grad = backend._hook_tensor_grad
+        self._hook_param_grad = backend._hook_param_grad
+        self._overflow_flag = backend._overflow_flag
+        self._any_overflow = backend._any_overflow
+        self._capture_stack = backend._capture_stack
+        self._call_inputs = backend._call_inputs
+        self._collective_result = backend._collective_result
+        self._prepare_backward = backend._prepare_backward
+        self._on_device = backend._on_device
+        self._own_parameters = backend._own_parameters
+        self._grad_parameters = backend._grad_parameters
+        self._opaque = backend._opaque
+        self._class_name = backend._class_name
+        self._named_modules = backend._named_modules
+        self._before_hooking = backend._before_hooking
+
+    def new_step(self) -> None:
+        """The step ended: its counters, open calls and modules are forgotten."""
+        self.step_state = StepState()
 
     # ================================================================== L1 APIs
-    def _on_api_call(self, original: Callable, prefix: str, api: str, args: tuple, kwargs: dict):
+    def on_api_call(self, original: Callable, prefix: str, api: str, args: tuple, kwargs: dict):
         key = f"{prefix}.{api}"
         state = self.step_state
         n = state.counters.get(key, 0)
@@ -95,11 +117,12 @@ class CallRecords:
             if self.selection.record(name):
                 try:
                     parent = state.module_stack[-1] if (self._construct and state.module_stack) else None
-                    call = self._begin(name, f"{key}.{n}.backward", args, kwargs, parent)
+                    call = self.begin(name, f"{key}.{n}.backward", args, kwargs, parent)
                     args, kwargs = self._call_inputs(call, args, kwargs, api)
                 except Exception as e:  # the tool must never break the user's call
                     self._error(name, e)
-            out = self.patcher.call(original, args, kwargs) if self.patcher is not None else original(*args, **kwargs)
+            patcher = self.patcher
+            out = patcher.call(original, args, kwargs) if patcher is not None else original(*args, **kwargs)
             shown = self._collective_result(name, api, original, args, kwargs, out) if prefix == "Distributed" else out
             if call is not None:
                 try:
@@ -112,13 +135,14 @@ class CallRecords:
             tls.depth -= 1
 
     # ================================================================== shared record logic
-    def _begin(self, name: str, backward: str, args: tuple, kwargs: dict, parent: Optional[str],
-               parameters: Optional[Sequence[tuple[str, Any]]] = None) -> Call:
+    def begin(self, name: str, backward: str, args: tuple, kwargs: dict, parent: Optional[str],
+              parameters: Optional[Sequence[tuple[str, Any]]] = None) -> Call:
+        """Start ``call``'s record with its inputs (and a module's ``parameters``)."""
         with self._quiet() as grad_enabled:
             return self._begin_record(name, backward, args, kwargs, parent, parameters, grad_enabled)
 
     def _begin_record(self, name, backward, args, kwargs, parent, parameters, grad_enabled) -> Call:
-        rec = self.recorder or self._open_step()
+        rec = self.service.recorder or self._open_step()
         overflow = self._overflow_check
         seq = -1 if overflow else rec.reserve(name)
         save = overflow or self._saves or self.selection.saves_tensor(name)
@@ -151,13 +175,10 @@ class CallRecords:
                                     for p, t in parameters} if keep_in else {}
         return record
 
-    def _end(self, call: Call, out: Any, same_values_as: Any = None) -> None:
-        """Finish ``call`` with its output."""
-        with self._quiet():
-            self._end_record(call, out, call.grad)
-
-    def _end_record(self, call: Call, out: Any, grad_enabled: bool) -> None:
-        rec = self.recorder or self._open_step()
+    def end_record(self, call: Call, out: Any, grad_enabled: bool) -> None:
+        """Finish ``call``'s record with its output (inside the back-end's ``_quiet()``; ``grad_enabled``:
+        autograd recorded the call, so its backward record gets gradient hooks)."""
+        rec = self.service.recorder or self._open_step()
         outputs = list(out) if isinstance(out, (list, tuple)) else [out]
         keep_out = self.selection.forward and self.selection.keeps("forward", "output")
         if self._overflow_check:
@@ -200,8 +221,9 @@ class CallRecords:
         """overflow_check keeps only gradients holding Inf/NaN (callers test ``_overflow_check`` first)."""
         return not self._any_overflow([self._overflow_flag(grad)])
 
-    def _on_grad(self, backward: str, field: str, index: int, save: bool, parent: Optional[str], grad: Any) -> None:
-        rec = self.recorder
+    def on_grad(self, backward: str, field: str, index: int, save: bool, parent: Optional[str], grad: Any) -> None:
+        """A gradient hook: ``grad`` is slot ``index`` of the ``field`` of the backward record ``backward``."""
+        rec = self.service.recorder
         if rec is None or grad is None:
             return None
         with self._own(backward), self._quiet():
@@ -220,12 +242,11 @@ class CallRecords:
         return None
 
     # ================================================================== L0 modules
-    def _install_model_hooks(self, models: list, indexed: bool, window: Optional[tuple[int, int]]) -> None:
-        if any(m in self._hooked_models for m in models):
-            return
-        if window is not None:
-            self._install_token_window(models[0], window)
-        for idx, root in enumerate(models if self._uses_l0 or self.hooks_l1_models else ()):
+    def install_model_hooks(self, models: list, indexed: bool) -> None:
+        """Hook every module of ``models`` (L0; level L1 only shows them to ``_before_hooking`` when the
+        back-end ``hooks_l1_models``), once until stop() (``forget_models``)."""
+        backend = self.backend
+        for idx, root in enumerate(models if self._uses_l0 or backend.hooks_l1_models else ()):
             named = list(self._named_modules(root))
             self._before_hooking([module for _, module in named])
             if not self._uses_l0:
@@ -233,8 +254,16 @@ class CallRecords:
             prefix = f"{idx}." if indexed else ""
             for path, module in named:
                 if path and module is not root:  # a wrapped root (FSDP1, compile) is named "" as well
-                    self.hook_module(module, f"{self.module_prefix}.{prefix}{path}.{self._class_name(module)}")
-        self._hooked_models.extend(models)
+                    self.hook_module(module, f"{backend.module_prefix}.{prefix}{path}.{self._class_name(module)}")
+        self.hooked_models.extend(models)
+
+    def hooked(self, models: list) -> bool:
+        """Are some of ``models`` hooked already (since the last ``forget_models``)?"""
+        return any(m in self.hooked_models for m in models)
+
+    def forget_models(self) -> None:
+        """stop() removed the module hooks: the next start() hooks its models again."""
+        self.hooked_models.clear()
 
     def hook_module(self, module: Any, base: str, exclusive: bool = False) -> list[Any]:
         """Record ``module``'s forward, backward and parameter gradients under ``base``; returns the
@@ -262,7 +291,7 @@ class CallRecords:
         return fn
 
     def _module_pre(self, base: str, exclusive: bool, module: Any, args: tuple, kwargs: dict):
-        if _thread_id() != self._thread:  # another thread's call: neither recorded nor in the call stacks
+        if _thread_id() != self.service.dumping_thread:  # another thread's call: neither recorded nor in the stacks
             self._other_thread()
             return None
         allowed = self._may_record_exclusive() if exclusive else self.should_record()
@@ -282,7 +311,7 @@ class CallRecords:
             call = None
             if self.selection.record(name):
                 parent = state.module_stack[-1] if state.module_stack else None
-                call = self._begin(name, f"{base}.backward.{n}", args, kwargs, parent, self._own_parameters(module))
+                call = self.begin(name, f"{base}.backward.{n}", args, kwargs, parent, self._own_parameters(module))
                 state.recorded_modules.add(base)
                 new_args, new_kwargs = self._call_inputs(call, args, kwargs, "")
             calls[-1] = call
@@ -292,7 +321,7 @@ class CallRecords:
         return None
 
     def _module_post(self, base: str, module: Any, args: tuple, kwargs: dict, output: Any):
-        if _thread_id() != self._thread:
+        if _thread_id() != self.service.dumping_thread:
             return None
         calls = self.step_state.module_calls.get(id(module))
         if not calls:
@@ -309,7 +338,7 @@ class CallRecords:
         return None
 
     def _on_param_grad(self, base: str, pname: str, count: int, grad: Any) -> None:
-        rec = self.recorder
+        rec = self.service.recorder
         if rec is None or grad is None or base not in self.step_state.recorded_modules:
             return None
         with self._own(base), self._quiet():
@@ -325,21 +354,3 @@ class CallRecords:
                 rec.seal(name)
             self._sync(record_on_device=self._on_device([grad]))
         return None
-
-    # ================================================================== token range
-    def _install_token_window(self, root: Any, window: tuple[int, int]) -> None:
-        """Count the root's forward calls (0 = prefill, then one per decode step): dumping is on from the
-        start of call ``start`` until the start of call ``end + 1`` (or ``stop()``), so each token's
-        work after its forward pass (logits, sampling) belongs to it, as in msprobe."""
-        start, end = window
-        counter = {"calls": 0}
-
-        def pre(module, args):
-            idx = counter["calls"]
-            counter["calls"] = idx + 1
-            self._token_ok = start <= idx <= end
-            self._update_recording()
-
-        self._token_ok = False
-        self._update_recording()
-        self._forward_handles.append(root.register_forward_pre_hook(pre, prepend=True))

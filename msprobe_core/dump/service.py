@@ -1,20 +1,21 @@
 """The dump service every framework shares: the record life cycle behind ``PrecisionDebugger``.
 
 ``DumpServiceBase`` holds everything that does not touch a framework's API: start/stop/step and the
-dumping-thread policy, the step's folders and recorders (``files.step_recorder``: the crash-safe journal,
+dumping-thread policy, the recording gates (collecting, token window, ``module_dump`` window, ``limit_to``),
+the step's folders and recorders (``files.step_recorder``: the crash-safe journal,
 dump.json/stack.json/construct.json, debug.json of ``save()``), "never overwrite" (``common.rank_folder``),
 JSON files at stop() once the backward ran, close at interpreter exit (an interrupted step says so). Errors
-of the tool's own work go to dump_error_info.log, never to the user's training. It brings together:
+of the tool's own work go to dump_error_info.log, never to the user's training. It is composed of:
 
-- ``dump.call_records``: the records of API and module calls (begin and end of a record, overflow_check,
-  gradient records, module pre/post hooks, the token window);
-- ``dump.user_api``: ``save`` (debug.json), ``module_dump`` and custom APIs;
-- ``dump.step_state``: ``StepState``, what only the open step knows (counters, open modules and calls),
-  made new when a step ends;
-- ``dump.backend``: ``DumpBackend``, the documented interface a framework's service supplies.
+- ``records`` (``dump.call_records.CallRecords``): the records of API and module calls (begin and end of a
+  record, overflow_check, gradient records, module pre/post hooks), with the open step's
+  ``dump.step_state.StepState``;
+- ``user_api`` (``dump.user_api.UserApi``): ``save`` (debug.json), ``module_dump`` and custom APIs;
+- its framework back-end, ``dump.backend.DumpBackend``: the documented methods a framework's subclass
+  supplies (``msprobe_core.pytorch.dump_service``, ``msprobe_core.mindspore.dump_service``).
 
-A framework's service (``msprobe_core.pytorch.dump_service``, ``msprobe_core.mindspore.dump_service``)
-subclasses it with what touches its tensors and models: the methods of ``DumpBackend``.
+Both parts are given the service at construction and bind what they call once; the service's public
+methods (``start``, ``stop``, ``step``, ``save``, ``module_dump``, ...) are what ``PrecisionDebugger`` calls.
 """
 
 from __future__ import annotations
@@ -27,11 +28,11 @@ from typing import Any, Optional
 from msprobe_core.common.exit_close import close_at_exit
 from msprobe_core.common.rank_folder import check_not_taken, rank_folder_name
 from msprobe_core.common.tool_guard import TOOL
-from msprobe_core.dump.call_records import Call, CallRecords
+from msprobe_core.dump.call import Call
+from msprobe_core.dump.call_records import CallRecords
 from msprobe_core.dump.config import DumpConfig, validate_token_range
 from msprobe_core.dump.backend import DumpBackend
 from msprobe_core.dump.selection import RecordSelection
-from msprobe_core.dump.step_state import StepState
 from msprobe_core.dump.user_api import UserApi
 from msprobe_core.errors import ConfigError
 from msprobe_core.files.step_recorder import StepRecorder
@@ -67,18 +68,31 @@ class OwnWork:
         return False
 
 
-class DumpServiceBase(CallRecords, UserApi, DumpBackend):
-    """One process's dump: configuration, current step, hooks and recorders (a framework's subclass
-    supplies the ``DumpBackend`` methods)."""
+def saves_files(cfg: DumpConfig) -> bool:
+    """Does this configuration write tensor files (task tensor, overflow_check: the overflowing calls'
+    tensors, or a tensor_list)?"""
+    return cfg.task in ("tensor", "overflow_check") or bool(cfg.tensor_list)
 
-    def __init__(self, cfg: DumpConfig):
+
+class DumpServiceBase(DumpBackend):
+    """One process's dump: configuration, current step, the recording gates and the step's recorders,
+    composed of its ``records`` (``CallRecords``) and ``user_api`` (``UserApi``); a framework's subclass
+    is its back-end (the ``DumpBackend`` methods).
+
+    What its parts read of it (besides the back-end's methods and ``_open_step``, ``_open_debug``,
+    ``_sync``, ``_own``, ``_error``, ``_other_thread``, ``_in_configured_step``): ``cfg``, ``selection``,
+    ``summarizer``, ``recorder``, ``debug_recorder``, ``dumping_thread``, ``collecting``, ``finished``,
+    ``forward_handles``, ``uses_l0``, ``saves_tensors``; ``set_exclusive`` opens and closes the
+    ``module_dump`` window."""
+
+    def __init__(self, cfg: DumpConfig, summarizer: Any, files: Any = None):
         self.cfg = cfg
         self.selection = RecordSelection(cfg)
+        self.summarizer = summarizer
+        self.files = files
+        self.patcher: Any = None  # set_patcher()
         self.current_step = 0
         self.finished = False
-        self.patcher: Any = None
-        self.files: Any = None
-        self.summarizer: Any = None
         self._tls = TOOL  # shared with the monitor: > 0 inside any of the toolkit's own work
         self._collecting = False       # between start() and stop()
         self._token_ok = True          # inside token_range (or no token_range)
@@ -91,31 +105,64 @@ class DumpServiceBase(CallRecords, UserApi, DumpBackend):
         self.last_rank_dir: Optional[Path] = None  # the rank folder whose dump.json the last finished step wrote
         self.debug_recorder: Optional[StepRecorder] = None
         self._uses_l1 = cfg.level in ("L1", "mix")
-        self._uses_l0 = cfg.level in ("L0", "mix")
-        self._construct = self._uses_l0
-        self._saves = cfg.task == "tensor"
-        self._overflow_check = cfg.task == "overflow_check"
-        self.step_state = StepState()  # replaced, never cleared, when the step ends
-        self._hook_fns: dict[tuple, Any] = {}
-        self._grad_hook = self._on_grad
-        self._forward_handles: list[Any] = []   # removed at stop()
+        self.uses_l0 = cfg.level in ("L0", "mix")
+        self.saves_tensors = cfg.task == "tensor"
+        self.forward_handles: list[Any] = []   # removed at stop()
         self._step_handles: list[Any] = []      # gradient hooks: removed at step()
-        self._hooked_models: list[Any] = []
-        self._overflows = 0
         self._deferred = 0
-        self._custom: dict[tuple[int, str], tuple[Any, Any]] = {}
-        self._module_dump_handles: list[Any] = []
-        self._thread = _thread_id()  # the dumping thread: the one that called start() (see _other_thread)
+        self.dumping_thread = _thread_id()  # the one that called start() (see _other_thread)
         self._other_threads: set[int] = set()
         self._closes_at_exit = False  # registered with the first step folder (a service never used holds nothing)
+        self.records = CallRecords(self, self)  # the service is its own back-end (a framework's subclass)
+        self.user_api = UserApi(self, self, self.records)
+        # the records' entries a back-end gives its patchers and hooks
+        self._on_api_call = self.records.on_api_call
+        self._on_grad = self.records.on_grad
+        self._end_record = self.records.end_record
 
-    @property
-    def saves_files(self) -> bool:
-        """Does this configuration write tensor files (task tensor, overflow_check: the overflowing calls'
-        tensors, or a tensor_list)?"""
-        return self.cfg.task in ("tensor", "overflow_check") or bool(self.cfg.tensor_list)
+    def set_patcher(self, patcher: Any) -> None:
+        """The back-end's L1 API patcher (``prepare``/``patch``/``restore``/``call``), or None; a bad wrap
+        list fails here, not mid-training."""
+        self.patcher = self.records.patcher = patcher
+        if patcher is not None:
+            patcher.prepare()
+
+    # ================================================================== what users call by name
+    def save(self, variable: Any, name: str, save_backward: bool = True) -> None:
+        """``UserApi.save``."""
+        self.user_api.save(variable, name, save_backward)
+
+    def module_dump(self, module: Any, name: str) -> None:
+        """``UserApi.module_dump``."""
+        self.user_api.module_dump(module, name)
+
+    def module_dump_end(self) -> None:
+        """``UserApi.module_dump_end``."""
+        self.user_api.module_dump_end()
+
+    def register_custom_api(self, module: Any, api: str, api_prefix: Optional[str] = None) -> None:
+        """``UserApi.register_custom_api``."""
+        self.user_api.register_custom_api(module, api, api_prefix)
+
+    def restore_custom_api(self, module: Any, api: str) -> None:
+        """``UserApi.restore_custom_api``."""
+        self.user_api.restore_custom_api(module, api)
+
+    def hook_module(self, module: Any, base: str, exclusive: bool = False) -> list[Any]:
+        """``CallRecords.hook_module``."""
+        return self.records.hook_module(module, base, exclusive)
 
     # ================================================================== life cycle
+    @property
+    def collecting(self) -> bool:
+        """Between start() and stop()."""
+        return self._collecting
+
+    def set_exclusive(self, module: Any) -> None:
+        """Record only ``module`` (``module_dump``), or everything again (None)."""
+        self._exclusive = module
+        self._update_recording()
+
     def _update_recording(self) -> None:
         self._recording = self._collecting and self._token_ok and self._exclusive is None and self._inside
 
@@ -124,11 +171,17 @@ class DumpServiceBase(CallRecords, UserApi, DumpBackend):
         (``_other_thread``)."""
         if not (self._recording and self._tls.depth == 0):
             return False
-        return _thread_id() == self._thread or self._other_thread()
+        return _thread_id() == self.dumping_thread or self._other_thread()
 
     def _may_record_exclusive(self) -> bool:
         """Inside a ``module_dump`` window: may the module given to it record now?"""
         return self._collecting and self._tls.depth == 0
+
+    def _end(self, call: Call, out: Any, same_values_as: Any = None) -> None:
+        """Finish ``call``'s record with its output (``same_values_as``: an input the output only
+        rearranges, for a back-end that reuses its statistics)."""
+        with self._quiet():
+            self._end_record(call, out, call.grad)
 
     def _other_thread(self) -> bool:
         """A call from a thread other than the one that called start() (a data-loading thread, an
@@ -165,7 +218,7 @@ class DumpServiceBase(CallRecords, UserApi, DumpBackend):
             self._rank_id = rank_id
         if window is not None and model is None:
             raise ConfigError("model", None, f"{self.model_kind} (token_range counts the model's forward calls)")
-        if self._uses_l0 and model is None and not self._hooked_models:
+        if self.uses_l0 and model is None and not self.records.hooked_models:
             raise ConfigError("model", None, f"{self.model_kind} or a list of them (level '{self.cfg.level}' "
                                              f"dumps {self.module_word})")
         models = self._models(model)
@@ -177,9 +230,11 @@ class DumpServiceBase(CallRecords, UserApi, DumpBackend):
         if not self._in_configured_step():
             return
         self._open_step()
-        self._thread = _thread_id()
-        if models:
-            self._install_model_hooks(models, isinstance(model, (list, tuple)), window)
+        self.dumping_thread = _thread_id()
+        if models and not self.records.hooked(models):
+            if window is not None:
+                self._install_token_window(models[0], window)
+            self.records.install_model_hooks(models, isinstance(model, (list, tuple)))
         if self.patcher is not None:
             self.patcher.patch()
         self._collecting = True
@@ -195,10 +250,10 @@ class DumpServiceBase(CallRecords, UserApi, DumpBackend):
         self._collecting = False
         self._update_recording()
         self._unpatch()
-        for h in self._forward_handles:
+        for h in self.forward_handles:
             h.remove()
-        self._forward_handles.clear()
-        self._hooked_models.clear()
+        self.forward_handles.clear()
+        self.records.forget_models()
         self._token_ok = True  # the token window (if any) ends with its hooks
         self._inside = True  # and so does limit_to()'s
         self._sync(force=True)
@@ -275,8 +330,7 @@ class DumpServiceBase(CallRecords, UserApi, DumpBackend):
             self.stop()
             self._finish_step()
         finally:
-            for key in list(self._custom):
-                self._custom.pop(key)[1].remove()
+            self.user_api.restore_all()
             if self.files is not None:
                 self.files.close()
 
@@ -291,7 +345,7 @@ class DumpServiceBase(CallRecords, UserApi, DumpBackend):
                 self.last_rank_dir = rec.rank_dir
         self.recorder = None
         self.debug_recorder = None
-        self.step_state = StepState()
+        self.records.new_step()
         self.selection.reset_step()
         self.summarizer.reset()
 
@@ -329,7 +383,7 @@ class DumpServiceBase(CallRecords, UserApi, DumpBackend):
         if self.debug_recorder is None:
             rank_dir = self._rank_dir()
             header = self._header("debug")
-            if self._saves:
+            if self.saves_tensors:
                 header["dump_data_dir"] = str((rank_dir / "dump_tensor_data").absolute())
             self.debug_recorder = StepRecorder(rank_dir, header, "debug.json")
             self.summarizer.tensor_dir = self.debug_recorder.tensor_dir
@@ -368,3 +422,21 @@ class DumpServiceBase(CallRecords, UserApi, DumpBackend):
             logger.warning("error while dumping %s: %r (see dump_error_info.log)", where, exc)
             if rec.errors == _WARNED_ERRORS:
                 logger.warning("further errors of this step go only to dump_error_info.log")
+
+    # ================================================================== token range
+    def _install_token_window(self, root: Any, window: tuple[int, int]) -> None:
+        """Count the root's forward calls (0 = prefill, then one per decode step): dumping is on from the
+        start of call ``start`` until the start of call ``end + 1`` (or ``stop()``), so each token's
+        work after its forward pass (logits, sampling) belongs to it, as in msprobe."""
+        start, end = window
+        counter = {"calls": 0}
+
+        def pre(module, args):
+            idx = counter["calls"]
+            counter["calls"] = idx + 1
+            self._token_ok = start <= idx <= end
+            self._update_recording()
+
+        self._token_ok = False
+        self._update_recording()
+        self.forward_handles.append(root.register_forward_pre_hook(pre, prepend=True))

@@ -7,8 +7,8 @@ from typing import Any
 
 
 class StepState:
-    """The open step's record bookkeeping (``DumpServiceBase.step_state``; ``CallRecords`` and ``UserApi`` read
-    and write it, the service replaces it at the step's end)."""
+    """The open step's record bookkeeping (``CallRecords.step_state``; ``CallRecords`` and ``UserApi`` read
+    and write it; ``CallRecords.new_step`` replaces it when the service ends the step)."""
 
     __slots__ = ("counters", "module_stack", "module_calls", "bwd_sizes", "recorded_modules")
 

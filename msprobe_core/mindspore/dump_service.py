@@ -31,7 +31,7 @@ from functools import partial
 from typing import Any, Callable, Optional
 
 from msprobe_core.dump.config import DumpConfig
-from msprobe_core.dump.service import Call, DumpServiceBase
+from msprobe_core.dump.service import Call, DumpServiceBase, saves_files
 from msprobe_core.dump.tensor_files import TensorFiles
 from msprobe_core.files.call_stack import StackCapture
 from msprobe_core.mindspore import tensor_stats
@@ -65,22 +65,21 @@ class DumpService(DumpServiceBase):
     """One process's MindSpore dump: configuration, current step, hooks and the step's recorders."""
 
     def __init__(self, cfg: DumpConfig, wrap_list: Optional[str] = None):
-        super().__init__(cfg)
-        self.framework = framework()
-        native = self.framework != MINDTORCH
+        name = framework()
+        native = name != MINDTORCH
+        on_host = tensors_on_host()
+        files = TensorFiles() if saves_files(cfg) else None
+        super().__init__(cfg, Summarizer(statistics=cfg.task != "structure", md5=cfg.summary_mode == "md5",
+                                         on_host=on_host, read_pointers=native, files=files), files)
+        self.framework = name
         self.module_prefix = "Cell" if native else "Module"
         self.module_word = "cells" if native else "modules"
         self.model_kind = "a mindspore.nn.Cell" if native else "a torch.nn.Module (mindtorch)"
-        self.patcher = ApiPatcher(self.framework, self._on_api_call, self.should_record, wrap_list) \
-            if self._uses_l1 else None
-        if self.patcher is not None:
-            self.patcher.prepare()  # a bad wrap list fails here, not mid-training
+        self._on_host = on_host
+        self.set_patcher(ApiPatcher(self.framework, self._on_api_call, self.should_record, wrap_list)
+                         if self._uses_l1 else None)
         self.primitives = PrimitiveWrapper(self._on_api_call, self.should_record) if self._uses_l1 and native else None
         self.hooks_l1_models = self.primitives is not None
-        self._on_host = tensors_on_host()
-        self.files = TensorFiles() if self.saves_files else None
-        self.summarizer = Summarizer(statistics=cfg.task != "structure", md5=cfg.summary_mode == "md5",
-                                     on_host=self._on_host, read_pointers=native, files=self.files)
         self._param_hooked: set[int] = set()
 
     # ================================================================== framework hooks

@@ -37,6 +37,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -114,7 +115,6 @@ class TrainerMon:
         self._chunks: list[nn.Module] = []
         self._optimizer: Any = None
         self._triggers = StepTriggers()
-        self._skips = SkippedUpdates(self)
         self._hooks: ActivationHooks | CompiledActivationHooks | None = None
         self._moe: MoEMonitor | None = None
         self.alerts = AlertCenter(self.rank, self.rank_dir, self.output_dir)
@@ -122,6 +122,8 @@ class TrainerMon:
         self.output: MetricOutput | None = None
         self._latest: dict[str, Any] = {}
         self._step = StepState(token=0, collecting=False)  # replaced at each step boundary (_begin_step)
+        self._skips = SkippedUpdates(self, self._step, restart=self._begin_step,
+                                     record_weights=partial(self._record_mapping, PARAM))
         self._closed = False
         self._configure(self.config, not_before=0)
         close_at_exit(self.close)
@@ -238,6 +240,7 @@ class TrainerMon:
     def _begin_step(self) -> None:
         self._step = StepState(token=self._step.token + 1,
                                collecting=self.schedule.selects(self.step_index) and not self._closed)
+        self._skips.new_step(self._step)
         self.collector.reset()
         if hasattr(self, "_selection"):
             self._sync_hooks()

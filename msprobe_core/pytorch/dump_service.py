@@ -24,7 +24,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from msprobe_core.dump.config import DumpConfig
-from msprobe_core.dump.service import Call, DumpServiceBase
+from msprobe_core.dump.service import Call, DumpServiceBase, saves_files
 from msprobe_core.files.call_stack import StackCapture
 from msprobe_core.pytorch.api_patch import ApiPatcher
 from msprobe_core.pytorch.backward_capture import InputEdges, capture
@@ -85,16 +85,14 @@ class DumpService(DumpServiceBase):
     same_values = _SAME_VALUES
 
     def __init__(self, cfg: DumpConfig, wrap_list: Optional[str] = None):
-        super().__init__(cfg)
+        files = TensorFiles() if saves_files(cfg) else None
+        super().__init__(cfg, Summarizer(statistics=cfg.task != "structure", md5=cfg.summary_mode == "md5",
+                                         files=files), files)
         # the record when torch.compile traces an API call: made once Dynamo is loaded (importing it costs a second)
         self._api_opaque: Optional[Callable] = None
         self._prepare_for_compiler()
-        self.patcher = ApiPatcher(self._api_entry, self.should_record, wrap_list,
-                                  silence=self._silenced) if self._uses_l1 else None
-        if self.patcher is not None:
-            self.patcher.prepare()  # a bad wrap list fails here, not mid-training
-        self.files = TensorFiles() if self.saves_files else None
-        self.summarizer = Summarizer(statistics=cfg.task != "structure", md5=cfg.summary_mode == "md5", files=self.files)
+        self.set_patcher(ApiPatcher(self._api_entry, self.should_record, wrap_list,
+                                    silence=self._silenced) if self._uses_l1 else None)
         self._compiled = False
         self._fsdp1: dict[int, list[tuple[str, FlatSlot]]] = {}  # id(module) -> its original parameters in FSDP1 units
         self._own_grad_hook = self._on_own_grad  # bound once: a backward hook's partial then holds no new object
@@ -118,7 +116,7 @@ class DumpService(DumpServiceBase):
 
         self._inside = False
         self._update_recording()
-        self._forward_handles += [module.register_forward_pre_hook(enter, prepend=True),
+        self.forward_handles += [module.register_forward_pre_hook(enter, prepend=True),
                                   module.register_forward_hook(leave)]
 
     # ================================================================== framework hooks
@@ -127,7 +125,7 @@ class DumpService(DumpServiceBase):
         dumping thread's calls (``_other_thread``)."""
         if not (self._recording and self._tls.depth == 0 and _graph_task_id() == -1):
             return False
-        return _thread_id() == self._thread or self._other_thread()
+        return _thread_id() == self.dumping_thread or self._other_thread()
 
     def _may_record_exclusive(self) -> bool:
         return self._collecting and self._tls.depth == 0 and _graph_task_id() == -1

@@ -54,3 +54,41 @@ def test_the_pytorch_backend_is_complete():
     from msprobe_core.pytorch.dump_service import DumpService
 
     assert not inspect.isabstract(DumpService)
+
+
+def test_the_service_is_a_composition_of_its_parts():
+    """``CallRecords`` and ``UserApi`` are parts the service holds (given the service at construction, typed),
+    not base classes that read attributes they never define."""
+    from msprobe_core.dump.call_records import CallRecords
+    from msprobe_core.dump.user_api import UserApi
+
+    assert DumpServiceBase.__bases__ == (DumpBackend,)
+    for part in (CallRecords, UserApi):
+        assert part not in DumpServiceBase.__mro__
+        params = inspect.signature(part.__init__).parameters
+        assert params["service"].annotation == "DumpHost", part  # (postponed annotations: names)
+        assert params["backend"].annotation == "DumpBackend", part
+    assert inspect.signature(UserApi.__init__).parameters["records"].annotation == "CallRecords"
+
+
+def test_the_pytorch_service_holds_its_parts_bound_to_it(tmp_path):
+    from msprobe_core.dump.config import load_dump_config
+    from msprobe_core.pytorch.dump_service import DumpService
+
+    svc = DumpService(load_dump_config({"task": "statistics", "level": "mix", "dump_path": str(tmp_path)}))
+    assert svc.records.service is svc.records.backend is svc and svc.user_api.records is svc.records
+    assert svc.records.patcher is svc.patcher is not None
+    assert svc._on_api_call == svc.records.on_api_call  # what the API patcher calls
+
+
+def test_the_service_offers_every_member_of_the_host_protocol(tmp_path):
+    """``dump.host.DumpHost`` is what the parts use of the service: the service has each of them."""
+    from msprobe_core.dump.config import load_dump_config
+    from msprobe_core.dump.host import DumpHost
+    from msprobe_core.pytorch.dump_service import DumpService
+
+    members = set(DumpHost.__annotations__) | {n for n, v in vars(DumpHost).items()
+                                               if inspect.isfunction(v) or isinstance(v, property)}
+    assert {"recorder", "dumping_thread", "_open_step", "_end", "collecting"} <= members
+    svc = DumpService(load_dump_config({"task": "statistics", "level": "L1", "dump_path": str(tmp_path)}))
+    assert [m for m in sorted(members) if not hasattr(svc, m)] == []

@@ -1,0 +1,25 @@
+"""``Call``: one recorded forward call between its start and its end, as the dump's records and its
+framework back-ends pass it around."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+
+@dataclass(slots=True, eq=False)
+class Call:
+    """A recorded forward call between its start and its end."""
+
+    name: str
+    backward: str
+    seq: int
+    record: dict
+    save: bool
+    parent: Optional[str]
+    grad: bool = False  # autograd records this call and its backward is dumped
+    edges: Any = None   # framework data for its backward ``output`` (PyTorch: its inputs' gradient edges)
+
+    def backward_parent(self) -> Optional[str]:
+        """The parent of its backward record in construct.json."""
+        return self.parent.replace(".forward", ".backward") if self.parent else None
