@@ -30,7 +30,6 @@ monitored. ``model.compile()`` (compiled in place: no eager wrapper) and partly 
 from __future__ import annotations
 
 import logging
-import sys
 import weakref
 from functools import partial
 from typing import Any, Callable, Sequence
@@ -43,22 +42,12 @@ from msprobe_core.monitor.config import IOSpec
 from msprobe_core.monitor.module_hooks import ROOT_NAME, _input_leaves, _output_leaves, _Site
 from msprobe_core.monitor.records import ACTV, ACTV_GRAD
 from msprobe_core.monitor.step_state import StepState
-from msprobe_core.pytorch.compiled_taps import CALLS, SLOTS, GradSlots, graph_stats
+from msprobe_core.pytorch.compiled_taps import GradSlots, graph_stats
 from msprobe_core.pytorch.wrapper_names import unwrapped_modules
 
 logger = logging.getLogger("msprobe_core.monitor")
 
 _START, _ROWS, _GRADS = 0, 1, 2  # event kinds
-
-
-def compiled_as_a_whole(chunks: Sequence[nn.Module]) -> bool:
-    """Whether every chunk is compiled as a whole by ``torch.compile(model)`` (an ``OptimizedModule``, whose own
-    hooks run eagerly around the graph): the case ``CompiledActivationHooks`` serve."""
-    if "torch._dynamo" not in sys.modules:  # nothing is compiled (and importing Dynamo costs a second)
-        return False
-    from torch._dynamo.eval_frame import OptimizedModule
-
-    return bool(chunks) and all(isinstance(c, OptimizedModule) for c in chunks)
 
 
 class CompiledActivationHooks:
@@ -232,7 +221,7 @@ class CompiledActivationHooks:
             for group in sorted(groups.values(), key=lambda g: (g[0][1], g[0][2]), reverse=True):
                 k = 0
                 for _, _, _, ref, name, module, m, numel in group:
-                    at = ((ref[0] * CALLS + ref[1]) * SLOTS + ref[2]) * (width + 1)
+                    at = self._grads.at(*ref)
                     if got[at + width] != 1.0:  # no gradient reached this tensor
                         continue
                     host.append(got[at:at + width])

@@ -53,7 +53,7 @@ from msprobe_core.monitor.detector import AnomalyDetector, SkippedStep
 from msprobe_core.monitor.collector import StepCollector
 from msprobe_core.monitor.gc_pause import gc_paused
 from msprobe_core.monitor.config import AlertConfig, MonitorConfig, load_monitor_config
-from msprobe_core.monitor.compiled_hooks import CompiledActivationHooks, compiled_as_a_whole
+from msprobe_core.monitor.compiled_hooks import CompiledActivationHooks
 from msprobe_core.monitor.module_hooks import ActivationHooks
 from msprobe_core.monitor.native_reader import NativeShardReader, uses_native_sharding
 from msprobe_core.monitor.moe.monitor import MoEMonitor
@@ -70,6 +70,7 @@ from msprobe_core.monitor.step_output import MetricOutput
 from msprobe_core.monitor.step_state import StepState
 from msprobe_core.monitor.step_triggers import StepTriggers
 from msprobe_core.monitor.writers import WriterContext
+from msprobe_core.pytorch.compiled_taps import compiled_as_a_whole
 from msprobe_core.pytorch.ranks import current_rank, rank_in
 from msprobe_core.common.output_dir import check_output_dir
 from msprobe_core.common.rank_folder import rank_folder_name

@@ -23,10 +23,12 @@ recompilation and no graph: losses bit-identical to the compiled model without t
 
 from __future__ import annotations
 
+import sys
 from functools import partial
 from typing import Callable, Sequence
 
 import torch
+from torch import nn
 
 from msprobe_core.pytorch.tensor_stats import MONITOR_OPS
 
@@ -34,6 +36,27 @@ CALLS = 8
 """Calls of one hooked module per forward whose gradient statistics have a slot (more: not recorded)."""
 SLOTS = 4
 """Tensors per module call (its inputs and outputs) whose gradient statistics have a slot."""
+
+
+def compiled_as_a_whole(models: Sequence[nn.Module]) -> bool:
+    """Whether every model is compiled as a whole by ``torch.compile(model)`` (an ``OptimizedModule``, whose
+    own hooks run eagerly around the graph): where the tool's hooks go into the graph. ``model.compile()``
+    (compiled in place, no eager wrapper) and partly compiled models keep the tool's eager hooks."""
+    if "torch._dynamo" not in sys.modules:  # nothing is compiled (and importing Dynamo costs a second)
+        return False
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    return bool(models) and all(isinstance(m, OptimizedModule) for m in models)
+
+
+def dump_stats(t: torch.Tensor) -> torch.Tensor:
+    """(max, min, sum, sum of squares) of a non-empty tensor as float32, as the dump's summaries take them
+    (``dump.summarize.fill``: Mean = sum / numel, Norm = its square root; a bool tensor's max and min are any
+    and all); traceable by Dynamo."""
+    x = t.detach()
+    if x.dtype != torch.float32:
+        x = x.float()
+    return torch.stack([x.amax(), x.amin(), x.sum(), (x * x).sum()])
 
 
 def graph_stats(t: torch.Tensor, ops: Sequence[str], eps: float) -> torch.Tensor:
@@ -61,15 +84,6 @@ def graph_stats(t: torch.Tensor, ops: Sequence[str], eps: float) -> torch.Tensor
     return torch.stack(out)
 
 
-def dump_stats(t: torch.Tensor) -> torch.Tensor:
-    """(Max, Min, Sum, Norm) of a non-empty float tensor as one float32 tensor (the dump's statistics:
-    Mean = Sum / numel), traceable by Dynamo."""
-    x = t.detach()
-    if x.dtype != torch.float32:
-        x = x.float()
-    return torch.stack([x.amax(), x.amin(), x.sum(), torch.linalg.vector_norm(x)])
-
-
 class GradSlots:
     """Where the statistics of gradients land, inside the compiled backward: one float32 tensor per hooked
     module, ``[CALLS, SLOTS, width + 1]`` (the last column: 1 where a gradient arrived). ``hook(site, call,
@@ -78,22 +92,29 @@ class GradSlots:
     backward graph (a mutation of a graph input, no Python side effect). ``take()`` hands the host what
     arrived since the last ``take`` and zeroes the slots (eagerly, between graphs)."""
 
-    def __init__(self, stats: Callable[[torch.Tensor], torch.Tensor], width: int):
+    def __init__(self, stats: Callable[[torch.Tensor], torch.Tensor], width: int, calls: int = CALLS,
+                 slots: int = SLOTS):
         self.stats = stats
         self.width = width
+        self.calls = calls
+        self.per_call = slots
         self.slots: list[torch.Tensor] = []
 
     def add(self, device: torch.device | None) -> int:
         """A place for one more hooked module; returns its index."""
-        self.slots.append(torch.zeros((CALLS, SLOTS, self.width + 1), device=device))
+        self.slots.append(torch.zeros((self.calls, self.per_call, self.width + 1), device=device))
         return len(self.slots) - 1
+
+    def at(self, site: int, call: int, slot: int) -> int:
+        """Where slot ``(site, call, slot)``'s row starts in ``take()``'s flat values."""
+        return ((site * self.calls + call) * self.per_call + slot) * (self.width + 1)
 
     def clear(self) -> None:
         self.slots.clear()
 
     def hook(self, site: int, call: int, slot: int) -> Callable[[torch.Tensor], None] | None:
-        """The gradient hook of a tensor of ``site``'s call ``call`` (None past ``CALLS`` or ``SLOTS``)."""
-        if call >= CALLS or slot >= SLOTS:
+        """The gradient hook of a tensor of ``site``'s call ``call`` (None past the slots there are)."""
+        if call >= self.calls or slot >= self.per_call:
             return None
         return partial(_write, self, site, call, slot)
 

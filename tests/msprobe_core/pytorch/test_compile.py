@@ -3,13 +3,11 @@
 statistics are the single-device ones), no record lost at any level, and no recompilation once warm
 (``torch._dynamo.utils.counters`` counts graph breaks and graphs, stated in the docs).
 
-The monitor computes activation statistics inside the graph (``monitor.compiled_hooks``): no graph break, and
-losses bit-identical with the monitor on and off under Inductor too. The dump's module hooks run eagerly at a
-graph break each: losses bit-identical with the ``aot_eager`` backend (Dynamo and AOTAutograd, no kernel
-fusion); under Inductor a graph break changes the kernels Inductor generates on both sides of it (it fuses and
-partitions each graph on its own), so losses with the dump's breaks differ from the unbroken graph's in the
-last bits (measured: 6e-8 relative). That is the breaks' doing, not the dump's: the same breaks made by hooks
-that do nothing give the dump's losses bit for bit (``test_inductor_losses_with_the_tool``)."""
+The monitor and the L0 statistics dump compute their statistics inside the graph (``monitor.compiled_hooks``,
+``pytorch.compiled_records``): no graph break, one graph, losses bit-identical with the tool on and off under
+Inductor too (``test_inductor_losses_with_the_tool``). Level mix (and L1) wraps every API: a graph break at
+each call (losses bit-identical with the ``aot_eager`` backend, Dynamo and AOTAutograd without kernel fusion;
+under Inductor a graph break changes the kernels Inductor generates on both sides of it, in the last bits)."""
 
 from __future__ import annotations
 
@@ -27,7 +25,6 @@ from native_sharding import STEPS, make_model, reference, train
 from msprobe_core.compare import compare_dumps
 from msprobe_core.monitor.trainer_mon import TrainerMon
 from msprobe_core.pytorch import PrecisionDebugger
-from msprobe_core.pytorch.wrapper_names import opaque_to_compiler
 
 pytestmark = pytest.mark.slow  # each test compiles (seconds each)
 
@@ -146,26 +143,12 @@ def test_monitor_on_compiled_model_gives_single_device_statistics(tmp_path):
 
 
 def test_inductor_losses_with_the_tool(tmp_path):
-    """Default backend (Inductor). The monitor computes its statistics inside the graph (no graph break): its
-    losses are those of the compiled model without it, bit for bit (``test_monitor_compiled.py`` for its rows).
-    The L0 dump's losses equal, bit for bit, those of the same model with a forward hook on every module that
-    does nothing but break the graph where the dump's hooks do: the dump's own work changes no number; its
-    graph breaks alone change Inductor's kernels."""
+    """Default backend (Inductor). The monitor and the L0 statistics dump compute their statistics inside the
+    graph (no graph break): losses bit-identical to those of the compiled model without the tool, one graph
+    (``test_monitor_compiled.py``, ``test_compile_in_graph_records.py`` for their rows and records)."""
     plain, _ = run(torch.compile(sliced_model()), 3)
-    torch._dynamo.reset()
-    counters.clear()
-    losses, graphs = run(torch.compile(sliced_model()), 3, monitor=MONITOR, out=tmp_path / "mon")
-    assert losses == plain and graph_breaks() == 0 and graphs[-1] == 1
-
-    def noop(*_):
-        return None
-
-    torch._dynamo.reset()
-    model = sliced_model()
-    for module in model.modules():
-        module.register_forward_hook(opaque_to_compiler(noop))
-    breaks, _ = run(torch.compile(model), 3)
-    torch._dynamo.reset()
-    losses, graphs = run(torch.compile(sliced_model()), 3, dump=tmp_path / "d", level="L0")
-    assert losses == breaks
-    assert graphs[1] == graphs[-1], graphs  # no recompilation once warm
+    for kwargs in ({"monitor": MONITOR, "out": tmp_path / "mon"}, {"dump": tmp_path / "d", "level": "L0"}):
+        torch._dynamo.reset()
+        counters.clear()
+        losses, graphs = run(torch.compile(sliced_model()), 3, **kwargs)
+        assert losses == plain and graph_breaks() == 0 and graphs[-1] == 1, kwargs
