@@ -48,6 +48,7 @@ from msprobe_core.pytorch.wrapper_names import unwrapped_modules
 logger = logging.getLogger("msprobe_core.monitor")
 
 _START, _ROWS, _GRADS = 0, 1, 2  # event kinds
+_LAST = 1 << 62  # creation order of a tensor the root module returns
 
 
 class CompiledActivationHooks:
@@ -90,9 +91,9 @@ class CompiledActivationHooks:
             named = list(unwrapped_modules(chunk))
             root = named[0][1]
             device = _device_of(root)
-            # the compiled wrapper's own hook runs eagerly, before the graph: the previous pass's results out
-            self._handles.append(chunk.register_forward_pre_hook(self._drain_hook))
-            self._handles.append(root.register_forward_pre_hook(partial(self._on_root_start, c), prepend=True))
+            # the compiled wrapper's own hooks run eagerly, around the graph (torch.compile runs the hooks of a
+            # model of a class of its own outside the graph too): the previous pass's results out, a new forward
+            self._handles.append(chunk.register_forward_pre_hook(partial(self._on_root_start, c)))
             for name, module in named:
                 qualified = (f"{c}:" if multi else "") + (name or ROOT_NAME)
                 spec = select(qualified)
@@ -100,9 +101,9 @@ class CompiledActivationHooks:
                     continue
                 index = self._grads.add(_device_of(module) or device)
                 self._sites.append(_Site(qualified, spec, c, self.forward, self.backward))
-                self._handles.append(module.register_forward_hook(partial(self._on_forward, index), with_kwargs=True))
+                hooked = chunk if module is root else module  # the root's rows: on the wrapper, eagerly
+                self._handles.append(hooked.register_forward_hook(partial(self._on_forward, index), with_kwargs=True))
                 self.module_names.append(qualified)
-            self._handles.append(root.register_forward_hook(self._on_root_end))
         return list(self.module_names)
 
     def remove(self) -> None:
@@ -132,23 +133,16 @@ class CompiledActivationHooks:
             self._tapped = False
             self.events.append((_GRADS, self._grads.take()))
 
-    def _drain_hook(self, module: nn.Module, args: Any) -> None:
+    def _on_root_start(self, chunk: int, module: nn.Module, args: Any) -> None:
+        """Eagerly, before a chunk's graph: the previous pass's results out, a new forward (and trace) begins."""
         self._drain()
+        self._calls.clear()
+        self._slots.clear()
+        self._sightings.new_trace()
+        if module.training:
+            self.events.append((_START, chunk))
 
     # ----------------------------------------------------------------- traced by Dynamo (no tool state read)
-    def _on_root_start(self, chunk: int, module: nn.Module, args: Any) -> None:
-        self._forget()
-        if module.training:
-            self._fwd.append((_START, chunk))
-
-    def _on_root_end(self, module: nn.Module, args: Any, output: Any) -> None:
-        self._forget()
-
-    def _forget(self) -> None:
-        self._calls = {}
-        self._slots = {}
-        owner = self._sightings.key
-        comptime(_new_trace, lambda: _SIGHTINGS[owner].new_trace())
 
     def _on_forward(self, index: int, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
         if not module.training:
@@ -158,13 +152,15 @@ class CompiledActivationHooks:
         self._calls[index] = count + 1
         in_paths, tensors = _input_leaves(args, kwargs)
         out_paths, outs = _output_leaves(output)
+        n_in = len(tensors)
         tensors = tensors + outs
         owner = self._sightings.key
         rows, grads, stats = [], [], []
         for i, fwd_name, bwd_name in site._make_plan(count, in_paths, out_paths):  # plan() caches: state to guard
             t = tensors[i]
             key = (index, count, i)
-            comptime(_note_traced, lambda: _SIGHTINGS[owner].note(key, t))  # which tensor this is (host side)
+            # which tensor this is (host side); run eagerly (the root's hooks): an output is the last made
+            comptime(_note_traced, lambda: _SIGHTINGS[owner].note(key, t, order=(_LAST if i >= n_in else -1,)))
             if fwd_name is not None:
                 rows.append((fwd_name, t.numel(), not t.requires_grad, len(stats), key))
                 stats.append(graph_stats(t, self.ops, self.eps))
@@ -287,11 +283,6 @@ class _Sightings:
         self._count += 1
         first = self._first.setdefault(identity, key)
         self.info[key] = (first, order if order is not None else (self._count,))
-
-
-def _new_trace(ctx: Any) -> None:
-    """``comptime``: a new forward is traced."""
-    _SIGHTINGS[ctx.get_local("owner").as_python_constant()].new_trace()
 
 
 def _note_traced(ctx: Any) -> None:

@@ -65,11 +65,8 @@ class CompiledModuleRecords:
     # ----------------------------------------------------------------- installed at start()
     def watch(self, wrapper: nn.Module) -> None:
         """``wrapper`` (an ``OptimizedModule``) is the model being hooked: replay after each of its forwards."""
-        root = wrapper._orig_mod
         self.handles += [wrapper.register_forward_pre_hook(self._before_forward),
-                         wrapper.register_forward_hook(self._after_forward),
-                         root.register_forward_pre_hook(self._on_root, prepend=True),
-                         _Flush(self)]
+                         wrapper.register_forward_hook(self._after_forward), _Flush(self)]
 
     def hooks(self, module: nn.Module, base: str) -> tuple[Callable, Callable]:
         """The (pre, post) forward hooks (``with_kwargs``) of ``module`` recorded as ``base``: made once, so
@@ -84,10 +81,6 @@ class CompiledModuleRecords:
         return made
 
     # ----------------------------------------------------------------- traced by Dynamo (no tool state read)
-    def _on_root(self, module: nn.Module, args: Any) -> None:
-        self._calls = {}
-        self._slots = {}
-
     def _on_pre(self, index: int, module: nn.Module, args: tuple, kwargs: dict) -> Any:
         count = self._calls.get(index, 0)
         self._calls[index] = count + 1
@@ -136,6 +129,8 @@ class CompiledModuleRecords:
     def _before_forward(self, module: nn.Module, args: Any) -> None:
         self.flush_gradients()
         self._fwd.clear()
+        self._calls.clear()  # what the traced hooks count per forward
+        self._slots.clear()
 
     def _after_forward(self, module: nn.Module, args: Any, output: Any) -> None:
         events = list(self._fwd)
