@@ -20,9 +20,11 @@ names, counters, construct.json parents, parameters and parameter gradients are 
 in eager mode. Gradients are handed to ``CallRecords.on_grad`` the same way when the next forward starts, or at
 ``stop()`` (a handle in the service's forward handles).
 
-Limits: a backward record's ``output`` is the input's whole gradient (eager mode reports the call's own share,
-``backward_capture``: they differ for an input that other calls use too); at most ``CALLS`` calls of a module
-per forward and ``GRADS`` tensors per call get backward values.
+A backward record's ``output`` (the gradients a call sends to its inputs) is read on a view of each input that
+only the call gets (the pre-hook hands the call views): its gradient is the call's own share, as
+``backward_capture`` reports it in eager mode. Limits: at most ``CALLS`` calls of a module per forward and
+``GRADS`` tensors per call get backward values; stack.json holds the stack of the model's call (the records
+are made after the compiled forward).
 """
 
 from __future__ import annotations
@@ -157,7 +159,7 @@ class CompiledModuleRecords:
                     args, kwargs, call, count = open_calls[index].pop()
                     records._module_post(base, module, tuple(args), kwargs, value)
                     field = "input"  # the gradients of its outputs
-                if isinstance(call, Call):
+                if isinstance(call, Call) and call.grad and records.selection.keeps("backward", field):
                     self._pending += [(call, field, i, (index, count, slot), t) for i, (t, slot) in enumerate(grads)
                                       if slot is not None]
 

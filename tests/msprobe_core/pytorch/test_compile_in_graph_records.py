@@ -54,18 +54,20 @@ def make_model(inplace: bool = False) -> nn.Module:
     return Net(inplace)
 
 
-def run(model: nn.Module, dump: Path | None) -> list[float]:
+def run(model: nn.Module, dump: Path | None, acc: int = 1) -> list[float]:
+    """``STEPS`` steps of ``acc`` micro-batches each; the losses of each step's last micro-batch."""
     torch.manual_seed(1)
-    data = [torch.randn(4, 5, 8) for _ in range(STEPS)]
+    data = [torch.randn(4, 5, 8) for _ in range(STEPS * acc)]
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     dbg = PrecisionDebugger({"dump_path": str(dump), "task": "statistics", "level": "L0"}) if dump else None
     losses = []
-    for x in data:
+    for s in range(STEPS):
         if dbg:
             dbg.start(model)
         opt.zero_grad()
-        loss = model(x).pow(2).mean()
-        loss.backward()
+        for x in data[s * acc:(s + 1) * acc]:
+            loss = model(x).pow(2).mean()
+            loss.backward()
         opt.step()
         if dbg:
             dbg.stop()
@@ -93,17 +95,17 @@ def _files(root: Path, step: int) -> tuple[Path, dict, dict]:
             json.loads((folder / "construct.json").read_text()))
 
 
-@pytest.mark.parametrize("inplace", [False, True], ids=["plain", "inplace-relu"])
-def test_no_graph_break_bit_identical_losses_and_the_eager_records(tmp_path, inplace):
-    plain = run(torch.compile(make_model(inplace)), None)
+@pytest.mark.parametrize("inplace, acc", [(False, 1), (True, 1), (False, 2)], ids=["plain", "inplace-relu", "2-micro"])
+def test_no_graph_break_bit_identical_losses_and_the_eager_records(tmp_path, inplace, acc):
+    plain = run(torch.compile(make_model(inplace)), None, acc)
     assert graph_breaks() == 0 and counters["stats"]["unique_graphs"] == 1
     torch._dynamo.reset()
     counters.clear()
-    losses = run(torch.compile(make_model(inplace)), tmp_path / "compiled")
+    losses = run(torch.compile(make_model(inplace)), tmp_path / "compiled", acc)
     print(f"L0 dump on the compiled model: {graph_breaks()} graph breaks, {counters['stats']['unique_graphs']} graph")
     assert graph_breaks() == 0 and counters["stats"]["unique_graphs"] == 1, dict(counters["graph_break"])
     assert losses == plain  # bit-identical with the dump on and off (Inductor)
-    eager = run(make_model(inplace), tmp_path / "eager")
+    eager = run(make_model(inplace), tmp_path / "eager", acc)
     assert eager == pytest.approx(losses, rel=1e-5)
     for step in range(STEPS):
         target, got, got_parents = _files(tmp_path / "compiled", step)
