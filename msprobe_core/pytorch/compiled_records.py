@@ -61,8 +61,7 @@ class CompiledModuleRecords:
         self._fwd: list = []
         self._calls: dict[int, int] = {}
         self._slots: dict[tuple[int, int], int] = {}
-        self._pending: list = []  # (Call, field, index, slot) of replayed calls waiting for their gradients
-        self._watched: dict[int, Any] = {}
+        self._pending: list = []  # (Call, field, index, slot, stand-in) of replayed calls awaiting gradients
 
     # ----------------------------------------------------------------- installed at start()
     def watch(self, wrapper: nn.Module) -> None:
@@ -113,7 +112,7 @@ class CompiledModuleRecords:
                     new.register_hook(hook)
                     slot = n
             row = None
-            if obj.numel() > 0 and not obj.is_complex():
+            if obj.numel() > 0:
                 row = len(stats)
                 stats.append(dump_stats(obj))
             return (_T, row, obj.dtype, tuple(obj.shape), obj.requires_grad, slot), new, changed
@@ -141,27 +140,27 @@ class CompiledModuleRecords:
         flat = torch.cat(blocks).tolist() if blocks else []  # the forward's one host read
         pos, open_calls = 0, {}
         records = self.records
-        with torch.no_grad():
-            for kind, index, count, described, block in events:
-                rows = flat[pos:pos + block.numel()] if block is not None else []
-                pos += block.numel() if block is not None else 0
-                module, base = self._sites[index]
-                grads: list = []
-                value = self._stand_in(described, rows, grads)
-                if kind == _PRE:
-                    args, kwargs = value
-                    records._module_pre(base, False, module, tuple(args), kwargs)
-                    calls = records.step_state.module_calls.get(id(module))
-                    call = calls[-1] if calls else None
-                    open_calls.setdefault(index, []).append((args, kwargs, call, count))
-                    field = "output"  # the gradients the call sends to its inputs
-                else:
-                    args, kwargs, call, count = open_calls[index].pop()
-                    records._module_post(base, module, tuple(args), kwargs, value)
-                    field = "input"  # the gradients of its outputs
-                if isinstance(call, Call) and call.grad and records.selection.keeps("backward", field):
-                    self._pending += [(call, field, i, (index, count, slot), t) for i, (t, slot) in enumerate(grads)
-                                      if slot is not None]
+        # in the forward's autograd mode (the records' code reads it: a call recorded with its backward)
+        for kind, index, count, described, block in events:
+            rows = flat[pos:pos + block.numel()] if block is not None else []
+            pos += block.numel() if block is not None else 0
+            module, base = self._sites[index]
+            grads: list = []
+            value = self._stand_in(described, rows, grads)
+            if kind == _PRE:
+                args, kwargs = value
+                records._module_pre(base, False, module, tuple(args), kwargs)
+                calls = records.step_state.module_calls.get(id(module))
+                call = calls[-1] if calls else None
+                open_calls.setdefault(index, []).append((args, kwargs, call, count))
+                field = "output"  # the gradients the call sends to its inputs
+            else:
+                args, kwargs, call, count = open_calls[index].pop()
+                records._module_post(base, module, tuple(args), kwargs, value)
+                field = "input"  # the gradients of its outputs
+            if isinstance(call, Call) and call.grad and records.selection.keeps("backward", field):
+                self._pending += [(call, field, i, (index, count, slot), t) for i, (t, slot) in enumerate(grads)
+                                  if slot is not None]
 
     def _stand_in(self, described: Any, rows: list, grads: list) -> Any:
         """The described value with stand-in tensors (their summaries' statistics given); ``grads`` gets

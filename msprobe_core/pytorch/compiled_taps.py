@@ -52,8 +52,10 @@ def compiled_as_a_whole(models: Sequence[nn.Module]) -> bool:
 def dump_stats(t: torch.Tensor) -> torch.Tensor:
     """(max, min, sum, sum of squares) of a non-empty tensor as float32, as the dump's summaries take them
     (``dump.summarize.fill``: Mean = sum / numel, Norm = its square root; a bool tensor's max and min are any
-    and all); traceable by Dynamo."""
+    and all; a complex tensor's are those of its magnitude); traceable by Dynamo."""
     x = t.detach()
+    if x.is_complex():  # summarised by magnitude, as in eager mode
+        x = x.abs()
     if x.dtype != torch.float32:
         x = x.float()
     return torch.stack([x.amax(), x.amin(), x.sum(), (x * x).sum()])

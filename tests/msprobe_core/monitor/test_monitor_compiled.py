@@ -9,37 +9,24 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch._dynamo.utils import counters
+
+from compiled_models import fresh_dynamo, graph_breaks, sliced_model  # noqa: F401  (a fixture)
 
 from msprobe_core.monitor import collector as collector_module
 from msprobe_core.monitor.compiled_hooks import CompiledActivationHooks
 from msprobe_core.monitor.trainer_mon import TrainerMon
 
-pytestmark = pytest.mark.slow  # compiles with Inductor (seconds each)
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("fresh_dynamo")]  # compiles with Inductor (seconds)
 
 MONITOR = {"xy_distribution": True, "wg_distribution": True, "mv_distribution": True, "param_distribution": True,
            "format": ["api"]}
 STEPS = 4
 
 
-class Block(nn.Module):
-    """One intermediate used twice (its gradient is the sum of both uses) and a slice."""
-
-    def __init__(self):
-        super().__init__()
-        self.fc = nn.Linear(8, 8)
-        self.ln = nn.LayerNorm(8)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.fc(x)[:, 1:]
-        return F.layer_norm(h, (8,)) + self.ln(h)
-
-
 def make_model(inplace: bool = False) -> nn.Module:
-    torch.manual_seed(0)  # an in-place ReLU modifies the output of the block before it
-    return nn.Sequential(Block(), nn.ReLU(inplace=inplace), Block())
+    return sliced_model(inplace)  # an in-place ReLU modifies the output of the block before it
 
 
 def train(model: nn.Module, monitor: dict | None, tmp_path, acc: int = 1) -> tuple[list[float], list[list]]:
@@ -70,18 +57,6 @@ def train(model: nn.Module, monitor: dict | None, tmp_path, acc: int = 1) -> tup
         if mon is not None:
             mon.close()
     return losses, steps
-
-
-def graph_breaks() -> int:
-    return sum(counters["graph_break"].values())
-
-
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    torch._dynamo.reset()
-    counters.clear()
-    yield
-    torch._dynamo.reset()
 
 
 def _activation_rows(rows: list) -> list:

@@ -16,30 +16,17 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch._dynamo.utils import counters
 
+from compiled_models import fresh_dynamo, graph_breaks, sliced_model  # noqa: F401  (a fixture)
 from native_sharding import STEPS, make_model, reference, train
 
 from msprobe_core.compare import compare_dumps
 from msprobe_core.monitor.trainer_mon import TrainerMon
 from msprobe_core.pytorch import PrecisionDebugger
 
-pytestmark = pytest.mark.slow  # each test compiles (seconds each)
-
-
-class Sliced(nn.Module):
-    """A block whose forward indexes a tensor (torch.compile's code then holds slice constants)."""
-
-    def __init__(self):
-        super().__init__()
-        self.fc = nn.Linear(8, 8)
-        self.ln = nn.LayerNorm(8)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.fc(x)[:, 1:]
-        return F.layer_norm(h, (8,)) + self.ln(h)
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("fresh_dynamo")]  # each test compiles (seconds)
 
 
 def run(model: nn.Module, steps: int, dump: Path | None = None, level: str = "L0", monitor: dict | None = None,
@@ -67,25 +54,11 @@ def run(model: nn.Module, steps: int, dump: Path | None = None, level: str = "L0
     return losses, graphs
 
 
-def sliced_model() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(Sliced(), nn.ReLU(), Sliced())
-
-
 MONITOR = {"xy_distribution": True, "wg_distribution": True, "mv_distribution": True, "param_distribution": True,
            "format": ["api"]}
 
 
-def graph_breaks() -> int:
-    return sum(counters["graph_break"].values())
-
-
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    torch._dynamo.reset()
-    counters.clear()
-    yield
-    torch._dynamo.reset()
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("fresh_dynamo")]  # each test compiles (seconds)
 
 
 def test_tool_off_compiles_one_graph():

@@ -12,32 +12,17 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch._dynamo.utils import counters
+
+from compiled_models import fresh_dynamo, sliced_model as make_model  # noqa: F401  (a fixture)
 
 from msprobe_core.compare import compare_dumps
 from msprobe_core.pytorch import PrecisionDebugger
 
-pytestmark = pytest.mark.slow  # compiles (seconds)
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("fresh_dynamo")]  # compiles (seconds)
 
 WRAP = "functional:\n  - layer_norm\ntensor:\n  - pow\naten:\n  - addmm\n  - native_layer_norm\n  - add.Tensor\n"
-
-
-class Block(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc = nn.Linear(8, 8)
-        self.ln = nn.LayerNorm(8)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.fc(x)[:, 1:]
-        return F.layer_norm(h, (8,)) + self.ln(h)
-
-
-def make_model() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(Block(), nn.ReLU(), Block())
 
 
 def train(model: nn.Module, dump: Path, wrap: Path, steps: int = 2, warmup: int = 0) -> list[float]:
@@ -79,8 +64,6 @@ def test_aten_records_of_a_compiled_model_are_the_eager_ones(tmp_path):
     wrap = tmp_path / "ops.yaml"
     wrap.write_text(WRAP)
     eager = train(make_model(), tmp_path / "eager", wrap)
-    torch._dynamo.reset()
-    counters.clear()
     model = torch.compile(make_model())
     compiled = train(model, tmp_path / "compiled", wrap)
     assert counters["stats"]["unique_graphs"] == 0  # first called under the dispatch mode: never compiled
@@ -94,8 +77,6 @@ def test_a_model_compiled_before_the_dump_runs_eagerly_inside_it_only(tmp_path):
     wrap = tmp_path / "ops.yaml"
     wrap.write_text(WRAP)
     eager = train(make_model(), tmp_path / "eager", wrap, warmup=1)
-    torch._dynamo.reset()
-    counters.clear()
     model = torch.compile(make_model())
     compiled = train(model, tmp_path / "compiled", wrap, warmup=1)  # compiled by the warm-up step
     graphs = counters["stats"]["unique_graphs"]

@@ -12,38 +12,27 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch._dynamo.utils import counters
+
+from compiled_models import Sliced, fresh_dynamo, graph_breaks  # noqa: F401  (a fixture)
 
 from msprobe_core.compare import compare_dumps
 from msprobe_core.pytorch import PrecisionDebugger
 
-pytestmark = pytest.mark.slow  # compiles with Inductor (seconds each)
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("fresh_dynamo")]  # compiles with Inductor (seconds)
 
 STEPS = 3
 
 
-class Block(nn.Module):
-    """An intermediate used twice (a backward record's ``output`` is the call's own share of its gradient),
-    a slice, and a keyword argument."""
-
-    def __init__(self):
-        super().__init__()
-        self.fc = nn.Linear(8, 8)
-        self.ln = nn.LayerNorm(8)
-
-    def forward(self, x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
-        h = self.fc(x)[:, 1:]
-        return F.layer_norm(h, (8,)) * scale + self.ln(h)
-
-
 class Net(nn.Module):
+    """Two blocks (the second called with a keyword argument) around a ReLU."""
+
     def __init__(self, inplace: bool):
         super().__init__()
-        self.a = Block()
+        self.a = Sliced()
         self.act = nn.ReLU(inplace=inplace)
-        self.b = Block()
+        self.b = Sliced()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.b(self.act(self.a(x)), scale=0.5)
@@ -77,18 +66,6 @@ def run(model: nn.Module, dump: Path | None, acc: int = 1) -> list[float]:
     return losses
 
 
-def graph_breaks() -> int:
-    return sum(counters["graph_break"].values())
-
-
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    torch._dynamo.reset()
-    counters.clear()
-    yield
-    torch._dynamo.reset()
-
-
 def _files(root: Path, step: int) -> tuple[Path, dict, dict]:
     folder = next((root / f"step{step}").iterdir())
     return (folder, json.loads((folder / "dump.json").read_text())["data"],
@@ -111,13 +88,13 @@ def test_no_graph_break_bit_identical_losses_and_the_eager_records(tmp_path, inp
         target, got, got_parents = _files(tmp_path / "compiled", step)
         golden, want, want_parents = _files(tmp_path / "eager", step)
         assert set(got) == set(want)
-        assert {"Module.a.Block.forward.0", "Module.a.Block.backward.0", "Module.a.fc.Linear.parameters_grad.0",
+        assert {"Module.a.Sliced.forward.0", "Module.a.Sliced.backward.0", "Module.a.fc.Linear.parameters_grad.0",
                 "Module.b.ln.LayerNorm.backward.0"} <= set(got)
         assert got_parents == want_parents
-        assert got["Module.b.Block.forward.0"]["input_kwargs"] == {"scale": {"type": "float", "value": 0.5}}
+        assert got["Module.b.Sliced.forward.0"]["input_kwargs"] == {"scale": {"type": "float", "value": 0.5}}
         result = compare_dumps(target, golden)
         assert not result.has_errors, result.divergence
-    # the own share of an input's gradient (ln's input is also used by F.layer_norm in Block.forward: its whole
+    # the own share of an input's gradient (ln's input is also used by F.layer_norm in Sliced.forward: its whole
     # gradient is about twice as large); Inductor's gradient of these near-cancelling sums differs from eager
     # mode's in the 4th digit
     _, got, _ = _files(tmp_path / "compiled", 0)
