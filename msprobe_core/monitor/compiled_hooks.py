@@ -176,6 +176,12 @@ class CompiledActivationHooks:
     # ----------------------------------------------------------------- host side
     def flush(self) -> None:
         """Turn the step's events into rows of the collector (one host read), if the step is monitored."""
+        try:
+            self._flush()
+        except Exception:  # never break the training step
+            logger.exception("monitor: activation statistics of the compiled model could not be read")
+
+    def _flush(self) -> None:
         self._drain()
         events, self.events = self.events, []
         if not events or not self.state.collecting:

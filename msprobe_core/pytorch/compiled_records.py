@@ -136,6 +136,12 @@ class CompiledModuleRecords:
     def _after_forward(self, module: nn.Module, args: Any, output: Any) -> None:
         events = list(self._fwd)
         self._fwd.clear()  # empty whenever a forward starts: Dynamo's guard on it holds
+        try:
+            self._replay(events)
+        except Exception as e:  # the tool must never break the user's step
+            self.records._error("the records of the compiled model's forward", e)
+
+    def _replay(self, events: list) -> None:
         blocks = [e[4].reshape(-1) for e in events if e[4] is not None]
         flat = torch.cat(blocks).tolist() if blocks else []  # the forward's one host read
         pos, open_calls = 0, {}
@@ -185,6 +191,12 @@ class CompiledModuleRecords:
 
     def flush_gradients(self) -> None:
         """The gradients that reached the slots since the last forward, to their backward records."""
+        try:
+            self._flush_gradients()
+        except Exception as e:  # the tool must never break the user's step
+            self.records._error("the backward records of the compiled model", e)
+
+    def _flush_gradients(self) -> None:
         pending, self._pending = self._pending, []
         if not pending:
             return
