@@ -95,6 +95,7 @@ def _add_megatron_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--moe-router-topk", type=int, default=2)
     g.add_argument("--moe-token-dispatcher-type", type=str, default="allgather", choices=["allgather"])
     g.add_argument("--moe-expert-capacity-factor", type=float, default=None)
+    g.add_argument("--expert-model-parallel-size", type=int, default=1)
 
 
 def parse_args(extra_args_provider: Optional[Callable] = None, ignore_unknown_args: bool = False,
@@ -157,7 +158,8 @@ def _moe_config(args: argparse.Namespace) -> dict:
         return {}
     return dict(num_moe_experts=args.num_experts, moe_router_topk=args.moe_router_topk,
                 moe_token_dispatcher_type=args.moe_token_dispatcher_type,
-                moe_expert_capacity_factor=args.moe_expert_capacity_factor, add_bias_linear=False)
+                moe_expert_capacity_factor=args.moe_expert_capacity_factor, add_bias_linear=False,
+                expert_model_parallel_size=args.expert_model_parallel_size)
 
 
 def print_rank_0(message: str) -> None:
@@ -177,6 +179,8 @@ def initialize_megatron(extra_args_provider: Optional[Callable] = None, args_def
     set_args(args)
     if _CPU_PATCHES is None:
         _CPU_PATCHES = CpuPatches().install()
+        if getattr(args, "expert_model_parallel_size", 1) > 1:
+            _CPU_PATCHES.for_expert_parallel()
     init_parallel(args)
     init_num_microbatches_calculator(args.rank, None, args.global_batch_size, args.micro_batch_size,
                                      args.data_parallel_size)

@@ -27,6 +27,10 @@ that does so lives here, documented, and is undone by ``CpuPatches.remove()`` (e
    is not installed (its import fails before the name is bound), and the MoE router's gating reads it;
    it is set to None, the value megatron-core checks for "no Transformer Engine". The MoE token
    dispatcher ``alltoall`` creates a ``torch.cuda.Stream`` at construction: use ``allgather`` on the CPU.
+7. Expert parallelism (``CpuPatches.for_expert_parallel``): ``torch.cuda.current_device`` returns
+   ``torch.device("cpu")`` instead of 0, because ``tensor_parallel/mappings.py:_gather_along_first_dim``
+   allocates with ``device=torch.cuda.current_device()`` inside autograd backward, where ``CudaOnCpuMode`` is not
+   in effect (it failed there with "Cannot access accelerator device").
 
 ``use_cpu_initialization=True`` in the ``TransformerConfig`` keeps weight creation off CUDA, and gloo
 (``init_distributed``) is the process-group backend; ``finish_megatron`` ends the run. Used by
@@ -117,6 +121,11 @@ class CpuPatches:
         self._mode.__enter__()
         return self
 
+    def for_expert_parallel(self) -> "CpuPatches":
+        """Item 7 of the module docstring (after ``install``)."""
+        self.replace(torch.cuda, "current_device", lambda _original: (lambda: torch.device("cpu")))
+        return self
+
     def replace(self, owner: Any, attr: str, make: Any) -> None:
         """Replace ``owner.attr`` by ``make(original)`` until ``remove()``."""
         self._handles.append(patch(owner, attr, make))
@@ -193,7 +202,8 @@ def init_parallel(args: Any) -> None:
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(
             args.tensor_model_parallel_size, args.pipeline_model_parallel_size,
-            virtual_pipeline_model_parallel_size=args.virtual_pipeline_model_parallel_size)
+            virtual_pipeline_model_parallel_size=args.virtual_pipeline_model_parallel_size,
+            expert_model_parallel_size=getattr(args, "expert_model_parallel_size", 1))
 
 
 def chunk_stage(vp_stage: Optional[int]) -> dict:

@@ -5,10 +5,10 @@ parameters (FSDP2 ``fully_shard``, tensor parallel ``parallelize_module``) or FS
 ``state_reader`` was given. Every parameter is named as in the model without wrappers; FSDP1's flat
 parameters (``use_orig_params=False``) are split back into the original parameters.
 
-Each rank reads only its own pieces (``msprobe_core.pytorch.native_shards``). ``combined_partials`` turns
-them into partial statistics (sum, sum of squares, NaN and zero counts, numel, min, max) and all-reduces
-them with two scalar all-reduces per process group per kind (``shard_stats``): the statistics are those of
-the full tensors, never gathered. A tensor the reader cannot read (a ``Partial`` DTensor) is reported once
+Each rank reads only its own pieces (``msprobe_core.pytorch.native_shards``). ``partials`` turns them into
+partial statistics (sum, sum of squares, NaN and zero counts, numel, min, max), each with the group its pieces
+add up over; the monitor all-reduces them with two scalar all-reduces per process group per kind
+(``shard_stats``): the statistics are those of the full tensors, never gathered. A tensor the reader cannot read (a ``Partial`` DTensor) is reported once
 by name and left out on every rank alike.
 """
 
@@ -21,10 +21,10 @@ import torch
 from torch import nn
 
 from msprobe_core.monitor.selection import named_parameters
-from msprobe_core.monitor.shard_stats import combine_partials, shard_partials
+from msprobe_core.monitor.shard_stats import LOCAL, shard_partials
 from msprobe_core.monitor.state_readers import STATE_KINDS, StateReader
 from msprobe_core.monitor.stats import StatsEngine
-from msprobe_core.pytorch.native_shards import FlatSlot, LocalPiece, fsdp1_slots, is_dtensor, piece_of
+from msprobe_core.pytorch.native_shards import FlatSlot, LocalPiece, dtensor_start, fsdp1_slots, is_dtensor, piece_of
 
 logger = logging.getLogger("msprobe_core.monitor")
 
@@ -67,6 +67,16 @@ class NativeShardReader(StateReader):
     def full_numel(self, name: str, param: Any) -> int:
         slot = self._slots.get(name)
         return slot.numel if slot is not None else int(param.numel())
+
+    def full_shape(self, name: str, param: Any) -> tuple[int, ...]:
+        slot = self._slots.get(name)
+        return slot.shape if slot is not None else tuple(param.shape)
+
+    def shard_start(self, name: str, param: Any) -> int | None:
+        slot = self._slots.get(name)
+        if slot is not None:
+            return slot.start
+        return dtensor_start(param) if is_dtensor(param) else 0
 
     # ------------------------------------------------------------------------------ readers
     def _skip(self, what: str, name: str) -> None:
@@ -127,22 +137,11 @@ class NativeShardReader(StateReader):
         return out
 
     # ------------------------------------------------------------------------------ combining
-    def combined_partials(self, engine: StatsEngine, names: Sequence[str], tensors: Mapping[str, Any],
-                          group: Any) -> torch.Tensor:
+    def partials(self, engine: StatsEngine, names: Sequence[str], tensors: Mapping[str, Any],
+                 group: Any) -> tuple[torch.Tensor, list[Any]]:
         pieces: list[LocalPiece] = [tensors[n] for n in names]
         rows = shard_partials(engine, [p.tensor for p in pieces])
-        by_group: dict[int, tuple[Any, list[int]]] = {}
-        local: list[int] = []
         for i, piece in enumerate(pieces):
             if not piece.counts:
                 rows[i] = _NOT_COUNTED.to(rows.device)
-            if piece.sharded:
-                by_group.setdefault(id(piece.group), (piece.group, []))[1].append(i)
-            else:
-                local.append(i)
-        out = torch.empty_like(rows)
-        if local:
-            out[local] = combine_partials([rows[local]])
-        for g, idx in by_group.values():  # the same groups in the same order on every rank (names are sorted)
-            out[idx] = combine_partials(rows[idx], g)
-        return out
+        return rows, [piece.group if piece.sharded else LOCAL for piece in pieces]

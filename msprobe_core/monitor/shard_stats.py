@@ -10,13 +10,15 @@ Which ranks take part in a step is ``msprobe_core.monitor.shard_agreement``'s bu
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import torch
 
 from msprobe_core.monitor.stats import StatsEngine
 
 PARTIAL_FIELDS = ("sum", "sumsq", "nans", "zeros", "numel", "min", "max")
+LOCAL = "local"
+"""The group of a partial row that is already a whole tensor's (nothing to combine)."""
 _SUMMED = 5  # the first five fields add up over shards; min and max reduce with min / max
 _PARTIAL_OPS = ("min", "max", "norm", "mean", "zeros", "nans")
 
@@ -68,6 +70,34 @@ def combine_partials(partials: torch.Tensor | Sequence[torch.Tensor], group: Any
         dist.all_reduce(sums, op=dist.ReduceOp.SUM, group=group)
         dist.all_reduce(extremes, op=dist.ReduceOp.MAX, group=group)
     return _nan_minmax(torch.cat([sums, -extremes[:, :1], extremes[:, 1:]], dim=1))
+
+
+def combine_grouped(partials: torch.Tensor, groups: Sequence[Any]) -> torch.Tensor:
+    """``combine_partials`` of rows whose pieces add up over different process groups (``groups``: one per row,
+    ``LOCAL`` for a whole tensor's row): two all-reduces per group, in the order of each group's first row (the
+    same on every rank when every rank has the same rows)."""
+    out = torch.empty_like(partials)
+    by_group: dict[int, tuple[Any, list[int]]] = {}
+    local: list[int] = []
+    for i, g in enumerate(groups):
+        if isinstance(g, str) and g == LOCAL:
+            local.append(i)
+        else:
+            by_group.setdefault(id(g), (g, []))[1].append(i)
+    if local:
+        out[local] = combine_partials([partials[local]])
+    for g, idx in by_group.values():
+        out[idx] = combine_partials(partials[idx], g)
+    return out
+
+
+class ExtraPartials(NamedTuple):
+    """Partial rows of something else to combine in the same all-reduces as a kind's whole-tensor rows (the
+    per-expert rows of fused expert tensors): the rows, each row's group, and what to do with the combined rows
+    (called only on a rank that collects the step)."""
+    partials: torch.Tensor
+    groups: Sequence[Any]
+    deliver: Callable[[torch.Tensor], None]
 
 
 def _nan_minmax(out: torch.Tensor) -> torch.Tensor:

@@ -26,7 +26,7 @@ from torch import nn
 
 from msprobe_core.monitor.records import EXP_AVG, EXP_AVG_SQ
 from msprobe_core.monitor.selection import named_parameters
-from msprobe_core.monitor.shard_stats import combine_partials, shard_partials
+from msprobe_core.monitor.shard_stats import shard_partials
 from msprobe_core.monitor.stats import StatsEngine
 
 # optimizer.state key -> monitor kind
@@ -61,17 +61,30 @@ class StateReader(ABC):
         """The element count of the full tensor named ``name`` (a shard's reader knows it)."""
         return int(getattr(param, "ds_numel", 0) or (param.numel() if param is not None else 0))
 
+    def full_shape(self, name: str, param: Any) -> tuple[int, ...]:
+        """The shape of the full tensor named ``name`` (DeepSpeed ZeRO-3 keeps it in ``ds_shape``; a reader whose
+        parameters are pieces knows it)."""
+        return param_shape(param)
+
     def shard_start(self, name: str, param: Any) -> int | None:
         """Where this rank's shard of ``name`` starts among the parameter's elements in row-major order, for a
-        sharded reader whose shards are contiguous pieces of the flattened parameter (ZeRO-1/2 fragments); None
-        where that is not known (per-expert rows of a fused expert tensor are then not made from shards)."""
+        sharded reader whose shards are contiguous pieces of the flattened parameter (ZeRO fragments and
+        partitions, distributed-optimizer ranges, FSDP pieces; any number for an empty piece); None where that is
+        not known (per-expert rows of a fused expert tensor are then not made from shards)."""
         return None
 
-    def combined_partials(self, engine: StatsEngine, names: Sequence[str], tensors: Mapping[str, Any],
-                          group: Any) -> torch.Tensor:
-        """Full-tensor partial statistics (``shard_stats``) of this rank's ``tensors`` in ``names`` order,
-        combined over ``group``; every rank of the group calls it with the same names."""
-        return combine_partials(shard_partials(engine, [tensors[n] for n in names]), group)
+    def partials(self, engine: StatsEngine, names: Sequence[str], tensors: Mapping[str, Any],
+                 group: Any) -> tuple[torch.Tensor, list[Any]]:
+        """This rank's partial statistics (``shard_stats``) of ``tensors`` in ``names`` order, and for each row the
+        group over which it adds up (``shard_stats.LOCAL``: nothing to add); the monitor combines them
+        (``combine_grouped``). Every rank of a group hands the same names."""
+        return shard_partials(engine, [tensors[n] for n in names]), [group] * len(names)
+
+
+def param_shape(param: Any) -> tuple[int, ...]:
+    """A parameter's full shape: DeepSpeed ZeRO-3's ``ds_shape`` (its data is an empty stand-in), else its shape."""
+    shape = getattr(param, "ds_shape", None)
+    return tuple(shape) if shape is not None else tuple(param.shape)
 
 
 class TorchStateReader(StateReader):

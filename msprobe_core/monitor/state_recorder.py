@@ -5,7 +5,8 @@ The parameter set is decided once, when the monitor attaches (and again when a c
 names, owner modules and the backward order of the gradients are worked out then, so recording a step is a
 lookup per tensor and one batch of statistics per kind. Where the tensors live is the ``StateReader``'s
 business (``state_readers``): plain tensors are summarised here; a sharded reader's shards go through
-partial statistics combined over the shard group (``shard_stats``), so every rank records the full tensors.
+partial statistics combined over the shard group (``shard_stats``), so every rank records the full tensors;
+other partial rows (per-expert rows of fused expert tensors) ride in the same all-reduces.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from torch import nn
 from msprobe_core.monitor.collector import StepCollector
 from msprobe_core.monitor.records import EXP_AVG, EXP_AVG_SQ, GRAD, PARAM
 from msprobe_core.monitor.selection import owner_module
-from msprobe_core.monitor.shard_stats import partials_to_ops
+from msprobe_core.monitor.shard_stats import ExtraPartials, combine_grouped, partials_to_ops
 from msprobe_core.monitor.state_readers import StateReader
 
 SHARDED_KINDS = (GRAD, EXP_AVG, EXP_AVG_SQ, PARAM)
@@ -73,11 +74,12 @@ class StateRecorder:
     # ---------------------------------------------------------------------------------- recording
     def record(self, collector: StepCollector, kind: str, tensors: Mapping[str, torch.Tensor], *,
                collecting: bool, group: Any = None, micro_step: int | None = None,
-               module: str | None = None) -> None:
+               module: str | None = None, extra: ExtraPartials | None = None) -> None:
         """Record ``tensors`` under ``kind``. A sharded reader's shards are combined over ``group`` even when
-        this rank does not collect the step (``collecting`` False: it only contributes to the all-reduces)."""
+        this rank does not collect the step (``collecting`` False: it only contributes to the all-reduces);
+        ``extra`` partial rows (per-expert rows) are combined in the same all-reduces."""
         if self.reader.sharded and kind in SHARDED_KINDS:
-            self._record_sharded(collector, kind, tensors, collecting, group)
+            self._record_sharded(collector, kind, tensors, collecting, group, extra)
         elif collecting:
             owners = self._owners
             items = [(name, module if module is not None else owners.get(name) or owner_module(name), t)
@@ -85,17 +87,23 @@ class StateRecorder:
             collector.record(kind, items, micro_step)
 
     def _record_sharded(self, collector: StepCollector, kind: str, tensors: Mapping[str, torch.Tensor],
-                        collecting: bool, group: Any) -> None:
+                        collecting: bool, group: Any, extra: ExtraPartials | None) -> None:
         names = sorted(tensors)
-        combined = self.reader.combined_partials(collector.engine, names, tensors, group)
+        rows, groups = self.reader.partials(collector.engine, names, tensors, group)
+        if extra is not None:
+            rows = torch.cat([rows.to(extra.partials.device), extra.partials])
+            groups = [*groups, *extra.groups]
+        combined = combine_grouped(rows, groups)
         if not collecting:  # contributing only: the all-reduces are made, nothing is recorded
             return
-        block = partials_to_ops(combined, collector.engine.ops)
+        block = partials_to_ops(combined[:len(names)], collector.engine.ops)
         base = collector.add_block(block)
         for i, name in enumerate(names):
             numel = self.reader.full_numel(name, self.params.get(name))
             collector.add_entry(kind, name, self._owners.get(name) or owner_module(name), None, numel,
                                 (block.device, base + i))
+        if extra is not None:
+            extra.deliver(combined[len(names):])
 
 
 def _nonfinite_names(named: Sequence[tuple[str, torch.Tensor]]) -> list[str]:

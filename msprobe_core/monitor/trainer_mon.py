@@ -61,7 +61,7 @@ from msprobe_core.monitor.records import ACTV, ACTV_GRAD, EXP_AVG, EXP_AVG_SQ, G
 from msprobe_core.monitor.rules.learning_rate import learning_rates
 from msprobe_core.monitor.shard_agreement import contributes
 from msprobe_core.monitor.schedule import CollectionSchedule, ConfigWatcher, dynamic_requested
-from msprobe_core.monitor.selection import Selection, model_structure, module_names, named_parameters
+from msprobe_core.monitor.selection import Selection, model_structure, module_names
 from msprobe_core.monitor.skipped_updates import SkippedUpdates
 from msprobe_core.monitor.state_readers import StateReader, TorchStateReader
 from msprobe_core.monitor.state_recorder import SHARDED_KINDS, StateRecorder
@@ -154,11 +154,11 @@ class TrainerMon:
             raise ConfigError("model", model, "a torch.nn.Module or a non-empty list of them (model chunks)")
         check_output_dir(self.output_dir, OUTPUT_DIR_ENV)  # a file or an unwritable place fails here, not mid-training
         self._uninstall()
-        self._moe = MoEMonitor.attach(self.config, chunks, named_parameters(chunks), self.rank_dir,
-                                      lambda: self._step.collecting, self.pp_stage)  # a bad moe.routers fails here
-        self._chunks = chunks
         if self._own_reader and uses_native_sharding(chunks):
             self.reader = NativeShardReader(chunks)
+        self._moe = MoEMonitor.attach(self.config, chunks, self.reader, self.rank_dir,
+                                      lambda: self._step.collecting, self.pp_stage)  # a bad moe.routers fails here
+        self._chunks = chunks
         self.grad_acc_steps = grad_acc_steps
         self.dp_group, self.tp_group = dp_group, tp_group
         self.step_index = start_iteration
@@ -427,13 +427,14 @@ class TrainerMon:
         if self._moe is not None:
             tensors = self._moe.rename(kind, tensors, self.reader.sharded)
         collecting = self._step.collecting
+        sharded = self.reader.sharded and kind in SHARDED_KINDS
+        extra = None
+        if self._moe is not None and sharded:  # per-expert rows of fused expert tensors from their shards
+            extra = self._moe.shard_partials(self.collector, kind, tensors, self.reader, self.recorder.params,
+                                             self._shard_group())
         self.recorder.record(self.collector, kind, tensors, collecting=collecting, group=self._shard_group(),
-                             micro_step=micro_step, module=module)
-        if self._moe is not None and self.reader.sharded and kind in SHARDED_KINDS:
-            # per-expert rows of fused expert tensors from their shards
-            self._moe.record_shards(self.collector, kind, tensors, self.reader, self.recorder.params,
-                                    self._shard_group(), collecting)
-        if self._moe is not None and collecting:
+                             micro_step=micro_step, module=module, extra=extra)
+        if self._moe is not None and collecting and not sharded:
             self._moe.record(self.collector, kind, tensors, micro_step)
 
     def _writer_context(self) -> WriterContext:

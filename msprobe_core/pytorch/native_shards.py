@@ -14,6 +14,7 @@ group over which pieces add up, and whether this rank's piece counts. Nothing he
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Iterator, NamedTuple
 
@@ -73,6 +74,19 @@ def dtensor_piece(t: Any) -> LocalPiece | None:
     return LocalPiece(local, mesh_group(mesh), counts, True)
 
 
+def dtensor_start(t: Any) -> int | None:
+    """Where a DTensor's local piece starts among the full tensor's elements in row-major order, where the piece
+    is one contiguous range of them (every ``Shard`` placement on dim 0: FSDP2's ``fully_shard``); None
+    otherwise (a piece of another dim is strided)."""
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    if any(p.is_shard() and (type(p) is not Shard or p.dim != 0) for p in t.placements):
+        return None
+    _, offset = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
+    return int(offset[0]) * math.prod(t.shape[1:]) if len(offset) else 0
+
+
 def piece_of(t: torch.Tensor) -> LocalPiece | None:
     """``dtensor_piece`` for a DTensor, the full tensor for any other tensor."""
     return dtensor_piece(t) if is_dtensor(t) else LocalPiece(t.detach())
@@ -88,6 +102,16 @@ class FlatSlot(NamedTuple):
     @property
     def numel(self) -> int:
         return int(self.flat._numels[self.index])
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.flat._shapes[self.index])
+
+    @property
+    def start(self) -> int:
+        """Where this rank's range starts among the original parameter's elements (0 where it holds none)."""
+        info = self.flat._shard_param_infos[self.index]
+        return int(info.intra_param_start_idx) if info.in_shard else 0
 
     def cut(self, flat_tensor: torch.Tensor) -> LocalPiece:
         """This rank's range of the parameter from a tensor laid out like the local flat shard."""

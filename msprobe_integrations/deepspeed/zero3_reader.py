@@ -31,15 +31,23 @@ class Stage3Reader(StateReader):
         self.group = dp_group(engine)
         self._warned: set[str] = set()
 
+    @staticmethod
+    def _partition(p: torch.nn.Parameter) -> tuple[int, int]:
+        """(where this rank's partition starts among ``p``'s elements, its size with padding)."""
+        size = int(p.ds_tensor.ds_numel if hasattr(p.ds_tensor, "ds_numel") else p.ds_tensor.numel())
+        return rank_in(getattr(p, "ds_process_group", None)) * size, size
+
     def _valid(self, p: torch.nn.Parameter, shard: Optional[torch.Tensor]) -> torch.Tensor:
         """The part of this rank's partition that holds elements of ``p`` (no padding)."""
         if shard is None:
             return empty_shard(p.ds_tensor.device)
         shard = shard.reshape(-1)
-        size = int(p.ds_tensor.ds_numel if hasattr(p.ds_tensor, "ds_numel") else p.ds_tensor.numel())
-        rank = rank_in(getattr(p, "ds_process_group", None))
-        valid = max(0, min(size, int(p.ds_numel) - rank * size))
+        start, size = self._partition(p)
+        valid = max(0, min(size, int(p.ds_numel) - start))
         return shard.narrow(0, 0, min(valid, shard.numel()))
+
+    def shard_start(self, name: str, param: Any) -> Optional[int]:
+        return self._partition(param)[0] if hasattr(param, "ds_tensor") else None
 
     def _read(self, what: str, name: str, p: torch.nn.Parameter, fn: Callable[[], Any]) -> torch.Tensor:
         try:

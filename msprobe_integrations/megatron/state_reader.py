@@ -70,13 +70,16 @@ class MegatronStateReader(StateReader):
         leaves = leaf_optimizers(optimizer)
         distributed = [o for o in leaves if is_distributed(o) and not getattr(o, "is_stub_optimizer", False)]
         self.sharded = bool(distributed)
-        self.group = getattr(distributed[0], "data_parallel_group", None) if distributed else None
+        # the dense parameters' data-parallel group (the widest: an expert optimizer's is a part of it)
+        self.group = max((getattr(o, "data_parallel_group", None) for o in distributed), key=_group_size,
+                         default=None)
         self._replica = rank_in(self.group) if self.sharded else 0
         for leaf in leaves:
             if getattr(leaf, "is_stub_optimizer", False) or getattr(leaf, "optimizer", None) is None:
                 continue
             if is_distributed(leaf):
-                if getattr(leaf, "data_parallel_group", None) is not self.group:
+                group = getattr(leaf, "data_parallel_group", None)
+                if group is not self.group and not _expert_shards_cover(group, self.group):
                     logger.warning("monitor: a DistributedOptimizer in the chain reduces over another "
                                    "data-parallel group (expert parallelism); its parameters are not monitored")
                     self._mark_unowned(leaf)
@@ -126,6 +129,12 @@ class MegatronStateReader(StateReader):
         return entry.start is not None or not self.sharded or self._replica == 0
 
     # ------------------------------------------------------------------------------ StateReader
+    def shard_start(self, name: str, param: Any) -> Optional[int]:
+        """This rank's range of the parameter under the distributed optimizer starts at its ``param`` range;
+        anything else is the whole tensor or nothing."""
+        entry = self._entries.get(id(param))
+        return entry.start if entry is not None and entry.start is not None else 0
+
     def grads(self, params: Mapping[str, torch.nn.Parameter]) -> dict[str, torch.Tensor]:
         out: dict[str, torch.Tensor] = {}
         for name, p in params.items():
@@ -182,6 +191,31 @@ class MegatronStateReader(StateReader):
                 for kind, t in found.items():
                     out.setdefault(kind, {})[name] = t
         return out
+
+
+def _group_size(group: Any) -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size(group) if group is not None and dist.is_initialized() else 1
+
+
+def _expert_shards_cover(expert_dp: Any, dense_dp: Any) -> bool:
+    """Whether an expert optimizer's shards (over the expert data-parallel group ``expert_dp``, each
+    expert-parallel rank its own experts) hold every element of the experts once over ``dense_dp``: the
+    expert-parallel group times the expert data-parallel group is the dense data-parallel group (megatron-core
+    carves expert parallelism out of data parallelism). Then the expert parameters' shards are combined over
+    ``dense_dp`` like any other's, into the statistics of all experts (every expert's rows on every rank)."""
+    import torch.distributed as dist
+
+    try:
+        from megatron.core import parallel_state
+
+        ep = parallel_state.get_expert_model_parallel_group()
+    except Exception:  # no expert parallelism set up
+        return False
+    ranks = set(dist.get_process_group_ranks(dense_dp))
+    experts, shards = set(dist.get_process_group_ranks(ep)), set(dist.get_process_group_ranks(expert_dp))
+    return experts <= ranks and shards <= ranks and len(experts) * len(shards) == len(ranks)
 
 
 def expected_kinds(inner: Any) -> tuple[str, ...]:

@@ -26,12 +26,18 @@ optimizer) every rank must hand the same names to the combining all-reduce, so `
 adds an empty shard under the name of every expert held elsewhere: the combine then adds each expert's
 shards from the ranks that hold it, and every rank writes every expert.
 
-A sharded reader's shards of a fused tensor (ZeRO-1/2 fragments: contiguous pieces of the flattened
-parameter, cut anywhere) are split at the expert boundaries they cross where the reader tells where each
-piece starts (``StateReader.shard_start``): each element is given to its expert by index
-(``index_add`` / ``scatter_reduce``, no loop over experts) and the per-expert partials are combined over the
-reader's group with the whole-tensor rows' (``record_shards``). Where the reader cannot tell (Megatron's
-distributed optimizer, FSDP, ZeRO-3), only the whole-tensor row is written.
+A sharded reader's shards of a fused tensor are contiguous pieces of the flattened parameter: ZeRO-1/2
+fragments and Megatron's distributed-optimizer ranges (cut anywhere), ZeRO-3 partitions, FSDP1 flat-parameter
+ranges (cut anywhere), FSDP2 ``Shard(0)`` pieces (whole rows of dim 0, the expert dim of ``[E, ...]``). The reader
+tells where this rank's piece starts (``StateReader.shard_start``); each element is given to its expert by index
+(``index_add`` / ``scatter_reduce``; a piece that starts and ends on expert boundaries is reshaped instead), with
+no loop over experts, and the per-expert partials of all fused tensors of a kind are combined in the same two
+all-reduces per shard group and kind as the whole-tensor rows (``shard_partials``: ``StateRecorder.record``'s
+``extra``), whatever the number of tensors and experts. The parameter's full shape comes from the reader
+(``StateReader.full_shape``: ZeRO-3's ``ds_shape``, FSDP1's original shapes), since a sharded parameter's own
+shape is its piece's. Under expert parallelism the experts' global rows are filled by the ranks that hold them:
+a shard group that spans the expert-parallel ranks (Megatron's data-parallel group, over which the expert
+optimizer's shards are combined too) gives every rank every expert.
 """
 
 from __future__ import annotations
@@ -39,14 +45,16 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 from torch import nn
 
 from msprobe_core.monitor.collector import StepCollector
 from msprobe_core.monitor.moe.routers import is_router
-from msprobe_core.monitor.shard_stats import combine_partials, partials_to_ops
+from msprobe_core.monitor.shard_stats import ExtraPartials, combine_partials, partials_to_ops
+from msprobe_core.monitor.state_readers import param_shape
+from msprobe_core.pytorch.wrapper_names import unwrapped_name
 
 _GROUPED = ("weight1", "weight2")
 _SEQUENTIAL = re.compile(r"^(?P<head>.*\.experts)\.local_experts\.(?P<idx>\d+)\.(?P<rest>.+)$")
@@ -115,13 +123,19 @@ class ExpertPlan:
         return bool(self.fused or self.renames)
 
     @classmethod
-    def build(cls, chunks: Sequence[nn.Module], params: Mapping[str, nn.Parameter]) -> "ExpertPlan":
-        """Find the fused expert tensors and per-expert module parameters among ``params``."""
+    def build(cls, chunks: Sequence[nn.Module], params: Mapping[str, nn.Parameter],
+              full_shape: Callable[[str, Any], tuple[int, ...]] | None = None) -> "ExpertPlan":
+        """Find the fused expert tensors and per-expert module parameters among ``params``; ``full_shape(name,
+        param)`` gives a sharded parameter's full shape (default: ``ds_shape`` or its own shape)."""
+        shape_of = full_shape or (lambda _name, p: param_shape(p))
         owners: dict[int, tuple[str, nn.Module]] = {}
+        by_name: dict[str, nn.Module] = {}  # unwrapped module name -> module (FSDP1 flat parameters replaced its own)
         layouts: dict[str, tuple[int, int, int]] = {}  # experts module name -> (offset, local, total) of its experts
         multi = len(chunks) > 1
         for c, chunk in enumerate(chunks):
-            for mname, module in chunk.named_modules():
+            for wrapped, module in chunk.named_modules():
+                mname = unwrapped_name(wrapped)
+                by_name[(f"{c}:" if multi else "") + mname] = module
                 head = _experts_head(mname, module)
                 if head is not None:
                     local = int(module.num_local_experts)
@@ -134,7 +148,9 @@ class ExpertPlan:
         elsewhere: dict[str, list[str]] = {}
         for name, p in params.items():
             prefix, module = owners.get(id(p), ("", None))
-            spec = _fused_spec(name, prefix, module, p) if module is not None else None
+            if module is None and name.rpartition(".")[0] in by_name:
+                prefix, module = name.rpartition(".")[0] + ".", by_name[name.rpartition(".")[0]]
+            spec = _fused_spec(name, prefix, module, shape_of(name, p)) if module is not None else None
             if spec is not None:
                 fused[name] = spec
                 continue
@@ -183,22 +199,23 @@ class ExpertPlan:
             _add_rows(collector, kind, [spec for spec, _ in items], block, micro_step)
 
     @torch.no_grad()
-    def record_shards(self, collector: StepCollector, ops: Sequence[str], eps: float, kind: str,
-                      tensors: Mapping[str, torch.Tensor], starts: Mapping[str, int], group: Any,
-                      collecting: bool) -> None:
-        """Per-expert rows of the fused expert tensors among a sharded reader's flat shards (``starts``: where
-        each shard begins in its parameter), combined over ``group`` (two all-reduces). Every rank of the group
-        calls it with the same names (a rank without a piece hands an empty shard); only a ``collecting`` rank
-        writes the rows."""
-        names = sorted(n for n in starts if n in tensors and isinstance(tensors[n], torch.Tensor)
-                       and self.fused[n].group is None)  # (expert-parallel fused experts: not from shards)
+    def shard_partials(self, collector: StepCollector, ops: Sequence[str], eps: float, kind: str,
+                       shards: Mapping[str, tuple[torch.Tensor, int, Any]]) -> ExtraPartials | None:
+        """Per-expert partial rows of the fused expert tensors among a sharded reader's pieces, to be combined in
+        the whole-tensor rows' all-reduces (``StateRecorder.record``'s ``extra``); their rows go to ``collector``
+        once combined. ``shards``: name -> (this rank's piece, flattened; where it starts among the parameter's
+        elements; the group over which the pieces add up, ``shard_stats.LOCAL`` for a whole tensor). Every rank
+        of a group hands the same names (a rank without a piece hands an empty one)."""
+        names = sorted(shards)
         if not names:
-            return
+            return None
         specs = [self.fused[n] for n in names]
-        partials = torch.cat([shard_expert_partials(s, tensors[n], starts[n], eps) for s, n in zip(specs, names)])
-        block = partials_to_ops(combine_partials(partials, group), ops)
-        if collecting:
-            _add_rows(collector, kind, specs, block, None)
+        partials = torch.cat([shard_expert_partials(s, shards[n][0], shards[n][1], eps) for s, n in zip(specs, names)])
+        groups = [shards[n][2] for s, n in zip(specs, names) for _ in range(s.total)]
+
+        def deliver(combined: torch.Tensor) -> None:
+            _add_rows(collector, kind, specs, partials_to_ops(combined, ops), None)
+        return ExtraPartials(partials, groups, deliver)
 
 
 def _add_rows(collector: StepCollector, kind: str, specs: Sequence[FusedExperts], block: torch.Tensor,
@@ -215,37 +232,48 @@ def _add_rows(collector: StepCollector, kind: str, specs: Sequence[FusedExperts]
 @torch.no_grad()
 def shard_expert_partials(spec: FusedExperts, shard: torch.Tensor, start: int, eps: float) -> torch.Tensor:
     """Partial statistics of each expert (``shard_stats.PARTIAL_FIELDS`` order, float64 ``[spec.total, 7]``) of
-    a flat shard holding the parameter's elements ``start .. start + shard.numel() - 1`` (row-major); experts
-    it does not touch are empty rows."""
+    a flat shard holding the parameter's elements ``start .. start + shard.numel() - 1`` (row-major, this rank's
+    experts ``spec.offset ..``); experts it does not touch are empty rows. A shard aligned on expert boundaries
+    is reduced as ``[experts, elements]`` rows; any other is given to its experts element by element."""
     x = shard.detach().reshape(-1)
     x = x.double() if x.is_floating_point() else x.to(torch.float64)
     e = spec.total
     per = math.prod(spec.shape) // spec.local
-    ids = torch.arange(start, start + x.numel(), device=x.device) // per + spec.offset
     zeros = torch.zeros(e, dtype=torch.float64, device=x.device)
+    inf = torch.full_like(zeros, math.inf)
+    if start % per == 0 and x.numel() % per == 0:
+        first = start // per + spec.offset
+        rows = x.reshape(-1, per)
+        n = rows.shape[0]
+        local = torch.stack([rows.sum(1), (rows * rows).sum(1), torch.isnan(rows).sum(1).double(),
+                             (rows.abs() <= eps).sum(1).double(), torch.full_like(rows[:, 0], float(per)),
+                             rows.amin(1), rows.amax(1)], dim=1)
+        out = torch.stack([zeros, zeros, zeros, zeros, zeros, inf, -inf], dim=1)
+        out[first:first + n] = local
+        return out
+    ids = torch.arange(start, start + x.numel(), device=x.device) // per + spec.offset
 
     def per_expert(v: torch.Tensor) -> torch.Tensor:
         return zeros.index_add(0, ids, v)
 
-    inf = torch.full_like(zeros, math.inf)
     return torch.stack([per_expert(x), per_expert(x * x), per_expert(torch.isnan(x).double()),
                         per_expert((x.abs() <= eps).double()), torch.bincount(ids, minlength=e)[:e].double(),
                         inf.scatter_reduce(0, ids, x, "amin"), (-inf).scatter_reduce(0, ids, x, "amax")], dim=1)
 
 
-def _fused_spec(name: str, prefix: str, module: nn.Module, p: nn.Parameter) -> FusedExperts | None:
+def _fused_spec(name: str, prefix: str, module: nn.Module, shape: tuple[int, ...]) -> FusedExperts | None:
     leaf = name[len(prefix):] if name.startswith(prefix) else name.rpartition(".")[2]
     owner = prefix[:-1] if prefix.endswith(".") else prefix
     cls = type(module).__name__
     if cls == "GroupedMLP" and leaf in _GROUPED:
         local = int(getattr(module, "num_local_experts", 0) or 0)
-        if local > 1 and p.dim() == 2 and p.numel() % local == 0:
+        if local > 1 and len(shape) == 2 and math.prod(shape) % local == 0:
             offset, total, group = _ep(module, local)
-            return FusedExperts(name, owner, local, tuple(p.shape), offset, total, group)
+            return FusedExperts(name, owner, local, shape, offset, total, group)
         return None
     local = getattr(module, "num_experts", None)
-    if isinstance(local, int) and local > 1 and p.dim() >= 2 and p.shape[0] == local and not is_router(module):
-        return FusedExperts(name, owner, local, tuple(p.shape), 0, local, None)
+    if isinstance(local, int) and local > 1 and len(shape) >= 2 and shape[0] == local and not is_router(module):
+        return FusedExperts(name, owner, local, shape, 0, local, None)
     return None
 
 

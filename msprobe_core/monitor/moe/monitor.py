@@ -1,7 +1,7 @@
 """``MoEMonitor``: what ``TrainerMon`` calls for mixture-of-experts models (nothing when the model has none).
 
 ``TrainerMon`` holds one (or None) and calls it at five places: ``attach`` when it attaches to a model,
-``rename``/``record`` when it records weights, gradients and optimizer states (``record_shards`` for a
+``rename``/``record`` when it records weights, gradients and optimizer states (``shard_partials`` for a
 sharded reader's, on every rank that joins the sharded all-reduces), ``new_step`` when a step
 begins, ``finish`` when a monitored step is written (router series written, MoE rules judged; the returned
 ``StepVerdict`` goes to the rank's ``AlertCenter``) and ``remove`` when it detaches.
@@ -24,7 +24,9 @@ from msprobe_core.monitor.moe.router_writer import RouterWriter
 from msprobe_core.monitor.moe.routers import SUMMED, RouterStep, RouterTap, find_routers
 from msprobe_core.monitor.records import EXP_AVG, EXP_AVG_SQ, GRAD, PARAM
 from msprobe_core.monitor.rules.moe import MoERules
+from msprobe_core.monitor.shard_stats import LOCAL, ExtraPartials
 from msprobe_core.monitor.state_readers import StateReader
+from msprobe_core.pytorch.native_shards import LocalPiece
 
 _PARAM_KINDS = (PARAM, GRAD, EXP_AVG, EXP_AVG_SQ)
 
@@ -41,12 +43,13 @@ class MoEMonitor:
         self.writer = RouterWriter(rank_dir, config.formats, config.ndigits)
 
     @classmethod
-    def attach(cls, config: MonitorConfig, chunks: Sequence[nn.Module], params: Mapping[str, nn.Parameter],
+    def attach(cls, config: MonitorConfig, chunks: Sequence[nn.Module], reader: StateReader,
                rank_dir: Path, is_active: Callable[[], bool], pp_stage: int = 0) -> "MoEMonitor | None":
-        """The MoE monitor of a model, or None when it has no experts and no routers (``ConfigError`` for a
-        ``moe.routers`` entry that names nothing usable)."""
+        """The MoE monitor of a model whose parameters ``reader`` reads, or None when it has no experts and no
+        routers (``ConfigError`` for a ``moe.routers`` entry that names nothing usable)."""
         moe = config.moe
-        plan = ExpertPlan.build(chunks, params) if moe.per_expert else ExpertPlan({}, {})
+        plan = ExpertPlan.build(chunks, reader.named_parameters(chunks), reader.full_shape) if moe.per_expert \
+            else ExpertPlan({}, {})
         taps = find_routers(chunks, moe.routers, is_active, config.source) if moe.router_stats else []
         if not plan and not taps:
             return None
@@ -64,20 +67,28 @@ class MoEMonitor:
         if kind in _PARAM_KINDS and self.plan.fused:
             self.plan.record(collector, self.config.ops, self.config.eps, kind, tensors, micro_step)
 
-    def record_shards(self, collector: StepCollector, kind: str, tensors: Mapping[str, torch.Tensor],
-                      reader: StateReader, params: Mapping[str, nn.Parameter], group: Any, collecting: bool) -> None:
-        """Per-expert rows of the fused expert tensors among a sharded reader's ``tensors`` (flat shards), combined
-        over ``group``; called by every rank that takes part in the step's sharded all-reduces (``collecting``:
-        this rank writes the rows)."""
+    def shard_partials(self, collector: StepCollector, kind: str, tensors: Mapping[str, Any], reader: StateReader,
+                       params: Mapping[str, nn.Parameter], group: Any) -> ExtraPartials | None:
+        """Per-expert partial rows of the fused expert tensors among a sharded reader's ``tensors`` (its pieces:
+        flat shards over ``group``, or ``LocalPiece``s that carry their own group), for ``StateRecorder.record``
+        to combine in the whole-tensor rows' all-reduces; every rank that joins those calls it. A tensor whose
+        start the reader cannot tell keeps only its whole-tensor row."""
         if kind not in _PARAM_KINDS or not self.plan.fused:
-            return
-        starts = {}
-        for name in tensors:
-            if name in self.plan.fused:
-                start = reader.shard_start(name, params.get(name))
-                if start is not None:
-                    starts[name] = start
-        self.plan.record_shards(collector, self.config.ops, self.config.eps, kind, tensors, starts, group, collecting)
+            return None
+        shards: dict[str, tuple[torch.Tensor, int, Any]] = {}
+        for name, value in tensors.items():
+            if name not in self.plan.fused:
+                continue
+            start = reader.shard_start(name, params.get(name))
+            if isinstance(value, LocalPiece):
+                if not value.sharded:  # the whole tensor is here: nothing to combine
+                    shards[name] = (value.tensor, 0, LOCAL)
+                elif start is not None:
+                    piece = value.tensor if value.counts else value.tensor[:0]  # a replica another rank counts
+                    shards[name] = (piece, start, value.group)
+            elif isinstance(value, torch.Tensor) and start is not None:
+                shards[name] = (value, start, group)
+        return self.plan.shard_partials(collector, self.config.ops, self.config.eps, kind, shards)
 
     def new_step(self) -> None:
         for t in self.taps:

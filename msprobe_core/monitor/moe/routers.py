@@ -52,6 +52,7 @@ from msprobe_core.common.patch import patch
 from msprobe_core.common.tool_guard import tool_work
 from msprobe_core.errors import ConfigError
 from msprobe_core.monitor.module_hooks import ROOT_NAME, in_backward
+from msprobe_core.pytorch.wrapper_names import unwrapped_modules
 
 logger = logging.getLogger("msprobe_core.monitor")
 
@@ -149,6 +150,7 @@ class RouterTap:
         self.entropy_tokens = 0
         self.dropped: torch.Tensor | None = None
         self.tokens = 0
+        self.cosine: torch.Tensor | None = None
 
     def remove(self) -> None:
         for h in self._handles:
@@ -189,6 +191,18 @@ class RouterTap:
             _DeepSpeedGating.current = None
         if self._counting():
             self._guarded(self._add, output)
+            if self.cosine is None:
+                self._guarded(self._add_cosine, None)
+
+    def _add_cosine(self, _: Any) -> None:
+        """Max and mean cosine similarity between the experts' router-weight rows, as the step's first forward
+        used them (FSDP and ZeRO-3 hold the whole weight only around the forward): ``[2]`` on its device."""
+        w = self.weight
+        if w is None or self.num_experts < 2 or type(w) not in (torch.Tensor, nn.Parameter):
+            return  # (a DTensor piece or an empty ZeRO-3 stand-in: the whole weight is not here)
+        wn = torch.nn.functional.normalize(w.detach().float(), dim=1)
+        vals = (wn @ wn.T)[~torch.eye(self.num_experts, dtype=torch.bool, device=w.device)].double()
+        self.cosine = torch.stack([vals.max(), vals.mean()])
 
     def _guarded(self, fn: Callable[[Any], None], arg: Any) -> None:
         with tool_work(), torch.no_grad():
@@ -274,15 +288,7 @@ class RouterTap:
         load = self.load if self.load is not None else torch.zeros(self.num_experts, dtype=torch.float64, device=dev)
         ent = self.entropy.to(dev) if self.entropy is not None else zero
         dropped = self.dropped.to(dev) if self.dropped is not None else (zero if self.capacity else nan)
-        cos_max, cos_mean = nan, nan
-        w = self.weight
-        if w is not None and self.num_experts > 1:
-            with torch.no_grad():
-                wn = torch.nn.functional.normalize(w.detach().float(), dim=1)
-                sim = wn @ wn.T
-                off = ~torch.eye(self.num_experts, dtype=torch.bool, device=sim.device)
-                vals = sim[off].double()
-                cos_max, cos_mean = vals.max().to(dev), vals.mean().to(dev)
+        cos_max, cos_mean = self.cosine.to(dev) if self.cosine is not None else (nan, nan)
         counts = torch.tensor([float(self.tokens), float(self.entropy_tokens)], dtype=torch.float64).to(dev)
         return torch.cat([load, counts[:1], ent.reshape(1), counts[1:], torch.stack([dropped, cos_max, cos_mean])])
 
@@ -342,7 +348,7 @@ def find_routers(chunks: Sequence[nn.Module], patterns: Sequence[str], is_active
     expert count cannot be told (no ``num_experts``, ``num_local_experts`` or 2-D ``weight``)."""
     multi = len(chunks) > 1
     modules = [((f"{c}:" if multi else "") + (name or ROOT_NAME), m)
-               for c, chunk in enumerate(chunks) for name, m in chunk.named_modules()]
+               for c, chunk in enumerate(chunks) for name, m in unwrapped_modules(chunk)]  # FSDP1: names without wrappers
     chosen: dict[str, tuple[nn.Module, str]] = {}
     for name, m in modules:
         kind = _auto_kind(m)

@@ -9,7 +9,9 @@ Modes:
 * ``ep`` (two ranks): ep_size 2 (experts 0-1 on rank 0, 2-3 on rank 1), ZeRO-2, each rank its own batch.
 * ``fused`` (two ranks): a model whose experts are one fused tensor (HF transformers 5 style: a module with
   ``num_experts`` and a ``[num_experts, ...]`` parameter, odd sizes so that ZeRO's partitions cut experts in
-  the middle), under ZeRO 0 and ZeRO-2, each rank its own batch.
+  the middle), under ZeRO 0, ZeRO-2 and ZeRO-3, each rank its own batch.
+* ``hf`` (two ranks): a tiny HF Qwen3-MoE (fused ``experts.gate_up_proj`` / ``down_proj``, 5 experts) under ZeRO 0
+  and ZeRO-3, each rank its own batch.
 """
 
 from __future__ import annotations
@@ -204,7 +206,42 @@ def fused_model():
     return Net()
 
 
-def run_fused(out: Path) -> dict:
+def hf_model():
+    """A tiny HF transformers 5 Qwen3-MoE (fused ``experts.gate_up_proj`` ``[5, 16, 16]`` / ``down_proj`` ``[5, 16, 8]``)."""
+    import torch
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    torch.manual_seed(0)
+    return Qwen3MoeForCausalLM(Qwen3MoeConfig(
+        vocab_size=64, hidden_size=16, intermediate_size=32, moe_intermediate_size=8, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=2, head_dim=8, num_experts=5, num_experts_per_tok=2,
+        max_position_embeddings=16, decoder_sparse_step=1, norm_topk_prob=True))
+
+
+def _fused_loss(engine, batch):
+    import torch
+
+    x, y = batch
+    return torch.nn.functional.mse_loss(engine(x), y)
+
+
+def _hf_loss(engine, ids):
+    return engine(input_ids=ids, labels=ids).loss
+
+
+def _hf_batches(n: int, seed: int) -> list:
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, 64, (2, 8), generator=g) for _ in range(n)]
+
+
+FUSED_CASES = {"fused": (fused_model, _fused_loss, batches, (0, 2, 3)),
+               "hf": (hf_model, _hf_loss, _hf_batches, (0, 3))}
+"""Scenario -> (model, loss of a batch, batches(n, seed), ZeRO stages)."""
+
+
+def run_fused(out: Path, scenario: str) -> dict:
     import torch
 
     from msprobe_integrations import deepspeed as msds
@@ -213,22 +250,24 @@ def run_fused(out: Path) -> dict:
     ds_support.init_distributed()
     rank = torch.distributed.get_rank()
     result: dict[str, Any] = {"rank": rank}
-    for stage in (0, 2):
-        model = fused_model()
+    make, loss_of, data, stages = FUSED_CASES[scenario]
+    for stage in stages:
+        model = make()
         config = {"train_micro_batch_size_per_gpu": TOKENS[0], "zero_optimization": {"stage": stage},
                   "steps_per_print": 10 ** 9}
         engine, _, _, _ = msds.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-2),
                                           config=config, monitor_config_path=MONITOR,
-                                          monitor_output_dir=str(out.parent / f"mon_fused_z{stage}"))
+                                          monitor_output_dir=str(out.parent / f"mon_{scenario}_z{stage}"))
         losses, metrics = [], []
-        for x, y in batches(STEPS, seed=20 + rank):
-            loss = torch.nn.functional.mse_loss(engine(x), y)
+        for batch in data(STEPS, 20 + rank):
+            loss = loss_of(engine, batch)
             engine.backward(loss)
             engine.step()
             losses.append(float(loss.item()).hex())
             metrics.append(get_patch(engine).session.monitor.get_metrics())
         unpatch(engine)
         result[f"z{stage}"] = {"losses": losses, "metrics": metrics, "optimizer": type(engine.optimizer).__name__}
+        del engine
     return result
 
 
@@ -238,7 +277,7 @@ def main() -> None:
         result = run_single(out)
     else:
         out = out.with_suffix(f".rank{os.environ['RANK']}.json")
-        result = run_ep(out) if mode == "ep" else run_fused(out)
+        result = run_ep(out) if mode == "ep" else run_fused(out, mode)
     out.write_text(json.dumps(result))
 
 

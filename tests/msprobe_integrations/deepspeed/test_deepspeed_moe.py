@@ -147,16 +147,38 @@ def fused(tmp_path_factory):
     return _two_ranks(tmp_path_factory, "fused")
 
 
-def test_fused_experts_split_from_zero2_fragments_equal_zero0(fused):
-    """A fused expert tensor (transformers 5 layout, ``[5, 7, 9]``) under ZeRO-2 on two ranks, whose partitions
-    cut it inside an expert: each expert's weight, gradient and Adam rows, split from the flat fragments and
-    combined over the ranks, equal ZeRO 0's (full tensors) on both ranks, every step."""
+@pytest.mark.parametrize("stage", [2, 3])
+def test_fused_experts_split_from_zero_shards_equal_zero0(fused, stage):
+    """A fused expert tensor (transformers 5 layout, ``[5, 7, 9]``) under ZeRO-2 (flat fragments) and ZeRO-3
+    (partitions) on two ranks, whose pieces cut it inside an expert: each expert's weight, gradient and Adam rows,
+    split from the pieces and combined over the ranks, equal ZeRO 0's (full tensors) on both ranks, every step."""
     experts = {"experts.down_proj"} | {f"experts.down_proj.{e}" for e in range(5)}
-    for rank in fused:
-        assert rank["z2"]["optimizer"] == "DeepSpeedZeroOptimizer" and rank["z0"]["losses"] == rank["z2"]["losses"]
-        for z0, z2 in zip(rank["z0"]["metrics"], rank["z2"]["metrics"]):
+    _assert_experts_equal_zero0(fused, stage, experts)
+
+
+def _assert_experts_equal_zero0(results: list[dict], stage: int, experts: set[str]) -> None:
+    want_optimizer = {2: "DeepSpeedZeroOptimizer", 3: "DeepSpeedZeroOptimizer_Stage3"}[stage]
+    for rank in results:
+        sharded = rank[f"z{stage}"]
+        assert sharded["optimizer"] == want_optimizer and rank["z0"]["losses"] == sharded["losses"]
+        assert len(sharded["metrics"]) == ds_moe_run.STEPS
+        for z0, zs in zip(rank["z0"]["metrics"], sharded["metrics"]):
             for kind in KINDS:
-                assert experts <= set(z0["metrics"][kind]) and experts <= set(z2["metrics"][kind]), kind
+                assert experts <= set(z0["metrics"][kind]) and experts <= set(zs["metrics"][kind]), kind
                 for name in experts:
-                    want, got = z0["metrics"][kind][name], z2["metrics"][kind][name]
+                    want, got = z0["metrics"][kind][name], zs["metrics"][kind][name]
                     assert all(_close(got[op], want[op]) for op in OPS), (rank["rank"], kind, name)
+
+
+@pytest.fixture(scope="module")
+def hf(tmp_path_factory):
+    return _two_ranks(tmp_path_factory, "hf")
+
+
+def test_hf_qwen3_moe_experts_under_zero3_equal_zero0(hf):
+    """A tiny HF Qwen3-MoE (fused ``experts.gate_up_proj`` ``[5, 16, 16]``, ``experts.down_proj`` ``[5, 16, 8]``)
+    under ZeRO-3 on two ranks (each partition ends inside an expert): every expert's weight, gradient and Adam
+    rows equal ZeRO 0's on both ranks, every step, and the losses are the same."""
+    head = "model.layers.0.mlp.experts"
+    experts = {f"{head}.{p}" for p in ("gate_up_proj", "down_proj")}
+    _assert_experts_equal_zero0(hf, 3, experts | {f"{n}.{e}" for n in experts for e in range(5)})

@@ -194,3 +194,98 @@ def test_expert_parallel_two_ranks_equal_the_one_rank_run(tmp_path):
                 for name in experts[r]:
                     for op, v in want[kind][name].items():
                         assert math.isclose(mine[kind][name][op], v, rel_tol=1e-5, abs_tol=1e-7), (step, kind, name, op)
+
+
+GROUPED = [f"decoder.layers.{n}.mlp.experts.weight{w}" for n in (0, 1) for w in (1, 2)]
+"""The fused ``GroupedMLP`` weights of ``megatron_ep_run.py``'s ``g*`` modes (4 experts each)."""
+
+
+def _ep_run(tmp_path, mode: str, nproc: int = 2) -> list[dict]:
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "megatron_ep_run.py")
+    torchrun(script, mode, str(tmp_path), nproc=nproc, timeout=300, cwd=ms.ROOT, env={"PYTHONWARNINGS": "ignore"})
+    return [json.loads((tmp_path / f"{mode}.rank{r}.json").read_text()) for r in range(nproc)]
+
+
+def _assert_rows_equal(got: dict, want: dict, names, where) -> None:
+    for kind in ("param", "grad", "exp_avg", "exp_avg_sq"):
+        for name in names:
+            for op, v in want[kind][name].items():
+                assert math.isclose(got[kind][name][op], v, rel_tol=1e-5, abs_tol=1e-7), (where, kind, name, op)
+
+
+@pytest.fixture(scope="module")
+def grouped_ref(tmp_path_factory):
+    """The one-rank GroupedMLP run (``gref``) and its folder, where the two-rank runs find its initial weights."""
+    pytest.importorskip("megatron.core.transformer.moe.grouped_gemm_util",
+                        reason="GroupedMLP is gone from this megatron-core (0.19 has only TEGroupedMLP)")
+    tmp = tmp_path_factory.mktemp("grouped")
+    return tmp, _ep_run(tmp, "gref", nproc=1)[0]
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_grouped_mlp_under_the_distributed_optimizer_equals_the_one_rank_run(grouped_ref):
+    """Fused ``GroupedMLP`` experts (``weight1`` ``[h, 4*f]``, ``weight2`` ``[4*f, h]``) with the distributed optimizer
+    on two data-parallel ranks, whose ranges cut ``decoder.layers.0.mlp.experts.weight2`` inside expert 0: every
+    expert's weight, gradient and Adam rows (and the whole tensors'), on both ranks and every iteration, equal
+    those of the one-rank run whose two micro-batches are the two ranks' batches (rtol 1e-5)."""
+    tmp, ref = grouped_ref
+    ranks = _ep_run(tmp, "gdo")
+    per = 32 * 64  # elements of one expert (hidden 32, ffn 64)
+    starts = [p[0] for result in ranks for p in result["pieces"].values() if p[1] > p[0]]
+    assert any(s % per for s in starts), ranks[1]["pieces"]  # a rank's range starts inside an expert
+    names = GROUPED + [f"{n}.{e}" for n in GROUPED for e in range(4)]
+    for r, result in enumerate(ranks):
+        for step, (got, want) in enumerate(zip(result["metrics"], ref["metrics"])):
+            _assert_rows_equal(got["metrics"], want["metrics"], names, (r, step))
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_grouped_mlp_expert_parallel_with_the_distributed_optimizer(grouped_ref):
+    """Fused ``GroupedMLP`` experts, ``expert_model_parallel_size=2`` (experts 0-1 on rank 0, 2-3 on rank 1) and the
+    distributed optimizer (its expert part shards over the expert data-parallel group, the rest over both
+    ranks): every rank writes every expert's rows. At the first iteration (the same weights as the one-rank run)
+    they equal the one-rank run's, and so do the whole tensors' (all four experts). At every iteration they equal
+    those of the same expert-parallel run with the Megatron optimizer (whole tensors, combined over the
+    expert-parallel group), which computes the same numbers; the one-rank run's later iterations differ by the
+    float32 order of the expert-parallel gradient sums (up to ~3e-5)."""
+    tmp, ref = grouped_ref
+    sharded, plain = _ep_run(tmp, "gepdo"), _ep_run(tmp, "gep")
+    experts = [f"{n}.{e}" for n in GROUPED for e in range(4)]
+    for r in (0, 1):
+        assert sharded[r]["losses"] == plain[r]["losses"]
+        _assert_rows_equal(sharded[r]["metrics"][0]["metrics"], ref["metrics"][0]["metrics"], experts + GROUPED, r)
+        for step, (got, want) in enumerate(zip(sharded[r]["metrics"], plain[r]["metrics"])):
+            _assert_rows_equal(got["metrics"], want["metrics"], experts, (r, step))
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_recipe_expert_parallel_flag_with_the_distributed_optimizer(tmp_path):
+    """The recipe's ``--expert-model-parallel-size 2`` on two gloo ranks (4 ``SequentialMLP`` experts, the distributed
+    optimizer): the losses are bit-identical with the monitor on and off, every rank writes every expert's weight,
+    gradient and Adam rows (the same numbers on both ranks: each expert's shards combined over the ranks), and the
+    router loads count every rank's routes (per rank: 2 micro-batches of 4 sequences x 16 tokens, top-2)."""
+    cfg = tmp_path / "monitor.json"
+    cfg.write_text(json.dumps({"wg_distribution": True, "mv_distribution": True, "param_distribution": True,
+                               "ops": ["min", "max", "norm", "mean"], "format": ["csv"]}))
+    cmd = [os.path.join(ms.ROOT, "recipes", "megatron_core_gpt.py"), "--train-iters", "2", "--num-experts", "4",
+           "--moe-router-topk", "2", "--expert-model-parallel-size", "2", "--use-distributed-optimizer"]
+    env = {"PYTHONWARNINGS": "ignore"}
+    plain = torchrun(*cmd, timeout=300, cwd=ms.ROOT, env=env)
+    mon = tmp_path / "mon"
+    probed = torchrun(*cmd, "--msprobe-monitor-config", str(cfg), "--msprobe-monitor-output-dir", str(mon),
+                      timeout=300, cwd=ms.ROOT, env=env)
+    assert ms.lm_losses(probed) == ms.lm_losses(plain) and len(ms.lm_losses(plain)) == 2
+    experts = {f"decoder.layers.{n}.mlp.experts.linear_fc{fc}.weight.{e}" for n in (0, 1) for fc in (1, 2)
+               for e in range(4)}
+    for kind in ("grad", "param", "exp_avg", "exp_avg_sq"):
+        rows = [_rows(mon / f"rank{r}" / f"{kind}_2-2.csv") for r in (0, 1)]
+        assert experts <= rows[0].keys() and experts <= rows[1].keys(), kind
+        for name in experts:
+            assert rows[0][name] == pytest.approx(rows[1][name], rel=1e-6), (kind, name)
+    with open(mon / "rank1" / "moe_router.csv", newline="") as f:
+        load = [float(r["value"]) for r in csv.DictReader(f)
+                if r["name"] == "decoder.layers.0.mlp.router" and r["step"] == "1" and r["metric"].startswith("load.")]
+    assert len(load) == 4 and sum(load) == 2 * 2 * 4 * 16 * 2  # ranks x micro-batches x sequences x tokens x top-k
