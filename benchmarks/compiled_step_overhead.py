@@ -15,7 +15,9 @@ Configurations:
 
     none      the compiled model alone
     monitor   TrainerMon with xy (forward + backward), weight grads, Adam moments and weights on, format csv
+              (activation statistics computed inside the graph: no graph break, ``monitor.compiled_hooks``)
     L0        PrecisionDebugger level L0, task statistics: start(model) before the forward, stop(); step() after
+              (module records from statistics computed inside the graph: ``pytorch.compiled_records``)
     mix       the same at level mix (L0 records and every API call: Dynamo breaks the graph at each one)
 
 Usage: ``python benchmarks/compiled_step_overhead.py [--configs none,monitor,L0] [--rounds 2] [--steps 8]

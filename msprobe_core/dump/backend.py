@@ -140,6 +140,12 @@ class DumpBackend(ABC):
         """A module hook as installed (a framework may shield it from its graph compiler)."""
         return hook
 
+    def _in_graph_hooks(self, module: Any, base: str) -> Optional[tuple[Callable, Callable]]:
+        """(pre, post) module hooks that a graph compiler traces, recording ``module`` as ``base`` from inside
+        its graph (PyTorch: a ``torch.compile(model)`` at L0, ``pytorch.compiled_records``); None: the usual
+        hooks."""
+        return None
+
     def _before_hooking(self, modules: list) -> None:
         """Called with the modules of each model given to start(), before any is hooked."""
 

@@ -103,6 +103,7 @@ class CallRecords:
         self._own_parameters = backend._own_parameters
         self._grad_parameters = backend._grad_parameters
         self._opaque = backend._opaque
+        self._in_graph_hooks = backend._in_graph_hooks
         self._class_name = backend._class_name
         self._named_modules = backend._named_modules
         self._before_hooking = backend._before_hooking
@@ -319,11 +320,14 @@ class CallRecords:
     def hook_module(self, module: Any, base: str, exclusive: bool = False) -> list[Any]:
         """Record ``module``'s forward, backward and parameter gradients under ``base``; returns the
         forward hook handles (also removed by stop())."""
-        handles = [
-            module.register_forward_pre_hook(self._opaque(self._hook_fn(self._module_pre, base, exclusive)),
-                                             with_kwargs=True),
-            module.register_forward_hook(self._opaque(self._hook_fn(self._module_post, base)), with_kwargs=True),
-        ]
+        traced = None if exclusive else self._in_graph_hooks(module, base)
+        if traced is not None:  # a compiled model: hooks its compiler traces (they replay into the two below)
+            pre, post = traced
+        else:
+            pre = self._opaque(self._hook_fn(self._module_pre, base, exclusive))
+            post = self._opaque(self._hook_fn(self._module_post, base))
+        handles = [module.register_forward_pre_hook(pre, with_kwargs=True),
+                   module.register_forward_hook(post, with_kwargs=True)]
         self._forward_handles.extend(handles)
         if self.selection.backward:
             params = self._grad_parameters(module)

@@ -53,6 +53,7 @@ from msprobe_core.monitor.detector import AnomalyDetector, SkippedStep
 from msprobe_core.monitor.collector import StepCollector
 from msprobe_core.monitor.gc_pause import gc_paused
 from msprobe_core.monitor.config import AlertConfig, MonitorConfig, load_monitor_config
+from msprobe_core.monitor.compiled_hooks import CompiledActivationHooks
 from msprobe_core.monitor.module_hooks import ActivationHooks
 from msprobe_core.monitor.native_reader import NativeShardReader, uses_native_sharding
 from msprobe_core.monitor.moe.monitor import MoEMonitor
@@ -69,6 +70,7 @@ from msprobe_core.monitor.step_output import MetricOutput
 from msprobe_core.monitor.step_state import StepState
 from msprobe_core.monitor.step_triggers import StepTriggers
 from msprobe_core.monitor.writers import WriterContext
+from msprobe_core.pytorch.compiled_taps import compiled_as_a_whole
 from msprobe_core.pytorch.ranks import current_rank, rank_in
 from msprobe_core.common.output_dir import check_output_dir
 from msprobe_core.common.rank_folder import rank_folder_name
@@ -114,7 +116,7 @@ class TrainerMon:
         self._chunks: list[nn.Module] = []
         self._optimizer: Any = None
         self._triggers = StepTriggers()
-        self._hooks: ActivationHooks | None = None
+        self._hooks: ActivationHooks | CompiledActivationHooks | None = None
         self._moe: MoEMonitor | None = None
         self.alerts = AlertCenter(self.rank, self.rank_dir, self.output_dir)
         self.capture: AnomalyCapture | None = None
@@ -228,8 +230,10 @@ class TrainerMon:
         want = (self.config.xy_distribution and bool(self._chunks) and not self.schedule.exhausted
                 and not self._closed)
         if want and self._hooks is None:
-            self._hooks = ActivationHooks(self.collector, forward=self.config.xy_forward,
-                                          backward=self.config.xy_backward, state=self._step)
+            # a model compiled as a whole: statistics inside its graph (no graph break), rows at flush()
+            hooks = CompiledActivationHooks if compiled_as_a_whole(self._chunks) else ActivationHooks
+            self._hooks = hooks(self.collector, forward=self.config.xy_forward,
+                                backward=self.config.xy_backward, state=self._step)
             self._hooks.install(self._chunks, self._selection.module_spec)
         elif not want and self._hooks is not None:
             self._hooks.remove()
@@ -401,6 +405,8 @@ class TrainerMon:
         step other ranks collect (``shard_agreement``). The entry points call it in the same order on every
         rank, so the ranks meet in the agreement's all-reduce."""
         state = self._step
+        if isinstance(self._hooks, CompiledActivationHooks):
+            self._hooks.flush()  # activation rows of a compiled model come before the step's other rows
         if state.agreed:
             return
         state.agreed = True

@@ -28,6 +28,8 @@ from msprobe_core.dump.service import Call, DumpServiceBase, saves_files
 from msprobe_core.files.call_stack import StackCapture
 from msprobe_core.pytorch.api_patch import ApiPatcher
 from msprobe_core.pytorch.backward_capture import InputEdges, capture
+from msprobe_core.pytorch.compiled_records import CompiledModuleRecords
+from msprobe_core.pytorch.compiled_taps import compiled_as_a_whole
 from msprobe_core.pytorch.inplace_comm import written_tensors
 from msprobe_core.pytorch.native_shards import FlatSlot, fsdp1_slots, is_dtensor, local_view
 from msprobe_core.pytorch.pt_writer import TensorFiles
@@ -94,6 +96,8 @@ class DumpService(DumpServiceBase):
         self.set_patcher(ApiPatcher(self._api_entry, self.should_record, wrap_list,
                                     silence=self._silenced) if self._uses_l1 else None)
         self._compiled = False
+        self._in_graph: Optional[CompiledModuleRecords] = None  # the model being hooked: records in its graph
+        self._compiled_records: Optional[CompiledModuleRecords] = None
         self._fsdp1: dict[int, list[tuple[str, FlatSlot]]] = {}  # id(module) -> its original parameters in FSDP1 units
         self._own_grad_hook = self._on_own_grad  # bound once: a backward hook's partial then holds no new object
         self._error_hook = self._error
@@ -149,6 +153,9 @@ class DumpService(DumpServiceBase):
 
     def _named_modules(self, root: torch.nn.Module):
         self._compiled = is_compiled([root])  # decided per model, before its hooks are installed
+        self._in_graph = self._records_in_graph() if self._compiled and compiled_as_a_whole([root]) else None
+        if self._in_graph is not None:  # torch.compile(model) at L0: records from inside its graph
+            self._in_graph.watch(root)
         named = list(unwrapped_modules(root))  # named as in the model without FSDP1 / checkpoint / compile wrappers
         paths = dict(named)
         slots: dict[int, list[tuple[str, FlatSlot]]] = {}
@@ -168,6 +175,19 @@ class DumpService(DumpServiceBase):
 
     def _class_name(self, module: torch.nn.Module) -> str:
         return unwrapped_class_name(module)  # FSDP2's FSDPLinear is a Linear
+
+    def _records_in_graph(self) -> Optional[CompiledModuleRecords]:
+        """The in-graph module records (made once), where they can stand for the eager hooks: level L0, task
+        statistics, no checksum and no tensor file."""
+        cfg = self.cfg
+        if cfg.level != "L0" or cfg.task != "statistics" or cfg.summary_mode == "md5" or self.files is not None:
+            return None
+        if self._compiled_records is None:
+            self._compiled_records = CompiledModuleRecords(self.records, self.summarizer, self.forward_handles)
+        return self._compiled_records
+
+    def _in_graph_hooks(self, module: torch.nn.Module, base: str) -> Optional[tuple[Callable, Callable]]:
+        return self._in_graph.hooks(module, base) if self._in_graph is not None else None
 
     def _opaque(self, hook: Callable) -> Callable:
         # hooks inside compiled code run eagerly: no recompiles for the tool's state

@@ -1,14 +1,13 @@
 """The monitor and the dump on a ``torch.compile``d model: the same names and numbers as the eager model
 (``compare`` of the two L0 dumps finds no divergence; the monitor's weight, gradient and Adam-moment
-statistics are the single-device ones), no record lost at any level, and no recompilation once warm (the
-tool's hooks run eagerly: ``torch._dynamo.utils.counters`` counts their graph breaks, stated in the README).
+statistics are the single-device ones), no record lost at any level, and no recompilation once warm
+(``torch._dynamo.utils.counters`` counts graph breaks and graphs, stated in the docs).
 
-Losses are bit-identical with the tool on and off with the ``aot_eager`` backend (Dynamo and AOTAutograd, no
-kernel fusion). Under Inductor a graph break changes the kernels Inductor generates on both sides of it (it
-fuses and partitions each graph on its own), so losses with the tool's breaks differ
-from the unbroken graph's in the last bits (measured: 6e-8 relative). That is the breaks' doing, not the
-tool's: the same breaks made by hooks that do nothing give the tool's losses bit for bit
-(``test_inductor_losses_are_those_of_the_same_graph_breaks_without_the_tool``)."""
+The monitor and the L0 statistics dump compute their statistics inside the graph (``monitor.compiled_hooks``,
+``pytorch.compiled_records``): no graph break, one graph, losses bit-identical with the tool on and off under
+Inductor too (``test_inductor_losses_with_the_tool``). Level mix (and L1) wraps every API: a graph break at
+each call (losses bit-identical with the ``aot_eager`` backend, Dynamo and AOTAutograd without kernel fusion;
+under Inductor a graph break changes the kernels Inductor generates on both sides of it, in the last bits)."""
 
 from __future__ import annotations
 
@@ -17,31 +16,17 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch._dynamo.utils import counters
 
+from compiled_models import fresh_dynamo, graph_breaks, sliced_model  # noqa: F401  (a fixture)
 from native_sharding import STEPS, make_model, reference, train
 
 from msprobe_core.compare import compare_dumps
 from msprobe_core.monitor.trainer_mon import TrainerMon
 from msprobe_core.pytorch import PrecisionDebugger
-from msprobe_core.pytorch.wrapper_names import opaque_to_compiler
 
-pytestmark = pytest.mark.slow  # each test compiles (seconds each)
-
-
-class Sliced(nn.Module):
-    """A block whose forward indexes a tensor (torch.compile's code then holds slice constants)."""
-
-    def __init__(self):
-        super().__init__()
-        self.fc = nn.Linear(8, 8)
-        self.ln = nn.LayerNorm(8)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.fc(x)[:, 1:]
-        return F.layer_norm(h, (8,)) + self.ln(h)
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("fresh_dynamo")]  # each test compiles (seconds)
 
 
 def run(model: nn.Module, steps: int, dump: Path | None = None, level: str = "L0", monitor: dict | None = None,
@@ -69,25 +54,11 @@ def run(model: nn.Module, steps: int, dump: Path | None = None, level: str = "L0
     return losses, graphs
 
 
-def sliced_model() -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(Sliced(), nn.ReLU(), Sliced())
-
-
 MONITOR = {"xy_distribution": True, "wg_distribution": True, "mv_distribution": True, "param_distribution": True,
            "format": ["api"]}
 
 
-def graph_breaks() -> int:
-    return sum(counters["graph_break"].values())
-
-
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    torch._dynamo.reset()
-    counters.clear()
-    yield
-    torch._dynamo.reset()
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("fresh_dynamo")]  # each test compiles (seconds)
 
 
 def test_tool_off_compiles_one_graph():
@@ -144,19 +115,13 @@ def test_monitor_on_compiled_model_gives_single_device_statistics(tmp_path):
         assert "0.output" in step["actv"] or any(k.startswith("0.") for k in step["actv"])
 
 
-def test_inductor_losses_are_those_of_the_same_graph_breaks_without_the_tool(tmp_path):
-    """Default backend (Inductor): the monitor's and the L0 dump's losses equal, bit for bit, those of the same
-    model with a forward hook on every module that does nothing but break the graph where the tool's hooks do.
-    The tool's own work changes no number; the graph breaks alone change Inductor's kernels."""
-    def noop(*_):
-        return None
-
-    model = sliced_model()
-    for module in model.modules():
-        module.register_forward_hook(opaque_to_compiler(noop))
-    breaks, _ = run(torch.compile(model), 3)
+def test_inductor_losses_with_the_tool(tmp_path):
+    """Default backend (Inductor). The monitor and the L0 statistics dump compute their statistics inside the
+    graph (no graph break): losses bit-identical to those of the compiled model without the tool, one graph
+    (``test_monitor_compiled.py``, ``test_compile_in_graph_records.py`` for their rows and records)."""
+    plain, _ = run(torch.compile(sliced_model()), 3)
     for kwargs in ({"monitor": MONITOR, "out": tmp_path / "mon"}, {"dump": tmp_path / "d", "level": "L0"}):
         torch._dynamo.reset()
+        counters.clear()
         losses, graphs = run(torch.compile(sliced_model()), 3, **kwargs)
-        assert losses == breaks, kwargs
-        assert graphs[1] == graphs[-1], graphs  # no recompilation once warm
+        assert losses == plain and graph_breaks() == 0 and graphs[-1] == 1, kwargs
