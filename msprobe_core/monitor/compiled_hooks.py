@@ -39,7 +39,7 @@ from torch import nn
 
 from msprobe_core.monitor.collector import StepCollector
 from msprobe_core.monitor.config import IOSpec
-from msprobe_core.monitor.module_hooks import ROOT_NAME, _input_leaves, _output_leaves, _Site
+from msprobe_core.monitor.module_hooks import HookSet, _input_leaves, _output_leaves, _Site, selected_modules
 from msprobe_core.monitor.records import ACTV, ACTV_GRAD
 from msprobe_core.monitor.step_state import StepState
 from msprobe_core.pytorch.compiled_taps import GradSlots, graph_stats
@@ -51,19 +51,14 @@ _START, _ROWS, _GRADS = 0, 1, 2  # event kinds
 _LAST = 1 << 62  # creation order of a tensor the root module returns
 
 
-class CompiledActivationHooks:
+class CompiledActivationHooks(HookSet):
     """``ActivationHooks``' interface (``install``, ``remove``, ``new_step``, ``installed``, ``module_names``)
     for models compiled as a whole, plus ``flush``."""
 
     def __init__(self, collector: StepCollector, *, forward: bool, backward: bool, state: StepState):
-        self.collector = collector
-        self.forward = forward
-        self.backward = backward
-        self.state = state
+        super().__init__(collector, forward=forward, backward=backward, state=state)
         self.ops = tuple(collector.engine.ops)
         self.eps = float(collector.engine.eps)
-        self.module_names: list[str] = []
-        self._handles: list[Any] = []
         self._sites: list[_Site] = []
         self._grads = GradSlots(partial(graph_stats, ops=self.ops, eps=self.eps), len(self.ops))
         self.events: list = []
@@ -77,10 +72,6 @@ class CompiledActivationHooks:
         self._calls: dict[int, int] = {}
         self._slots: dict[tuple[int, int], int] = {}
 
-    @property
-    def installed(self) -> bool:
-        return bool(self._handles)
-
     def install(self, chunks: Sequence[nn.Module], select: Callable[[str], IOSpec | None]) -> list[str]:
         """Hook every module for which ``select(qualified name)`` gives a spec; returns the hooked names."""
         self.remove()
@@ -88,17 +79,12 @@ class CompiledActivationHooks:
         from torch._dynamo.comptime import comptime  # loaded: the chunks are compiled
         multi = len(chunks) > 1
         for c, chunk in enumerate(chunks):
-            named = list(unwrapped_modules(chunk))
-            root = named[0][1]
+            root = next(iter(unwrapped_modules(chunk)))[1]
             device = _device_of(root)
             # the compiled wrapper's own hooks run eagerly, around the graph (torch.compile runs the hooks of a
             # model of a class of its own outside the graph too): the previous pass's results out, a new forward
             self._handles.append(chunk.register_forward_pre_hook(partial(self._on_root_start, c)))
-            for name, module in named:
-                qualified = (f"{c}:" if multi else "") + (name or ROOT_NAME)
-                spec = select(qualified)
-                if spec is None:
-                    continue
+            for module, qualified, spec in selected_modules(c, chunk, select, multi):
                 index = self._grads.add(_device_of(module) or device)
                 self._sites.append(_Site(qualified, spec, c, self.forward, self.backward))
                 hooked = chunk if module is root else module  # the root's rows: on the wrapper, eagerly
@@ -107,19 +93,13 @@ class CompiledActivationHooks:
         return list(self.module_names)
 
     def remove(self) -> None:
-        """Remove every hook this object installed."""
-        for h in self._handles:
-            h.remove()
-        self._handles.clear()
+        """Remove every hook this object installed, with the sites and gradient slots they fed."""
         self._sites.clear()
         self._grads.clear()
-        self.module_names.clear()
-        self.new_step()
+        super().remove()
 
-    def new_step(self, state: StepState | None = None) -> None:
-        """Drop the events of the step that ended; ``state``: the step begun."""
-        if state is not None:
-            self.state = state
+    def _forget_step(self) -> None:
+        """Drop the events of the step that ended."""
         self._drain()
         self.events = []
 

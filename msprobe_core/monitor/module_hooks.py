@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import weakref
 from functools import partial
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -153,8 +153,21 @@ class _Site:
         return [leaf for leaf in plan if leaf[1] is not None or leaf[2] is not None]
 
 
-class ActivationHooks:
-    """Installs and removes the activation hooks of a list of model chunks."""
+def selected_modules(c: int, chunk: nn.Module, select: Callable[[str], IOSpec | None],
+                     multi: bool) -> Iterator[tuple[nn.Module, str, IOSpec]]:
+    """(module, qualified name, spec) of each module of chunk ``c`` (unwrapped names) that ``select`` picks;
+    with ``multi`` (several chunks) the names are prefixed ``"{c}:"``."""
+    for name, module in unwrapped_modules(chunk):
+        qualified = (f"{c}:" if multi else "") + (name or ROOT_NAME)
+        spec = select(qualified)
+        if spec is not None:
+            yield module, qualified, spec
+
+
+class HookSet:
+    """What the activation hook sets share (``ActivationHooks``, and ``CompiledActivationHooks`` for a model
+    compiled as a whole): the collector they feed, the step in progress, the hooks they installed and the
+    names of the modules they watch. A subclass adds ``install`` and ``_forget_step``."""
 
     def __init__(self, collector: StepCollector, *, forward: bool, backward: bool, state: StepState):
         """``state``: the monitor's step in progress (``new_step`` hands over each next one); hooks record
@@ -164,38 +177,11 @@ class ActivationHooks:
         self.backward = backward
         self.state = state
         self._handles: list[Any] = []
-        self._micro: list[int] = []
-        self._calls: dict[str, int] = {}
-        # per step, by tensor identity (few objects the garbage collector tracks: this runs per tensor)
-        self._refs: dict[int, weakref.ref] = {}
-        self._fwd_slots: dict[int, Slot] = {}
-        self._bwd_hooks: dict[int, _GradHook] = {}
-        self._failed = False
         self.module_names: list[str] = []
 
     @property
     def installed(self) -> bool:
         return bool(self._handles)
-
-    def install(self, chunks: Sequence[nn.Module], select: Callable[[str], IOSpec | None]) -> list[str]:
-        """Hook every module for which ``select(qualified name)`` gives a spec; returns the hooked names."""
-        self.remove()
-        self._micro = [-1] * len(chunks)
-        multi = len(chunks) > 1
-        compiled = is_compiled(chunks)  # hooks inside compiled code run eagerly (no recompiles for the tool)
-        for c, chunk in enumerate(chunks):
-            self._handles.append(chunk.register_forward_pre_hook(partial(self._on_chunk_start, c)))
-            for name, module in unwrapped_modules(chunk):
-                qualified = (f"{c}:" if multi else "") + (name or ROOT_NAME)
-                spec = select(qualified)
-                if spec is None:
-                    continue
-                hook = partial(self._on_forward, _Site(qualified, spec, c, self.forward, self.backward))
-                if compiled:
-                    hook = opaque_to_compiler(hook)
-                self._handles.append(module.register_forward_hook(hook, with_kwargs=True))
-                self.module_names.append(qualified)
-        return list(self.module_names)
 
     def remove(self) -> None:
         """Remove every hook this object installed."""
@@ -206,9 +192,46 @@ class ActivationHooks:
         self.new_step()
 
     def new_step(self, state: StepState | None = None) -> None:
-        """Forget micro-batch counters and per-step tensor identities; ``state``: the step begun."""
+        """Forget what belonged to the step that ended; ``state``: the step begun."""
         if state is not None:
             self.state = state
+        self._forget_step()
+
+    def _forget_step(self) -> None:
+        raise NotImplementedError
+
+
+class ActivationHooks(HookSet):
+    """Installs and removes the activation hooks of a list of model chunks."""
+
+    def __init__(self, collector: StepCollector, *, forward: bool, backward: bool, state: StepState):
+        super().__init__(collector, forward=forward, backward=backward, state=state)
+        self._micro: list[int] = []
+        self._calls: dict[str, int] = {}
+        # per step, by tensor identity (few objects the garbage collector tracks: this runs per tensor)
+        self._refs: dict[int, weakref.ref] = {}
+        self._fwd_slots: dict[int, Slot] = {}
+        self._bwd_hooks: dict[int, _GradHook] = {}
+        self._failed = False
+
+    def install(self, chunks: Sequence[nn.Module], select: Callable[[str], IOSpec | None]) -> list[str]:
+        """Hook every module for which ``select(qualified name)`` gives a spec; returns the hooked names."""
+        self.remove()
+        self._micro = [-1] * len(chunks)
+        multi = len(chunks) > 1
+        compiled = is_compiled(chunks)  # hooks inside compiled code run eagerly (no recompiles for the tool)
+        for c, chunk in enumerate(chunks):
+            self._handles.append(chunk.register_forward_pre_hook(partial(self._on_chunk_start, c)))
+            for module, qualified, spec in selected_modules(c, chunk, select, multi):
+                hook = partial(self._on_forward, _Site(qualified, spec, c, self.forward, self.backward))
+                if compiled:
+                    hook = opaque_to_compiler(hook)
+                self._handles.append(module.register_forward_hook(hook, with_kwargs=True))
+                self.module_names.append(qualified)
+        return list(self.module_names)
+
+    def _forget_step(self) -> None:
+        """Forget micro-batch counters and per-step tensor identities."""
         self._micro = [-1] * len(self._micro)
         self._calls.clear()
         self._refs.clear()

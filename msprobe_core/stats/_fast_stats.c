@@ -90,16 +90,15 @@ static inline float bf16_of(uint16_t v) {
 COPY_BLOCK(copy_f32, float, f32_of)
 COPY_BLOCK(copy_bf16, uint16_t, bf16_of)
 
-/* NaNs and |x| <= eps are counted in a second pass, only when asked (count) or when the sums say a NaN
-   may be there. */
-#define FLOAT_KERNEL(NAME, T, TO_F)                                                              \
-    CLONES static void NAME(const T *p, Py_ssize_t n, double eps, int count, int threads, acc_t *a) { \
+/* One thread's reduction of p[0:n], block by block in order, with no OpenMP region (a region costs about a
+ * microsecond even on one thread, as much as reducing a 64 x 64 float32 tensor). NaNs and |x| <= eps are
+ * counted in a second pass, only when asked (count) or when the sums say a NaN may be there. */
+#define SERIAL_FLOAT_KERNEL(NAME, T, TO_F)                                                       \
+    CLONES static void NAME(const T *p, Py_ssize_t n, double eps, int count, acc_t *a) {          \
         float mx = -INFINITY, mn = INFINITY;                                                     \
         double s = 0.0, ss = 0.0;                                                                \
-        Py_ssize_t blocks = (n + BLOCK - 1) / BLOCK;                                             \
-        _Pragma("omp parallel for num_threads(threads) if(threads > 1) schedule(static) reduction(max:mx) reduction(min:mn) reduction(+:s,ss)") \
-        for (Py_ssize_t b = 0; b < blocks; b++) {                                                \
-            Py_ssize_t lo = b * BLOCK, hi = lo + BLOCK < n ? lo + BLOCK : n;                     \
+        for (Py_ssize_t lo = 0; lo < n; lo += BLOCK) {                                           \
+            Py_ssize_t hi = lo + BLOCK < n ? lo + BLOCK : n;                                     \
             float bmx = -INFINITY, bmn = INFINITY, bs = 0.f, bss = 0.f;                          \
             REDUCE_BLOCK(p, lo, hi, TO_F, bmx, bmn, bs, bss);                                    \
             mx = bmx > mx ? bmx : mx;                                                            \
@@ -110,17 +109,43 @@ COPY_BLOCK(copy_bf16, uint16_t, bf16_of)
         Py_ssize_t zeros = 0, nans = 0;                                                          \
         if (count || !isfinite(s) || !isfinite(ss)) {                                           \
             float e = (float)eps;                                                                \
-            _Pragma("omp parallel for num_threads(threads) if(threads > 1) schedule(static) reduction(+:zeros,nans)") \
-            for (Py_ssize_t b = 0; b < blocks; b++) {                                            \
-                Py_ssize_t lo = b * BLOCK, hi = lo + BLOCK < n ? lo + BLOCK : n;                 \
+            for (Py_ssize_t lo = 0; lo < n; lo += BLOCK) {                                       \
+                Py_ssize_t hi = lo + BLOCK < n ? lo + BLOCK : n;                                 \
                 COUNT_BLOCK(p, lo, hi, TO_F, e, zeros, nans);                                    \
             }                                                                                    \
         }                                                                                        \
         a->mx = mx; a->mn = mn; a->sum = s; a->sumsq = ss; a->zeros = (double)zeros; a->nans = (double)nans; \
     }
 
-FLOAT_KERNEL(k_f32, float, f32_of)
-FLOAT_KERNEL(k_bf16, uint16_t, bf16_of)
+SERIAL_FLOAT_KERNEL(serial_f32, float, f32_of)
+SERIAL_FLOAT_KERNEL(serial_bf16, uint16_t, bf16_of)
+
+/* Several threads: each reduces a contiguous run of whole blocks with SERIAL, and the runs are merged in
+ * thread order (the same value for the same thread count). One thread: SERIAL itself. */
+#define FLOAT_KERNEL(NAME, SERIAL, T)                                                            \
+    CLONES static void NAME(const T *p, Py_ssize_t n, double eps, int count, int threads, acc_t *a) { \
+        if (threads <= 1) {                                                                      \
+            SERIAL(p, n, eps, count, a);                                                         \
+            return;                                                                              \
+        }                                                                                        \
+        Py_ssize_t per = ((n + BLOCK - 1) / BLOCK + threads - 1) / threads * BLOCK;              \
+        acc_t part[threads];                                                                     \
+        _Pragma("omp parallel for num_threads(threads) schedule(static, 1)")                     \
+        for (int t = 0; t < threads; t++) {                                                      \
+            Py_ssize_t lo = t * per < n ? t * per : n, hi = lo + per < n ? lo + per : n;         \
+            SERIAL(p + lo, hi - lo, eps, count, &part[t]);                                       \
+        }                                                                                        \
+        *a = part[0];                                                                            \
+        for (int t = 1; t < threads; t++) {                                                      \
+            a->mx = part[t].mx > a->mx ? part[t].mx : a->mx;                                     \
+            a->mn = part[t].mn < a->mn ? part[t].mn : a->mn;                                     \
+            a->sum += part[t].sum; a->sumsq += part[t].sumsq;                                    \
+            a->zeros += part[t].zeros; a->nans += part[t].nans;                                  \
+        }                                                                                        \
+    }
+
+FLOAT_KERNEL(k_f32, serial_f32, float)
+FLOAT_KERNEL(k_bf16, serial_bf16, uint16_t)
 
 CLONES static void k_f64(const double *p, Py_ssize_t n, double eps, int count, int threads, acc_t *a) {
     double mx = -INFINITY, mn = INFINITY, s = 0.0, ss = 0.0;
@@ -354,36 +379,6 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fast_stats", "One-p
 
 PyMODINIT_FUNC PyInit__fast_stats(void) { return PyModule_Create(&module); }
 
-/* FLOAT_KERNEL without its OpenMP regions, for stats_many's buffers below PARALLEL_MIN: an OpenMP region costs
- * about a microsecond even when it runs on one thread, as much as reducing a 64 x 64 float32 tensor. The same
- * blocks reduced in the same order as FLOAT_KERNEL on one thread: the same numbers. */
-#define SERIAL_FLOAT_KERNEL(NAME, T, TO_F)                                                       \
-    CLONES static void NAME(const T *p, Py_ssize_t n, double eps, int count, acc_t *a) {          \
-        float mx = -INFINITY, mn = INFINITY;                                                     \
-        double s = 0.0, ss = 0.0;                                                                \
-        for (Py_ssize_t lo = 0; lo < n; lo += BLOCK) {                                           \
-            Py_ssize_t hi = lo + BLOCK < n ? lo + BLOCK : n;                                     \
-            float bmx = -INFINITY, bmn = INFINITY, bs = 0.f, bss = 0.f;                          \
-            REDUCE_BLOCK(p, lo, hi, TO_F, bmx, bmn, bs, bss);                                    \
-            mx = bmx > mx ? bmx : mx;                                                            \
-            mn = bmn < mn ? bmn : mn;                                                            \
-            s += bs;                                                                             \
-            ss += bss;                                                                           \
-        }                                                                                        \
-        Py_ssize_t zeros = 0, nans = 0;                                                          \
-        if (count || !isfinite(s) || !isfinite(ss)) {                                           \
-            float e = (float)eps;                                                                \
-            for (Py_ssize_t lo = 0; lo < n; lo += BLOCK) {                                       \
-                Py_ssize_t hi = lo + BLOCK < n ? lo + BLOCK : n;                                 \
-                COUNT_BLOCK(p, lo, hi, TO_F, e, zeros, nans);                                    \
-            }                                                                                    \
-        }                                                                                        \
-        a->mx = mx; a->mn = mn; a->sum = s; a->sumsq = ss; a->zeros = (double)zeros; a->nans = (double)nans; \
-    }
-
-SERIAL_FLOAT_KERNEL(serial_f32, float, f32_of)
-SERIAL_FLOAT_KERNEL(serial_bf16, uint16_t, bf16_of)
-
 /* result()'s six values, written to r. */
 static inline void put_row(acc_t a, int count, double *r) {
     if (!count) a.zeros = 0;
@@ -397,7 +392,7 @@ static inline void put_row(acc_t a, int count, double *r) {
  * 6 * len(addresses) doubles, filled with stats()'s six values per buffer, in order (the same numbers as
  * stats(address, numel, code, eps, threads) of each). The buffers are reduced one after the other (small
  * buffers are memory-bound: a second thread per buffer does not pay), float32 and bfloat16 ones below
- * PARALLEL_MIN without an OpenMP region (SERIAL_FLOAT_KERNEL). */
+ * PARALLEL_MIN on one thread without an OpenMP region (SERIAL_FLOAT_KERNEL). */
 static PyObject *stats_many(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 6) {
         PyErr_SetString(PyExc_TypeError, "stats_many(addresses, numels, codes, eps, threads, out) takes 6 arguments");
@@ -446,14 +441,7 @@ static PyObject *stats_many(PyObject *self, PyObject *const *args, Py_ssize_t na
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < m; i++) {
         acc_t a;
-        if (n[i] >= PARALLEL_MIN)
-            KERNELS[code[i]](p[i], n[i], eps, count, (int)threads, &a);
-        else if (code[i] == 0)
-            serial_f32(p[i], n[i], eps, count, &a);
-        else if (code[i] == 2)
-            serial_bf16(p[i], n[i], eps, count, &a);
-        else
-            KERNELS[code[i]](p[i], n[i], eps, count, 1, &a);
+        KERNELS[code[i]](p[i], n[i], eps, count, n[i] >= PARALLEL_MIN ? (int)threads : 1, &a);
         put_row(a, count, o + 6 * i);
     }
     Py_END_ALLOW_THREADS
