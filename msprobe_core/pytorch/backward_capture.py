@@ -24,7 +24,9 @@ sent along ``next_functions[i]``.
 No node is inserted and every hook returns None, so losses and gradients are bit-identical with the tool on
 (``register_full_backward_hook`` would insert identity nodes, which can reorder gradient sums). The hooks
 hold no tensor of the graph (no reference cycle through autograd); their handles go to the caller, who
-removes them when the step ends.
+removes them when the step ends. Each hooked call leaves few objects for Python's garbage collector to
+track until its backward pass: one ``_OwnGrads`` (a ``_NodeHook`` more per extra node), its dicts of
+int tuples (untracked by the collector once it has seen them) and torch's hook dicts.
 """
 
 from __future__ import annotations
@@ -44,8 +46,9 @@ _set_grad_enabled = torch._C._set_grad_enabled
 Key = tuple[int, int]
 """Where an input's gradient goes: (id of its ``grad_fn``, its output slot), or (id of the leaf, -1)."""
 
-Report = Callable[[int, torch.Tensor], None]
-"""``report(input index, gradient)``: one input's own gradient, for the backward record's ``output``."""
+Report = Callable[[Any, int, torch.Tensor], None]
+"""``report(context, input index, gradient)``: one input's own gradient, for the backward record's ``output``
+(``context``: what the caller passed to ``capture``, one tuple per call instead of a partial)."""
 
 
 def _key(t: torch.Tensor) -> tuple[Key, Any]:
@@ -61,7 +64,7 @@ class InputEdges:
 
     __slots__ = ("begin", "slots", "alive")
 
-    def __init__(self, begin: int, slots: dict[Key, list[int]], alive: list):
+    def __init__(self, begin: int, slots: dict[Key, tuple[int, ...]], alive: list):
         self.begin = begin
         self.slots = slots   # edge key -> the input indices that are that tensor
         self.alive = alive   # the grad_fns and leaves the keys' ids stand for
@@ -69,25 +72,25 @@ class InputEdges:
     @classmethod
     def of(cls, tensors: list) -> Optional["InputEdges"]:
         """The edges of ``tensors`` (the call's tensor inputs, in record order); None if none requires grad."""
-        slots: dict[Key, list[int]] = {}
+        slots: dict[Key, tuple[int, ...]] = {}  # tuples of ints: the collector stops tracking them
         alive = []
         for i, t in enumerate(tensors):
             if t.requires_grad:
                 key, obj = _key(t)
                 indices = slots.get(key)
                 if indices is None:
-                    slots[key] = [i]
+                    slots[key] = (i,)
                     alive.append(obj)
                 else:
-                    indices.append(i)
+                    slots[key] = indices + (i,)
         return cls(_sequence_nr(), slots, alive) if slots else None
 
 
-def capture(edges: InputEdges, outputs: list, report: Report, fail: Callable[[BaseException], None],
-            handles: list) -> None:
+def capture(edges: InputEdges, outputs: list, report: Report, fail: Callable[[Any, BaseException], None],
+            context: Any, keep: Callable[[Any], None]) -> None:
     """Hook the call's own nodes so that ``report`` gets each input's own gradient when backward runs;
-    ``outputs`` are the call's output tensors, ``fail`` gets an exception raised in a hook (the user's
-    backward goes on), ``handles`` receives the hook handles."""
+    ``outputs`` are the call's output tensors, ``fail(context, exc)`` gets an exception raised in a hook (the
+    user's backward goes on), ``keep`` receives each hook handle."""
     end = _sequence_nr()
     begin, slots = edges.begin, edges.slots
     roots = []
@@ -103,19 +106,19 @@ def capture(edges: InputEdges, outputs: list, report: Report, fail: Callable[[Ba
     hits, counts = _walk(roots, slots, passed, begin, end)
     if not hits and not passed:
         return
-    state = _OwnGrads(slots, counts, report, fail)
+    state = _OwnGrads(slots, counts, report, fail, context)
     if len(hits) == 1:  # the usual case: one node of the call sends to its inputs; the state is its hook
         node, state.node_hits = hits[0]
-        handles.append(node.register_hook(state))
+        keep(node.register_hook(state))
     else:
         for node, node_hits in hits:
-            handles.append(node.register_hook(state.post_hook(node_hits)))
+            keep(node.register_hook(_NodeHook(state, node_hits)))
     for key, t in passed.items():
         state.expected[key] = 1
-        handles.append(t.register_hook(state.tensor_hook(key)))
+        keep(t.register_hook(state.tensor_hook(key)))
 
 
-def _walk(roots: list, slots: dict[Key, list[int]], skip: dict, begin: int, end: int):
+def _walk(roots: list, slots: dict[Key, tuple[int, ...]], skip: dict, begin: int, end: int):
     """The call's nodes with edges to its inputs (``[(node, ((key, edge indices), ...)), ...]``) and the
     number of such edges per input key; edges to a key in ``skip`` are left out."""
     stack = list(dict.fromkeys(roots))  # outputs of one node (split, chunk) share it: walk it once
@@ -156,14 +159,15 @@ def _walk(roots: list, slots: dict[Key, list[int]], skip: dict, begin: int, end:
 class _OwnGrads:
     """One call's input gradients as its nodes send them during a backward pass."""
 
-    __slots__ = ("slots", "expected", "report", "fail", "partial", "queued", "node_hits")
+    __slots__ = ("slots", "expected", "report", "fail", "context", "partial", "queued", "node_hits")
 
-    def __init__(self, slots: dict[Key, list[int]], expected: dict[Key, int], report: Report,
-                 fail: Callable[[BaseException], None]):
+    def __init__(self, slots: dict[Key, tuple[int, ...]], expected: dict[Key, int], report: Report,
+                 fail: Callable[[Any, BaseException], None], context: Any):
         self.slots = slots
         self.expected = expected        # edge key -> how many of the call's edges lead there
         self.report = report
         self.fail = fail
+        self.context = context
         self.partial: dict[Key, list] = {}  # key -> [edges arrived, their sum] in the running backward pass
         self.queued = False
         self.node_hits: tuple = ()      # the hits of the one node that has the state itself as its hook
@@ -172,24 +176,19 @@ class _OwnGrads:
         """The post hook of the call's one node with edges to its inputs (no closure made per call)."""
         self._node_done(self.node_hits, grad_inputs)
 
-    def post_hook(self, node_hits: tuple) -> Callable:
-        def hook(grad_inputs, grad_outputs):
-            self._node_done(node_hits, grad_inputs)
-        return hook
-
     def _node_done(self, node_hits: tuple, grad_inputs: tuple) -> None:
         try:
             for key, edge_list in node_hits:
                 self._arrive(key, [grad_inputs[e] for e in edge_list])
         except Exception as e:  # the tool never breaks the user's backward
-            self.fail(e)
+            self.fail(self.context, e)
 
     def tensor_hook(self, key: Key) -> Callable:
         def hook(grad):
             try:
                 self._arrive(key, [grad])
             except Exception as e:
-                self.fail(e)
+                self.fail(self.context, e)
             return None
         return hook
 
@@ -218,12 +217,26 @@ class _OwnGrads:
             for key, (_, total) in partial.items():
                 self._emit(key, total)
         except Exception as e:
-            self.fail(e)
+            self.fail(self.context, e)
 
     def _emit(self, key: Key, grad: Optional[torch.Tensor]) -> None:
         if grad is not None:
             for index in self.slots[key]:
-                self.report(index, grad)
+                self.report(self.context, index, grad)
+
+
+class _NodeHook:
+    """The post hook of one more node of a call with several nodes sending to its inputs (one object, no
+    closure and cells per node)."""
+
+    __slots__ = ("state", "node_hits")
+
+    def __init__(self, state: _OwnGrads, node_hits: tuple):
+        self.state = state
+        self.node_hits = node_hits
+
+    def __call__(self, grad_inputs: tuple, grad_outputs: tuple) -> None:
+        self.state._node_done(self.node_hits, grad_inputs)
 
 
 def _sum(grads: list, total: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
