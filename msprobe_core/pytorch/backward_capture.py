@@ -31,7 +31,7 @@ int tuples (untracked by the collector once it has seen them) and torch's hook d
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 import torch
 
@@ -42,9 +42,14 @@ _no_torch_function = torch._C.DisableTorchFunction
 _add = torch._C._VariableFunctions.add  # the binding itself: never a wrapper the L1 dump patched in
 _is_grad_enabled = torch._C.is_grad_enabled
 _set_grad_enabled = torch._C._set_grad_enabled
+_SLOT = (1 << 32) - 1  # a key's output slot + 1 (0: a leaf)
 
-Key = tuple[int, int]
-"""Where an input's gradient goes: (id of its ``grad_fn``, its output slot), or (id of the leaf, -1)."""
+Key = int
+"""Where an input's gradient goes: the id of its ``grad_fn`` and its output slot + 1, or the id of the leaf and
+0, as one int (``id << 32 | slot + 1``): dicts of ints are not tracked by Python's garbage collector."""
+
+Indices = Union[int, tuple[int, ...]]
+"""The input indices that are one tensor: an int, or a tuple when the call takes the tensor more than once."""
 
 Report = Callable[[Any, int, torch.Tensor], None]
 """``report(context, input index, gradient)``: one input's own gradient, for the backward record's ``output``
@@ -55,8 +60,8 @@ def _key(t: torch.Tensor) -> tuple[Key, Any]:
     """``t``'s gradient edge as a key, and the object whose id it holds (kept alive while the key is used)."""
     fn = t.grad_fn
     if fn is None:
-        return (id(t), -1), t
-    return (id(fn), t.output_nr), fn
+        return id(t) << 32, t
+    return id(fn) << 32 | t.output_nr + 1, fn
 
 
 class InputEdges:
@@ -64,7 +69,7 @@ class InputEdges:
 
     __slots__ = ("begin", "slots", "alive")
 
-    def __init__(self, begin: int, slots: dict[Key, tuple[int, ...]], alive: list):
+    def __init__(self, begin: int, slots: dict[Key, Indices], alive: list):
         self.begin = begin
         self.slots = slots   # edge key -> the input indices that are that tensor
         self.alive = alive   # the grad_fns and leaves the keys' ids stand for
@@ -72,17 +77,17 @@ class InputEdges:
     @classmethod
     def of(cls, tensors: list) -> Optional["InputEdges"]:
         """The edges of ``tensors`` (the call's tensor inputs, in record order); None if none requires grad."""
-        slots: dict[Key, tuple[int, ...]] = {}  # tuples of ints: the collector stops tracking them
+        slots: dict[Key, Indices] = {}  # ints only (the usual case): a dict the collector does not track
         alive = []
         for i, t in enumerate(tensors):
             if t.requires_grad:
                 key, obj = _key(t)
                 indices = slots.get(key)
                 if indices is None:
-                    slots[key] = (i,)
+                    slots[key] = i
                     alive.append(obj)
                 else:
-                    slots[key] = indices + (i,)
+                    slots[key] = (indices if type(indices) is tuple else (indices,)) + (i,)
         return cls(_sequence_nr(), slots, alive) if slots else None
 
 
@@ -118,14 +123,14 @@ def capture(edges: InputEdges, outputs: list, report: Report, fail: Callable[[An
         keep(t.register_hook(state.tensor_hook(key)))
 
 
-def _walk(roots: list, slots: dict[Key, tuple[int, ...]], skip: dict, begin: int, end: int):
+def _walk(roots: list, slots: dict[Key, Indices], skip: dict, begin: int, end: int):
     """The call's nodes with edges to its inputs (``[(node, ((key, edge indices), ...)), ...]``) and the
     number of such edges per input key; edges to a key in ``skip`` are left out."""
     stack = list(dict.fromkeys(roots))  # outputs of one node (split, chunk) share it: walk it once
     seen = set(stack)
     hits = []
     counts: dict[Key, int] = {}
-    leaf_inputs = any(nr < 0 for _, nr in slots)  # else a leaf's edge (a parameter's) leads to no input
+    leaf_inputs = any(not key & _SLOT for key in slots)  # else a leaf's edge (a parameter's) leads to no input
     while stack:
         node = stack.pop()
         found: Optional[dict[Key, list[int]]] = None
@@ -135,11 +140,11 @@ def _walk(roots: list, slots: dict[Key, tuple[int, ...]], skip: dict, begin: int
             if type(nxt) is _ACCUMULATE_GRAD:
                 if not leaf_inputs:
                     continue
-                key = (id(nxt.variable), -1)
+                key = id(nxt.variable) << 32
                 if key not in slots:
                     continue
             else:
-                key = (id(nxt), nr)
+                key = id(nxt) << 32 | nr + 1
                 if key not in slots:
                     if nxt not in seen and begin <= nxt._sequence_nr() < end:
                         seen.add(nxt)
@@ -161,7 +166,7 @@ class _OwnGrads:
 
     __slots__ = ("slots", "expected", "report", "fail", "context", "partial", "queued", "node_hits")
 
-    def __init__(self, slots: dict[Key, tuple[int, ...]], expected: dict[Key, int], report: Report,
+    def __init__(self, slots: dict[Key, Indices], expected: dict[Key, int], report: Report,
                  fail: Callable[[Any, BaseException], None], context: Any):
         self.slots = slots
         self.expected = expected        # edge key -> how many of the call's edges lead there
@@ -221,7 +226,11 @@ class _OwnGrads:
 
     def _emit(self, key: Key, grad: Optional[torch.Tensor]) -> None:
         if grad is not None:
-            for index in self.slots[key]:
+            indices = self.slots[key]
+            if type(indices) is int:
+                self.report(self.context, indices, grad)
+                return
+            for index in indices:
                 self.report(self.context, index, grad)
 
 
