@@ -102,6 +102,7 @@ class DumpService(DumpServiceBase):
         self._own_grad_hook = self._on_own_grad  # bound once: a call's hook holds a context tuple, no new partial
         self._own_grad_error = self._on_own_grad_error
         self._step_hooks = StepHooks()  # torch hook handles of the step, removed with the step's other handles
+        self._module_hooks = StepHooks()  # module hook handles, removed at stop() with the other forward handles
         self.sharded_grads = ShardedGrads(self._deliver_sharded_grad, every_rank_dumps(cfg.rank))
 
     def limit_to(self, module: torch.nn.Module) -> None:
@@ -240,6 +241,13 @@ class DumpService(DumpServiceBase):
         handle = t.register_hook(hook)
         if t.is_leaf:
             self._keep_hook(handle)
+
+    def _keep_forward_handles(self, handles: list) -> None:
+        hooks = self._module_hooks
+        if not hooks:
+            self.forward_handles.append(hooks)  # its remove() runs with the other forward handles at stop()
+        for h in handles:
+            hooks.keep(h)
 
     def _keep_hook(self, handle: Any) -> None:
         """Hold a torch hook handle for its removal when the step ends (``StepHooks``: no handle object kept)."""

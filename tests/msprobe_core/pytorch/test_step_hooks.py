@@ -23,17 +23,16 @@ def test_remove_deletes_only_the_kept_hooks():
     hooks.remove()  # nothing left: a second remove is harmless
 
 
-def test_a_handle_with_extra_dicts_is_removed_by_itself():
-    removed = []
-
-    class Handle:
-        extra_dict_ref = (object(),)
-
-        def remove(self):
-            removed.append(self)
-
+def test_module_hooks_with_extra_dicts():
+    calls = []
+    m = torch.nn.Linear(2, 2)
     hooks = StepHooks()
-    h = Handle()
-    hooks.keep(h)
+    hooks.keep(m.register_forward_pre_hook(lambda mod, a, k: calls.append("pre"), with_kwargs=True))
+    hooks.keep(m.register_forward_hook(lambda mod, a, k, o: calls.append("post"), with_kwargs=True))
+    m(torch.ones(2))
+    assert calls == ["pre", "post"]
     hooks.remove()
-    assert removed == [h]
+    m(torch.ones(2))
+    assert calls == ["pre", "post"]
+    assert not m._forward_pre_hooks and not m._forward_pre_hooks_with_kwargs
+    assert not m._forward_hooks and not m._forward_hooks_with_kwargs
