@@ -378,10 +378,13 @@ class CallRecords:
     def _module_post(self, base: str, module: Any, args: tuple, kwargs: dict, output: Any):
         if _thread_id() != self.service.dumping_thread:
             return None
-        calls = self.step_state.module_calls.get(id(module))
+        module_calls = self.step_state.module_calls
+        calls = module_calls.get(id(module))
         if not calls:
             return None
         call = calls.pop()
+        if not calls:  # no list left for the collector to track until the step ends (one per module)
+            del module_calls[id(module)]
         if call is SKIPPED:
             return None
         with self._own(base):
