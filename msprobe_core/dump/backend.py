@@ -72,6 +72,10 @@ class DumpBackend(ABC):
         """The parameters a module holds itself (not its children's), by attribute name."""
         raise NotImplementedError
 
+    def _keep_forward_handles(self, handles: list) -> None:
+        """Hold module hook handles for their removal at stop() (a back-end may hold them more compactly)."""
+        self.forward_handles.extend(handles)
+
     @abstractmethod
     def _hook_param_grad(self, param: Any, hook: Callable) -> None:
         """Call ``hook(grad)`` with the parameter's gradients until the step ends (or not at all, where the

@@ -76,7 +76,6 @@ class CallRecords:
         self._hook_fns: dict[tuple, Callable] = {}  # the module hooks, made once (``_hook_fn``)
         self._grad_hook = self.on_grad            # bound once: a gradient hook's partial holds no new object
         self.hooked_models: list[Any] = []
-        self._forward_handles: list[Any] = service.forward_handles  # removed at stop()
         # the service's methods
         self._open_step = service._open_step
         self._sync = service._sync
@@ -93,6 +92,7 @@ class CallRecords:
         self._wants_grad = backend._wants_grad
         self._hook_tensor_grad = backend._hook_tensor_grad
         self._hook_param_grad = backend._hook_param_grad
+        self._keep_forward_handles = backend._keep_forward_handles
         self._overflow_flag = backend._overflow_flag
         self._any_overflow = backend._any_overflow
         self._capture_stack = backend._capture_stack
@@ -328,7 +328,7 @@ class CallRecords:
             post = self._opaque(self._hook_fn(self._module_post, base))
         handles = [module.register_forward_pre_hook(pre, with_kwargs=True),
                    module.register_forward_hook(post, with_kwargs=True)]
-        self._forward_handles.extend(handles)
+        self._keep_forward_handles(handles)
         if self.selection.backward:
             params = self._grad_parameters(module)
             for pname, p in params:
@@ -378,10 +378,13 @@ class CallRecords:
     def _module_post(self, base: str, module: Any, args: tuple, kwargs: dict, output: Any):
         if _thread_id() != self.service.dumping_thread:
             return None
-        calls = self.step_state.module_calls.get(id(module))
+        module_calls = self.step_state.module_calls
+        calls = module_calls.get(id(module))
         if not calls:
             return None
         call = calls.pop()
+        if not calls:  # no list left for the collector to track until the step ends (one per module)
+            del module_calls[id(module)]
         if call is SKIPPED:
             return None
         with self._own(base):

@@ -24,12 +24,14 @@ sent along ``next_functions[i]``.
 No node is inserted and every hook returns None, so losses and gradients are bit-identical with the tool on
 (``register_full_backward_hook`` would insert identity nodes, which can reorder gradient sums). The hooks
 hold no tensor of the graph (no reference cycle through autograd); their handles go to the caller, who
-removes them when the step ends.
+removes them when the step ends. Each hooked call leaves few objects for Python's garbage collector to
+track until its backward pass: one ``_OwnGrads`` (a ``_NodeHook`` more per extra node), its dicts of
+int tuples (untracked by the collector once it has seen them) and torch's hook dicts.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 import torch
 
@@ -40,20 +42,26 @@ _no_torch_function = torch._C.DisableTorchFunction
 _add = torch._C._VariableFunctions.add  # the binding itself: never a wrapper the L1 dump patched in
 _is_grad_enabled = torch._C.is_grad_enabled
 _set_grad_enabled = torch._C._set_grad_enabled
+_SLOT = (1 << 32) - 1  # a key's output slot + 1 (0: a leaf)
 
-Key = tuple[int, int]
-"""Where an input's gradient goes: (id of its ``grad_fn``, its output slot), or (id of the leaf, -1)."""
+Key = int
+"""Where an input's gradient goes: the id of its ``grad_fn`` and its output slot + 1, or the id of the leaf and
+0, as one int (``id << 32 | slot + 1``): dicts of ints are not tracked by Python's garbage collector."""
 
-Report = Callable[[int, torch.Tensor], None]
-"""``report(input index, gradient)``: one input's own gradient, for the backward record's ``output``."""
+Indices = Union[int, tuple[int, ...]]
+"""The input indices that are one tensor: an int, or a tuple when the call takes the tensor more than once."""
+
+Report = Callable[[Any, int, torch.Tensor], None]
+"""``report(context, input index, gradient)``: one input's own gradient, for the backward record's ``output``
+(``context``: what the caller passed to ``capture``, one tuple per call instead of a partial)."""
 
 
 def _key(t: torch.Tensor) -> tuple[Key, Any]:
     """``t``'s gradient edge as a key, and the object whose id it holds (kept alive while the key is used)."""
     fn = t.grad_fn
     if fn is None:
-        return (id(t), -1), t
-    return (id(fn), t.output_nr), fn
+        return id(t) << 32, t
+    return id(fn) << 32 | t.output_nr + 1, fn
 
 
 class InputEdges:
@@ -61,7 +69,7 @@ class InputEdges:
 
     __slots__ = ("begin", "slots", "alive")
 
-    def __init__(self, begin: int, slots: dict[Key, list[int]], alive: list):
+    def __init__(self, begin: int, slots: dict[Key, Indices], alive: list):
         self.begin = begin
         self.slots = slots   # edge key -> the input indices that are that tensor
         self.alive = alive   # the grad_fns and leaves the keys' ids stand for
@@ -69,25 +77,25 @@ class InputEdges:
     @classmethod
     def of(cls, tensors: list) -> Optional["InputEdges"]:
         """The edges of ``tensors`` (the call's tensor inputs, in record order); None if none requires grad."""
-        slots: dict[Key, list[int]] = {}
+        slots: dict[Key, Indices] = {}  # ints only (the usual case): a dict the collector does not track
         alive = []
         for i, t in enumerate(tensors):
             if t.requires_grad:
                 key, obj = _key(t)
                 indices = slots.get(key)
                 if indices is None:
-                    slots[key] = [i]
+                    slots[key] = i
                     alive.append(obj)
                 else:
-                    indices.append(i)
+                    slots[key] = (indices if type(indices) is tuple else (indices,)) + (i,)
         return cls(_sequence_nr(), slots, alive) if slots else None
 
 
-def capture(edges: InputEdges, outputs: list, report: Report, fail: Callable[[BaseException], None],
-            handles: list) -> None:
+def capture(edges: InputEdges, outputs: list, report: Report, fail: Callable[[Any, BaseException], None],
+            context: Any, keep: Callable[[Any], None]) -> None:
     """Hook the call's own nodes so that ``report`` gets each input's own gradient when backward runs;
-    ``outputs`` are the call's output tensors, ``fail`` gets an exception raised in a hook (the user's
-    backward goes on), ``handles`` receives the hook handles."""
+    ``outputs`` are the call's output tensors, ``fail(context, exc)`` gets an exception raised in a hook (the
+    user's backward goes on), ``keep`` receives each hook handle."""
     end = _sequence_nr()
     begin, slots = edges.begin, edges.slots
     roots = []
@@ -103,26 +111,26 @@ def capture(edges: InputEdges, outputs: list, report: Report, fail: Callable[[Ba
     hits, counts = _walk(roots, slots, passed, begin, end)
     if not hits and not passed:
         return
-    state = _OwnGrads(slots, counts, report, fail)
+    state = _OwnGrads(slots, counts, report, fail, context)
     if len(hits) == 1:  # the usual case: one node of the call sends to its inputs; the state is its hook
         node, state.node_hits = hits[0]
-        handles.append(node.register_hook(state))
+        keep(node.register_hook(state))
     else:
         for node, node_hits in hits:
-            handles.append(node.register_hook(state.post_hook(node_hits)))
+            keep(node.register_hook(_NodeHook(state, node_hits)))
     for key, t in passed.items():
         state.expected[key] = 1
-        handles.append(t.register_hook(state.tensor_hook(key)))
+        keep(t.register_hook(state.tensor_hook(key)))
 
 
-def _walk(roots: list, slots: dict[Key, list[int]], skip: dict, begin: int, end: int):
+def _walk(roots: list, slots: dict[Key, Indices], skip: dict, begin: int, end: int):
     """The call's nodes with edges to its inputs (``[(node, ((key, edge indices), ...)), ...]``) and the
     number of such edges per input key; edges to a key in ``skip`` are left out."""
     stack = list(dict.fromkeys(roots))  # outputs of one node (split, chunk) share it: walk it once
     seen = set(stack)
     hits = []
     counts: dict[Key, int] = {}
-    leaf_inputs = any(nr < 0 for _, nr in slots)  # else a leaf's edge (a parameter's) leads to no input
+    leaf_inputs = any(not key & _SLOT for key in slots)  # else a leaf's edge (a parameter's) leads to no input
     while stack:
         node = stack.pop()
         found: Optional[dict[Key, list[int]]] = None
@@ -132,11 +140,11 @@ def _walk(roots: list, slots: dict[Key, list[int]], skip: dict, begin: int, end:
             if type(nxt) is _ACCUMULATE_GRAD:
                 if not leaf_inputs:
                     continue
-                key = (id(nxt.variable), -1)
+                key = id(nxt.variable) << 32
                 if key not in slots:
                     continue
             else:
-                key = (id(nxt), nr)
+                key = id(nxt) << 32 | nr + 1
                 if key not in slots:
                     if nxt not in seen and begin <= nxt._sequence_nr() < end:
                         seen.add(nxt)
@@ -156,14 +164,15 @@ def _walk(roots: list, slots: dict[Key, list[int]], skip: dict, begin: int, end:
 class _OwnGrads:
     """One call's input gradients as its nodes send them during a backward pass."""
 
-    __slots__ = ("slots", "expected", "report", "fail", "partial", "queued", "node_hits")
+    __slots__ = ("slots", "expected", "report", "fail", "context", "partial", "queued", "node_hits")
 
-    def __init__(self, slots: dict[Key, list[int]], expected: dict[Key, int], report: Report,
-                 fail: Callable[[BaseException], None]):
+    def __init__(self, slots: dict[Key, Indices], expected: dict[Key, int], report: Report,
+                 fail: Callable[[Any, BaseException], None], context: Any):
         self.slots = slots
         self.expected = expected        # edge key -> how many of the call's edges lead there
         self.report = report
         self.fail = fail
+        self.context = context
         self.partial: dict[Key, list] = {}  # key -> [edges arrived, their sum] in the running backward pass
         self.queued = False
         self.node_hits: tuple = ()      # the hits of the one node that has the state itself as its hook
@@ -172,24 +181,19 @@ class _OwnGrads:
         """The post hook of the call's one node with edges to its inputs (no closure made per call)."""
         self._node_done(self.node_hits, grad_inputs)
 
-    def post_hook(self, node_hits: tuple) -> Callable:
-        def hook(grad_inputs, grad_outputs):
-            self._node_done(node_hits, grad_inputs)
-        return hook
-
     def _node_done(self, node_hits: tuple, grad_inputs: tuple) -> None:
         try:
             for key, edge_list in node_hits:
                 self._arrive(key, [grad_inputs[e] for e in edge_list])
         except Exception as e:  # the tool never breaks the user's backward
-            self.fail(e)
+            self.fail(self.context, e)
 
     def tensor_hook(self, key: Key) -> Callable:
         def hook(grad):
             try:
                 self._arrive(key, [grad])
             except Exception as e:
-                self.fail(e)
+                self.fail(self.context, e)
             return None
         return hook
 
@@ -218,12 +222,30 @@ class _OwnGrads:
             for key, (_, total) in partial.items():
                 self._emit(key, total)
         except Exception as e:
-            self.fail(e)
+            self.fail(self.context, e)
 
     def _emit(self, key: Key, grad: Optional[torch.Tensor]) -> None:
         if grad is not None:
-            for index in self.slots[key]:
-                self.report(index, grad)
+            indices = self.slots[key]
+            if type(indices) is int:
+                self.report(self.context, indices, grad)
+                return
+            for index in indices:
+                self.report(self.context, index, grad)
+
+
+class _NodeHook:
+    """The post hook of one more node of a call with several nodes sending to its inputs (one object, no
+    closure and cells per node)."""
+
+    __slots__ = ("state", "node_hits")
+
+    def __init__(self, state: _OwnGrads, node_hits: tuple):
+        self.state = state
+        self.node_hits = node_hits
+
+    def __call__(self, grad_inputs: tuple, grad_outputs: tuple) -> None:
+        self.state._node_done(self.node_hits, grad_inputs)
 
 
 def _sum(grads: list, total: Optional[torch.Tensor]) -> Optional[torch.Tensor]:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from functools import partial
 from typing import Any, Callable, Optional
 
 import torch
@@ -28,6 +27,7 @@ from msprobe_core.dump.service import Call, DumpServiceBase, saves_files
 from msprobe_core.files.call_stack import StackCapture
 from msprobe_core.pytorch.api_patch import ApiPatcher
 from msprobe_core.pytorch.backward_capture import InputEdges, capture
+from msprobe_core.pytorch.step_hooks import StepHooks
 from msprobe_core.pytorch.compiled_records import CompiledModuleRecords
 from msprobe_core.pytorch.compiled_taps import compiled_as_a_whole
 from msprobe_core.pytorch.inplace_comm import written_tensors
@@ -99,8 +99,10 @@ class DumpService(DumpServiceBase):
         self._in_graph: Optional[CompiledModuleRecords] = None  # the model being hooked: records in its graph
         self._compiled_records: Optional[CompiledModuleRecords] = None
         self._fsdp1: dict[int, list[tuple[str, FlatSlot]]] = {}  # id(module) -> its original parameters in FSDP1 units
-        self._own_grad_hook = self._on_own_grad  # bound once: a backward hook's partial then holds no new object
-        self._error_hook = self._error
+        self._own_grad_hook = self._on_own_grad  # bound once: a call's hook holds a context tuple, no new partial
+        self._own_grad_error = self._on_own_grad_error
+        self._step_hooks = StepHooks()  # torch hook handles of the step, removed with the step's other handles
+        self._module_hooks = StepHooks()  # module hook handles, removed at stop() with the other forward handles
         self.sharded_grads = ShardedGrads(self._deliver_sharded_grad, every_rank_dumps(cfg.rank))
 
     def limit_to(self, module: torch.nn.Module) -> None:
@@ -218,7 +220,7 @@ class DumpService(DumpServiceBase):
             if is_dtensor(param):  # sharded: the full gradient's statistics at the end of backward
                 self._step_handles.append(self.sharded_grads.add(param, hook))
                 hook = self.sharded_grads.arm
-            self._step_handles.append(param.register_hook(hook))
+            self._keep_hook(param.register_hook(hook))
 
     def _deliver_sharded_grad(self, hook: Callable, grad: torch.Tensor, combined: Optional[Combined]) -> None:
         if combined is not None:
@@ -231,14 +233,28 @@ class DumpService(DumpServiceBase):
     def _hook_tensor_grad(self, t: torch.Tensor, hook: Callable) -> None:
         # removed when the step ends (a leaf's hook outlives the graph; a backward run after step()
         # belongs to no recorded step)
-        self._step_handles.append(t.register_hook(hook))
+        self._keep_hook(t.register_hook(hook))
 
     def _hook_saved_tensor(self, t: torch.Tensor, hook: Callable) -> None:
         if isinstance(t, _Uninitialized):
             return
         handle = t.register_hook(hook)
         if t.is_leaf:
-            self._step_handles.append(handle)
+            self._keep_hook(handle)
+
+    def _keep_forward_handles(self, handles: list) -> None:
+        hooks = self._module_hooks
+        if not hooks:
+            self.forward_handles.append(hooks)  # its remove() runs with the other forward handles at stop()
+        for h in handles:
+            hooks.keep(h)
+
+    def _keep_hook(self, handle: Any) -> None:
+        """Hold a torch hook handle for its removal when the step ends (``StepHooks``: no handle object kept)."""
+        hooks = self._step_hooks
+        if not hooks:
+            self._step_handles.append(hooks)  # its remove() runs with the step's other handles
+        hooks.keep(handle)
 
     def _wants_grad(self, t: torch.Tensor) -> bool:
         return t.requires_grad
@@ -310,8 +326,12 @@ class DumpService(DumpServiceBase):
     def _hook_own_grads(self, call: Call, out: Any) -> None:
         """The backward record's ``output``: each input's gradient from this call only (backward_capture)."""
         edges, call.edges = call.edges, None
-        capture(edges, tensors_in(out), partial(self._own_grad_hook, call.backward, call.save, call.backward_parent()),
-                partial(self._error_hook, call.backward), self._step_handles)
+        capture(edges, tensors_in(out), self._own_grad_hook, self._own_grad_error,
+                (call.backward, call.save, call.backward_parent()), self._keep_hook)
 
-    def _on_own_grad(self, backward: str, save: bool, parent: Optional[str], index: int, grad) -> None:
+    def _on_own_grad(self, context: tuple, index: int, grad) -> None:
+        backward, save, parent = context
         self._on_grad(backward, "output", index, save, parent, grad)
+
+    def _on_own_grad_error(self, context: tuple, exc: BaseException) -> None:
+        self._error(context[0], exc)
