@@ -279,6 +279,10 @@ def main() -> None:
         out = out.with_suffix(f".rank{os.environ['RANK']}.json")
         result = run_ep(out) if mode == "ep" else run_fused(out, mode)
     out.write_text(json.dumps(result))
+    if mode != "single":
+        from msprobe_core.session import finish_distributed
+
+        finish_distributed()  # the engines were local to the runs: released, then the groups go (clean exit)
 
 
 if __name__ == "__main__":
