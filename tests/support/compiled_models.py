@@ -1,7 +1,9 @@
 """What the torch.compile tests share: a small block whose forward slices a tensor and uses an intermediate
-twice, Dynamo's graph-break count, and a fixture that gives each test a fresh Dynamo."""
+twice, Dynamo's graph-break count, a fixture that gives each test a fresh Dynamo, and the training loop."""
 
 from __future__ import annotations
+
+from typing import Callable
 
 import pytest
 import torch
@@ -42,3 +44,28 @@ def fresh_dynamo():
     counters.clear()
     yield
     torch._dynamo.reset()
+
+
+def train_steps(model: nn.Module, opt: torch.optim.Optimizer, steps: int, dbg=None, acc: int = 1,
+          after_step: Callable[[], None] | None = None) -> list[float]:
+    """``steps`` optimizer steps of ``acc`` micro-batches each (batches of ``randn(4, 5, 8)``, seed 1), the dump
+    ``dbg`` (a ``PrecisionDebugger`` or None) around each step, ``after_step()`` after each; returns the loss of
+    each step's last micro-batch."""
+    torch.manual_seed(1)
+    data = [torch.randn(4, 5, 8) for _ in range(steps * acc)]
+    losses = []
+    for s in range(steps):
+        if dbg:
+            dbg.start(model)
+        opt.zero_grad()
+        for x in data[s * acc:(s + 1) * acc]:
+            loss = model(x).pow(2).mean()
+            loss.backward()
+        opt.step()
+        if dbg:
+            dbg.stop()
+            dbg.step()
+        losses.append(loss.item())
+        if after_step:
+            after_step()
+    return losses

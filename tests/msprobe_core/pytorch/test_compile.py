@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from torch._dynamo.utils import counters
 
-from compiled_models import fresh_dynamo, graph_breaks, sliced_model  # noqa: F401  (a fixture)
+from compiled_models import fresh_dynamo, graph_breaks, sliced_model, train_steps  # noqa: F401  (a fixture)
 from native_sharding import STEPS, make_model, reference, train
 
 from msprobe_core.compare import compare_dumps
@@ -31,24 +31,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("fresh_dynamo")]  # each
 
 def run(model: nn.Module, steps: int, dump: Path | None = None, level: str = "L0", monitor: dict | None = None,
         out: Path | None = None) -> tuple[list[float], list]:
-    torch.manual_seed(1)
-    data = [torch.randn(4, 5, 8) for _ in range(steps)]
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     dbg = PrecisionDebugger({"dump_path": str(dump), "task": "statistics", "level": level}) if dump else None
     mon = TrainerMon(monitor, output_dir=out).set_monitor(model, 1, opt) if monitor else None
-    losses, graphs = [], []
-    for x in data:
-        if dbg:
-            dbg.start(model)
-        opt.zero_grad()
-        loss = model(x).pow(2).mean()
-        loss.backward()
-        opt.step()
-        if dbg:
-            dbg.stop()
-            dbg.step()
-        losses.append(loss.item())
-        graphs.append(counters["stats"]["unique_graphs"])
+    graphs: list = []
+    losses = train_steps(model, opt, steps, dbg, after_step=lambda: graphs.append(counters["stats"]["unique_graphs"]))
     if mon:
         mon.close()
     return losses, graphs

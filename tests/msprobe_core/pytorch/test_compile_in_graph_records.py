@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch._dynamo.utils import counters
 
-from compiled_models import Sliced, fresh_dynamo, graph_breaks  # noqa: F401  (a fixture)
+from compiled_models import Sliced, fresh_dynamo, graph_breaks, train_steps  # noqa: F401  (a fixture)
 
 from msprobe_core.compare import compare_dumps
 from msprobe_core.pytorch import PrecisionDebugger
@@ -45,23 +45,9 @@ def make_model(inplace: bool = False) -> nn.Module:
 
 def run(model: nn.Module, dump: Path | None, acc: int = 1) -> list[float]:
     """``STEPS`` steps of ``acc`` micro-batches each; the losses of each step's last micro-batch."""
-    torch.manual_seed(1)
-    data = [torch.randn(4, 5, 8) for _ in range(STEPS * acc)]
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     dbg = PrecisionDebugger({"dump_path": str(dump), "task": "statistics", "level": "L0"}) if dump else None
-    losses = []
-    for s in range(STEPS):
-        if dbg:
-            dbg.start(model)
-        opt.zero_grad()
-        for x in data[s * acc:(s + 1) * acc]:
-            loss = model(x).pow(2).mean()
-            loss.backward()
-        opt.step()
-        if dbg:
-            dbg.stop()
-            dbg.step()
-        losses.append(loss.item())
+    losses = train_steps(model, opt, STEPS, dbg, acc)
     PrecisionDebugger.reset()
     return losses
 
