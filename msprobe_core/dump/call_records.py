@@ -73,6 +73,7 @@ class CallRecords:
         self._as_text = selection.forward and not self._overflow_check
         self._keep_in = selection.keeps("forward", "input")
         self._keep_out = selection.keeps("forward", "output")
+        self._fast_text = service.summarizer.record_text  # the compiled text maker, or None (``SummarizerBase``)
         self._hook_fns: dict[tuple, Callable] = {}  # the module hooks, made once (``_hook_fn``)
         self._grad_hook = self.on_grad            # bound once: a gradient hook's partial holds no new object
         self.hooked_models: list[Any] = []
@@ -182,6 +183,13 @@ class CallRecords:
         (``SummarizerBase.text``: host statistics); None otherwise (``_input_record`` makes it as a dict)."""
         if not self._keep_in:
             return '{"input_args": [], "input_kwargs": {}' + (', "parameters": {}' if parameters is not None else "")
+        fast = self._fast_text
+        if fast is not None:
+            head = fast.inputs(args, kwargs)
+            if parameters is None or head is None:
+                return head
+            p = fast.text(dict(parameters))
+            return None if p is None else f'{head}, "parameters": {p}'
         text = self.summarizer.text
         a = text(args)
         k = text(kwargs) if kwargs else "{}"
@@ -236,14 +244,20 @@ class CallRecords:
         """Finish a record kept as JSON text: journaled now with its stack and parent, in one frame (nothing
         in it waits for statistics). False, with the record made a dict again, when an output's summary is
         not known at once (device statistics): the dict route finishes it."""
-        text = self.summarizer.text(outputs) if self._keep_out else "[]"
+        fast = self._fast_text
+        if not self._keep_out:
+            text: Optional[str] = f'{call.record}, "output": []}}'
+        elif fast is not None:
+            text = fast.record(call.record, outputs)
+        else:
+            text = self.summarizer.text(outputs)
+            text = None if text is None else f'{call.record}, "output": {text}}}'
         if text is None:
             call.record = json.loads(call.record + "}")
             if call.stack is not None:
                 rec.put_stack(call.name, call.stack)
             return False
-        rec.put_text(call.name, f'{call.record}, "output": {text}}}', call.seq, call.stack,
-                     call.parent if self._construct else NO_PARENT)
+        rec.put_text(call.name, text, call.seq, call.stack, call.parent if self._construct else NO_PARENT)
         return True
 
     def _hook_outputs(self, call: Call, tensors: list) -> None:
