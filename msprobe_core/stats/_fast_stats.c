@@ -673,6 +673,7 @@ static int put_tensor(RecordTextObject *self, text_t *b, PyObject *t) {
     if (PyErr_Occurred()) { PyErr_Clear(); return put_fallback(self, b, t); }
     PyObject *key = PyLong_FromVoidPtr(t);
     if (key == NULL) return -1;
+    Py_ssize_t start = b->len;
     int rc = -1;
     EntryObject *e = NULL;
     PyObject *dtype = NULL;
@@ -700,8 +701,9 @@ static int put_tensor(RecordTextObject *self, text_t *b, PyObject *t) {
         int contiguous = code_obj != NULL ? tensor_flag(self, t, D_IS_CONTIGUOUS) : 0;
         if (contiguous < 0 || PyErr_Occurred()) goto done;
         if (code_obj == NULL || !contiguous) {  /* float16, a strided view: the Python route (a copy) */
-            rc = put_fallback(self, b, t);
-            goto done;
+            Py_DECREF(key);
+            Py_XDECREF(dtype);
+            return put_fallback(self, b, t);
         }
         long code = PyLong_AsLong(code_obj);
         if (code < 0 || code >= N_KERNELS) { rc = NO_TEXT; goto done; }
@@ -723,6 +725,7 @@ done:
     Py_XDECREF(dtype);
     if (rc < 0 && PyErr_Occurred() && PyErr_ExceptionMatches(PyExc_Exception)) {
         PyErr_Clear();  /* torch refused a question (a tensor without storage...): the Python route says why */
+        b->len = start;
         rc = put_fallback(self, b, t);
     }
     return rc;
