@@ -364,7 +364,8 @@ static PyObject *frame_key(PyObject *self, PyObject *const *args, Py_ssize_t nar
 #include <structmember.h>
 
 /* ======================================================================================== record text
- * The dump's forward records as JSON text, for the common case in one C call (``pytorch/record_text.py``):
+ * The dump's forward records as JSON text, for the common case in one C call (``Summarizer._record_text`` in
+ * ``pytorch/summarize.py``, used by ``dump/call_records.py``):
  * dense plain CPU tensors of the kernel's dtypes, summarized with their statistics once per tensor version.
  *
  *   Entry(ref, version, ptr)  -> what the summarizer knows of one tensor version (``pytorch/summarize.py``):
@@ -490,10 +491,16 @@ static int text_put_number(text_t *b, double v) {
 enum { D_VERSION, D_DATA_PTR, D_REQUIRES_GRAD, D_IS_CPU, D_LAYOUT, D_DTYPE, D_SHAPE, D_IS_CONTIGUOUS, D_IS_NEG,
        D_IS_ZERO, N_DESCR };
 
+/* RecordText's object fields (one list for the struct, the garbage collector's visit and the clearing) */
+#define RT_OBJECTS(X) X(cache) X(saved) X(combined) X(prefixes) X(prefix) X(fallback) X(encode_string) X(codes) \
+                      X(tensor) X(parameter) X(dtype_bool) X(strided) X(get_num_threads)
+#define RT_DECLARE(f) PyObject *f;
+#define RT_VISIT(f) Py_VISIT(self->f);
+#define RT_CLEAR(f) Py_CLEAR(self->f);
+
 typedef struct {
     PyObject_HEAD
-    PyObject *cache, *saved, *combined, *prefixes, *prefix, *fallback, *encode_string, *codes;
-    PyObject *tensor, *parameter, *dtype_bool, *strided, *get_num_threads;
+    RT_OBJECTS(RT_DECLARE)
     PyObject *descr[N_DESCR];
     int statistics;
     Py_ssize_t cache_size;
@@ -918,19 +925,13 @@ static PyObject *rt_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
 }
 
 static int rt_traverse(RecordTextObject *self, visitproc visit, void *arg) {
-    Py_VISIT(self->cache); Py_VISIT(self->saved); Py_VISIT(self->combined); Py_VISIT(self->prefixes);
-    Py_VISIT(self->prefix); Py_VISIT(self->fallback); Py_VISIT(self->encode_string); Py_VISIT(self->codes);
-    Py_VISIT(self->tensor); Py_VISIT(self->parameter); Py_VISIT(self->dtype_bool); Py_VISIT(self->strided);
-    Py_VISIT(self->get_num_threads);
+    RT_OBJECTS(RT_VISIT)
     for (int i = 0; i < N_DESCR; i++) Py_VISIT(self->descr[i]);
     return 0;
 }
 
 static int rt_clear(RecordTextObject *self) {
-    Py_CLEAR(self->cache); Py_CLEAR(self->saved); Py_CLEAR(self->combined); Py_CLEAR(self->prefixes);
-    Py_CLEAR(self->prefix); Py_CLEAR(self->fallback); Py_CLEAR(self->encode_string); Py_CLEAR(self->codes);
-    Py_CLEAR(self->tensor); Py_CLEAR(self->parameter); Py_CLEAR(self->dtype_bool); Py_CLEAR(self->strided);
-    Py_CLEAR(self->get_num_threads);
+    RT_OBJECTS(RT_CLEAR)
     for (int i = 0; i < N_DESCR; i++) Py_CLEAR(self->descr[i]);
     return 0;
 }
