@@ -320,6 +320,8 @@ static PyObject *buffer(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 }
 
 static PyObject *stats_many(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+static PyObject *append_row(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+static PyObject *append_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 
 static PyObject *frame_key(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 1) {
@@ -372,6 +374,10 @@ static PyMethodDef methods[] = {
      "copy_stats(dst, src, numel, code, eps, threads=1) -> stats(...) of src, copied to dst on the way"},
     {"stats", (PyCFunction)(void (*)(void))stats, METH_FASTCALL,
      "stats(address, numel, code, eps, threads=1) -> (max, min, sum, sum_of_squares, count |x|<=eps, count NaN)"},
+    {"append_row", (PyCFunction)(void (*)(void))append_row, METH_FASTCALL,
+     "append_row(raw, address, numel, code, eps, threads) -> row index: stats(...) and numel appended to bytearray raw"},
+    {"append_rows", (PyCFunction)(void (*)(void))append_rows, METH_FASTCALL,
+     "append_rows(raw, addresses, numels, codes, eps, threads) -> first row index: append_row of many buffers"},
     {NULL, NULL, 0, NULL},
 };
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fast_stats", "One-pass CPU tensor statistics.", -1,
@@ -452,6 +458,124 @@ done:
     PyMem_RawFree(p);
     PyMem_RawFree(n);
     PyMem_RawFree(code);
+    Py_XDECREF(ps);
+    Py_XDECREF(ns);
+    Py_XDECREF(cs);
+    return ret;
+}
+
+/* ---- the monitor's step rows: statistics appended to a bytearray, ROW_WIDTH doubles a buffer ----
+ *
+ *   append_row(raw, address, numel, code, eps, threads)        -> index of the row appended to raw
+ *   append_rows(raw, addresses, numels, codes, eps, threads)   -> index of the first of the rows appended
+ *
+ * raw: a bytearray holding rows of ROW_WIDTH doubles: stats()'s six values, then the element count (the
+ * monitor keeps a step's rows in one buffer and turns them into its ops once per step). One call per
+ * tensor (a forward or gradient hook) or per batch (weights, gradients, optimizer moments), no tuple
+ * made; the GIL is released only around buffers worth a thread. */
+#define ROW_WIDTH 7
+
+static int grow_rows(PyObject *raw, Py_ssize_t m, Py_ssize_t *first) {
+    if (!PyByteArray_Check(raw)) {
+        PyErr_SetString(PyExc_TypeError, "raw must be a bytearray");
+        return -1;
+    }
+    Py_ssize_t size = PyByteArray_GET_SIZE(raw), row_bytes = ROW_WIDTH * (Py_ssize_t)sizeof(double);
+    if (size % row_bytes != 0) {
+        PyErr_SetString(PyExc_ValueError, "raw must hold whole rows");
+        return -1;
+    }
+    if (PyByteArray_Resize(raw, size + m * row_bytes) < 0) return -1;
+    *first = size / row_bytes;
+    return 0;
+}
+
+static void reduce_row(const void *p, Py_ssize_t n, long code, double eps, int count, long threads, double *r) {
+    acc_t a;
+    KERNELS[code](p, n, eps, count, n >= PARALLEL_MIN && threads > 1 ? (int)threads : 1, &a);
+    put_row(a, count, r);
+    r[6] = (double)n;
+}
+
+static PyObject *append_row(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "append_row(raw, address, numel, code, eps, threads) takes 6 arguments");
+        return NULL;
+    }
+    void *p = PyLong_AsVoidPtr(args[1]);
+    Py_ssize_t n = PyLong_AsSsize_t(args[2]);
+    long code = PyLong_AsLong(args[3]);
+    double eps = PyFloat_AsDouble(args[4]);
+    long threads = PyLong_AsLong(args[5]);
+    int count;
+    if (parse_common(&code, &eps, &count, p, n) < 0) return NULL;
+    double r[ROW_WIDTH];
+    if (n >= PARALLEL_MIN) {
+        Py_BEGIN_ALLOW_THREADS
+        reduce_row(p, n, code, eps, count, threads, r);
+        Py_END_ALLOW_THREADS
+    } else {
+        reduce_row(p, n, code, eps, count, threads, r);
+    }
+    Py_ssize_t first;
+    if (grow_rows(args[0], 1, &first) < 0) return NULL;
+    memcpy((double *)PyByteArray_AS_STRING(args[0]) + first * ROW_WIDTH, r, sizeof(r));
+    return PyLong_FromSsize_t(first);
+}
+
+static PyObject *append_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "append_rows(raw, addresses, numels, codes, eps, threads) takes 6 arguments");
+        return NULL;
+    }
+    double eps = PyFloat_AsDouble(args[4]);
+    long threads = PyLong_AsLong(args[5]);
+    if (PyErr_Occurred()) return NULL;
+    PyObject *ps = PySequence_Fast(args[1], "addresses must be a sequence");
+    PyObject *ns = ps ? PySequence_Fast(args[2], "numels must be a sequence") : NULL;
+    PyObject *cs = ns ? PySequence_Fast(args[3], "codes must be a sequence") : NULL;
+    PyObject *ret = NULL;
+    void **p = NULL;
+    Py_ssize_t *n = NULL;
+    long *code = NULL;
+    double *r = NULL;
+    if (cs == NULL) goto done;
+    Py_ssize_t m = PySequence_Fast_GET_SIZE(ps);
+    if (PySequence_Fast_GET_SIZE(ns) != m || PySequence_Fast_GET_SIZE(cs) != m) {
+        PyErr_SetString(PyExc_ValueError, "addresses, numels and codes must have the same length");
+        goto done;
+    }
+    size_t slots = (size_t)(m ? m : 1);
+    p = PyMem_RawMalloc(slots * sizeof(void *));
+    n = PyMem_RawMalloc(slots * sizeof(Py_ssize_t));
+    code = PyMem_RawMalloc(slots * sizeof(long));
+    r = PyMem_RawMalloc(slots * ROW_WIDTH * sizeof(double));
+    if (p == NULL || n == NULL || code == NULL || r == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    int count = eps >= 0;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        double e = eps;
+        p[i] = PyLong_AsVoidPtr(PySequence_Fast_GET_ITEM(ps, i));
+        n[i] = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(ns, i));
+        code[i] = PyLong_AsLong(PySequence_Fast_GET_ITEM(cs, i));
+        if (parse_common(&code[i], &e, &count, p[i], n[i]) < 0) goto done;
+    }
+    if (!count) eps = 0.0;
+    /* reduced into r without the GIL, appended to raw with it (raw cannot move under the reduction) */
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < m; i++) reduce_row(p[i], n[i], code[i], eps, count, threads, r + ROW_WIDTH * i);
+    Py_END_ALLOW_THREADS
+    Py_ssize_t first;
+    if (grow_rows(args[0], m, &first) < 0) goto done;
+    memcpy((double *)PyByteArray_AS_STRING(args[0]) + first * ROW_WIDTH, r, (size_t)m * ROW_WIDTH * sizeof(double));
+    ret = PyLong_FromSsize_t(first);
+done:
+    PyMem_RawFree(p);
+    PyMem_RawFree(n);
+    PyMem_RawFree(code);
+    PyMem_RawFree(r);
     Py_XDECREF(ps);
     Py_XDECREF(ns);
     Py_XDECREF(cs);
