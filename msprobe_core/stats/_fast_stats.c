@@ -531,57 +531,28 @@ static PyObject *append_rows(PyObject *self, PyObject *const *args, Py_ssize_t n
         PyErr_SetString(PyExc_TypeError, "append_rows(raw, addresses, numels, codes, eps, threads) takes 6 arguments");
         return NULL;
     }
-    double eps = PyFloat_AsDouble(args[4]);
-    long threads = PyLong_AsLong(args[5]);
-    if (PyErr_Occurred()) return NULL;
-    PyObject *ps = PySequence_Fast(args[1], "addresses must be a sequence");
-    PyObject *ns = ps ? PySequence_Fast(args[2], "numels must be a sequence") : NULL;
-    PyObject *cs = ns ? PySequence_Fast(args[3], "codes must be a sequence") : NULL;
-    PyObject *ret = NULL;
-    void **p = NULL;
-    Py_ssize_t *n = NULL;
-    long *code = NULL;
-    double *r = NULL;
-    if (cs == NULL) goto done;
-    Py_ssize_t m = PySequence_Fast_GET_SIZE(ps);
-    if (PySequence_Fast_GET_SIZE(ns) != m || PySequence_Fast_GET_SIZE(cs) != m) {
-        PyErr_SetString(PyExc_ValueError, "addresses, numels and codes must have the same length");
-        goto done;
-    }
-    size_t slots = (size_t)(m ? m : 1);
-    p = PyMem_RawMalloc(slots * sizeof(void *));
-    n = PyMem_RawMalloc(slots * sizeof(Py_ssize_t));
-    code = PyMem_RawMalloc(slots * sizeof(long));
-    r = PyMem_RawMalloc(slots * ROW_WIDTH * sizeof(double));
-    if (p == NULL || n == NULL || code == NULL || r == NULL) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    int count = eps >= 0;
-    for (Py_ssize_t i = 0; i < m; i++) {
-        double e = eps;
-        p[i] = PyLong_AsVoidPtr(PySequence_Fast_GET_ITEM(ps, i));
-        n[i] = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(ns, i));
-        code[i] = PyLong_AsLong(PySequence_Fast_GET_ITEM(cs, i));
-        if (parse_common(&code[i], &e, &count, p[i], n[i]) < 0) goto done;
-    }
-    if (!count) eps = 0.0;
-    /* reduced into r without the GIL, appended to raw with it (raw cannot move under the reduction) */
-    Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < m; i++) reduce_row(p[i], n[i], code[i], eps, count, threads, r + ROW_WIDTH * i);
-    Py_END_ALLOW_THREADS
+    PyObject *ns = PySequence_Fast(args[2], "numels must be a sequence");
+    if (ns == NULL) return NULL;
+    Py_ssize_t m = PySequence_Fast_GET_SIZE(ns);
+    /* stats_many's rows (it checks the arguments and reduces without the GIL) into out, then appended to raw
+     * with their element counts */
+    PyObject *ret = NULL, *done_many = NULL, *out = PyByteArray_FromStringAndSize(NULL, m * 6 * (Py_ssize_t)sizeof(double));
+    if (out == NULL) goto done;
+    PyObject *many_args[6] = {args[1], ns, args[3], args[4], args[5], out};
+    done_many = stats_many(self, many_args, 6);
     Py_ssize_t first;
-    if (grow_rows(args[0], m, &first) < 0) goto done;
-    memcpy((double *)PyByteArray_AS_STRING(args[0]) + first * ROW_WIDTH, r, (size_t)m * ROW_WIDTH * sizeof(double));
+    if (done_many == NULL || grow_rows(args[0], m, &first) < 0) goto done;
+    const double *o = (const double *)PyByteArray_AS_STRING(out);
+    double *r = (double *)PyByteArray_AS_STRING(args[0]) + first * ROW_WIDTH;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        memcpy(r + ROW_WIDTH * i, o + 6 * i, 6 * sizeof(double));
+        r[ROW_WIDTH * i + 6] = (double)PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(ns, i));
+    }
     ret = PyLong_FromSsize_t(first);
 done:
-    PyMem_RawFree(p);
-    PyMem_RawFree(n);
-    PyMem_RawFree(code);
-    PyMem_RawFree(r);
-    Py_XDECREF(ps);
-    Py_XDECREF(ns);
-    Py_XDECREF(cs);
+    Py_XDECREF(done_many);
+    Py_XDECREF(out);
+    Py_DECREF(ns);
     return ret;
 }
 
