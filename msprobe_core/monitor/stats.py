@@ -23,7 +23,7 @@ from typing import Sequence
 
 import torch
 
-from msprobe_core.pytorch.tensor_stats import HOST_CODES, batched_stats, fast_cpu_stats, host_stats, raw_values
+from msprobe_core.pytorch.tensor_stats import HOST_CODES, batched_stats, fast_cpu_stats, host_stats, raw_real_values
 from msprobe_core.stats.kernel import KERNEL
 
 _NAN_PROXIES = ("min", "max", "norm", "mean")
@@ -59,7 +59,7 @@ class StatsEngine:
         a subclass, ...). A dense float CPU tensor goes straight to the kernel, anything else through
         ``host_stats``."""
         code = _KERNEL_FLOATS.get(t.dtype)
-        if code is not None and raw_values(t):
+        if code is not None and raw_real_values(t):  # float codes only: no conjugation
             return _append_row(raw, t.data_ptr(), t.numel(), code, self._count_eps, _get_num_threads())
         values = host_stats(t, self._count_eps)
         if values is None:
@@ -72,7 +72,7 @@ class StatsEngine:
         the others (for the device path). Dense float tensors all: one kernel call for the lot. ``counts``:
         the tensors' element counts, when known."""
         codes = [_KERNEL_FLOATS.get(t.dtype) for t in tensors]
-        if None not in codes and all(map(raw_values, tensors)):
+        if None not in codes and all(map(raw_real_values, tensors)):
             if counts is None:
                 counts = [t.numel() for t in tensors]
             _append_rows(raw, [t.data_ptr() for t in tensors], counts, codes, self._count_eps, _get_num_threads())
