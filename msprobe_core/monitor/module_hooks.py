@@ -215,10 +215,8 @@ class ActivationHooks(HookSet):
         self._micro: list[int] = []
         self._generation = 0
         """Bumped where call counts start over (``_Site.calls`` of an older generation count as 0)."""
-        # per step, by tensor identity (few objects the garbage collector tracks: this runs per tensor)
-        self._refs: dict[int, weakref.ref] = {}
-        self._fwd_slots: dict[int, Slot] = {}
-        self._bwd_hooks: dict[int, _GradHook] = {}
+        # per step, by tensor identity (one object the garbage collector tracks per tensor, and its weakref)
+        self._seen: dict[int, _Activation] = {}
         self._failed = False
 
     def install(self, chunks: Sequence[nn.Module], select: Callable[[str], IOSpec | None]) -> list[str]:
@@ -241,9 +239,7 @@ class ActivationHooks(HookSet):
         """Forget micro-batch counters and per-step tensor identities."""
         self._micro = [-1] * len(self._micro)
         self._generation += 1
-        self._refs.clear()
-        self._fwd_slots.clear()
-        self._bwd_hooks.clear()
+        self._seen.clear()
 
     # ------------------------------------------------------------------------------------------ hooks
     def _on_chunk_start(self, chunk: int, module: nn.Module, args: Any) -> None:
@@ -251,9 +247,7 @@ class ActivationHooks(HookSet):
             self._micro[chunk] += 1
             if chunk == 0:
                 self._generation += 1
-                self._refs.clear()
-                self._fwd_slots.clear()
-                self._bwd_hooks.clear()
+                self._seen.clear()
 
     def _on_forward(self, site: _Site, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
         if not module.training or not self.state.collecting or in_backward():
@@ -287,30 +281,25 @@ class ActivationHooks(HookSet):
             tensors += outs
             plan = site.plan(count, in_paths, out_paths)
         name = site.name
-        collector, slots, refs, grad_hooks = self.collector, self._fwd_slots, self._refs, self._bwd_hooks
+        collector, seen = self.collector, self._seen
         for i, fwd_name, bwd_name in plan:
             t = tensors[i]
             key = _identity(t)
-            ref = refs.get(key)
-            seen = ref is not None and ref() is t
-            if not seen:  # from now on it is (a dead tensor's identity may be reused: forget its slot and hook)
-                refs[key] = weakref.ref(t)
-                slots.pop(key, None)
-                grad_hooks.pop(key, None)
+            known = seen.get(key)
+            if known is None or known.ref() is not t:  # new (a dead tensor's identity may be reused)
+                known = seen[key] = _Activation(weakref.ref(t), self)
             requires_grad = t.requires_grad
             if fwd_name is not None:
-                where = slots.get(key) if seen else None
+                where = known.slot
                 alias = where is not None
                 if not alias:
-                    where = slots[key] = collector.slot(t)
+                    where = known.slot = collector.slot(t)
                 collector.add_entry(ACTV, fwd_name, name, micro, t.numel(), where, not requires_grad, alias)
             if bwd_name is not None and requires_grad:
-                hook = grad_hooks.get(key) if seen else None
-                if hook is not None:
-                    hook.names += ((bwd_name, name),)
+                if known.names:
+                    known.names += ((bwd_name, name),)
                 else:
-                    hook = grad_hooks[key] = _GradHook(self, micro, self.state, ((bwd_name, name),))
-                    _register_grad_hook(t, hook)
+                    known.hook_up(t, micro, self.state, ((bwd_name, name),))
 
 
 _HOOK_KEY = "msprobe_core.monitor"
@@ -330,19 +319,29 @@ def _register_grad_hook(t: torch.Tensor, hook: Callable[[torch.Tensor], None]) -
         t.register_hook(hook)
 
 
-class _GradHook:
-    """The gradient hook of one activation tensor: records the gradient's statistics under each of the
-    tensor's names and returns None (the gradient flows on untouched). One object per tensor and step."""
+class _Activation:
+    """An activation tensor seen this step: the slot of its statistics and, once a gradient name is asked for,
+    its gradient hook, which records the gradient's statistics under each of the tensor's names and returns
+    None (the gradient flows on untouched). One object per tensor and step."""
 
-    __slots__ = ("hooks", "micro", "state", "names")
+    __slots__ = ("ref", "hooks", "slot", "micro", "state", "names")
 
-    def __init__(self, hooks: ActivationHooks, micro: int, state: StepState, names: tuple[tuple[str, str], ...]):
+    def __init__(self, ref: weakref.ref, hooks: ActivationHooks):
+        self.ref = ref
+        """The tensor (weakly: its identity may be reused once it is gone)."""
         self.hooks = hooks
-        self.micro = micro
-        self.state = state
+        self.slot: Slot | None = None
+        """Where its forward statistics are (None: not computed)."""
+        self.micro = 0
+        self.state: StepState | None = None
         """The step that registered the hook: a gradient computed in a later one is not its business."""
-        self.names = names
-        """(row name, module) pairs (a tuple of strings: nothing for the garbage collector to track)."""
+        self.names: tuple[tuple[str, str], ...] = ()
+        """(row name, module) pairs of its gradient (a tuple of strings: nothing for the garbage collector)."""
+
+    def hook_up(self, t: torch.Tensor, micro: int, state: StepState, names: tuple[tuple[str, str], ...]) -> None:
+        """Register this object as ``t``'s gradient hook, recording under ``names``."""
+        self.micro, self.state, self.names = micro, state, names
+        _register_grad_hook(t, self)
 
     def __call__(self, grad: torch.Tensor) -> None:
         hooks = self.hooks
