@@ -4,10 +4,11 @@ Hooks and readers call ``record`` (or ``slot``/``compute`` and ``add_entry``/``a
 are computed right away (so an in-place change made later in the step cannot alter them). Each computed
 row lives in a *slot*:
 
-* a CPU tensor the one-pass kernel reads gives the kernel's six host floats at once (``StatsEngine.raw_row``
-  for one tensor, ``StatsEngine.raw_rows``, one kernel call, for a batch), no torch call and no tensor
-  made: its slot is an ``int``, the index of its row in the step's host values, which stay the kernel's
-  raw sums until ``finalize`` turns them into the ``ops`` for the whole step at once (a column at a time);
+* a CPU tensor the one-pass kernel reads gets its row of host floats appended to the step's buffer by the
+  kernel (``StatsEngine.append_row`` for one tensor, ``StatsEngine.append_rows``, one kernel call, for a
+  batch), no torch call and no tensor made: its slot is an ``int``, the index of its row, which stays the
+  kernel's raw sums until ``finalize`` turns them into the ``ops`` for the whole step at once (a column at
+  a time);
 * any other tensor (an accelerator's, or a CPU tensor the kernel cannot read) is summarised on its device
   into a ``[n, len(ops)]`` block; its slot is ``(device, row)``. ``finalize`` concatenates every block of
   a device and copies it to the host in one transfer.
@@ -18,7 +19,7 @@ place of ``values``, until ``finalize`` puts the values in and makes the ``Metri
 time, sliced out of the list).
 
 Hooks call in here thousands of times a step while the model's activations are alive, so nothing here
-makes an object Python's garbage collector tracks: host values go into flat ``array``s and entries' fields
+makes an object Python's garbage collector tracks: host values go into one ``bytearray`` and entries' fields
 into one flat list. (Each tracked object made counts towards the next collection; collections in the middle
 of a forward promote the model's activations to older generations and so bring on full collections of
 the whole heap.)
@@ -26,7 +27,6 @@ the whole heap.)
 
 from __future__ import annotations
 
-from array import array
 from functools import partial
 from itertools import chain, compress, repeat
 from math import isfinite
@@ -35,7 +35,7 @@ from typing import Iterable, Sequence, Union
 import torch
 
 from msprobe_core.monitor.records import MetricRow, stage_of
-from msprobe_core.monitor.stats import StatsEngine
+from msprobe_core.monitor.stats import RAW_WIDTH, StatsEngine
 from msprobe_core.pytorch.native_shards import local_view
 
 Slot = Union[int, "tuple[torch.device, int]"]
@@ -45,6 +45,7 @@ _PLAIN = (torch.Tensor, torch.nn.Parameter)
 _make_row = partial(tuple.__new__, MetricRow)
 _FIELDS = len(MetricRow._fields) - 1  # an entry: MetricRow's fields less call_id
 _SLOT = 5  # where an entry's slot (in place of MetricRow.values) is
+_ROW_BYTES = RAW_WIDTH * 8  # a host row in StepCollector._raw
 
 
 class StepCollector:
@@ -53,10 +54,8 @@ class StepCollector:
     def __init__(self, engine: StatsEngine):
         """``engine``: the statistics (at least one op, as the config requires)."""
         self.engine = engine
-        self._raw = array("d")
-        """The host rows' kernel values (``StatsEngine.raw_row``), ``stats.RAW_WIDTH`` a row."""
-        self._numels = array("d")
-        """The element count of each host row."""
+        self._raw = bytearray()
+        """The host rows (``StatsEngine.append_row``), ``stats.RAW_WIDTH`` doubles a row."""
         self._blocks: dict[torch.device, list[torch.Tensor]] = {}
         self._rows: dict[torch.device, int] = {}
         self._entries: list = []
@@ -72,12 +71,9 @@ class StepCollector:
         if type(t) not in _PLAIN:
             t = local_view(t)
         if self.engine.host_rows:
-            values = self.engine.raw_row(t)
-            if values is not None:
-                self._raw.extend(values)
-                numels = self._numels
-                numels.append(t.numel())
-                return len(numels) - 1
+            row = self.engine.append_row(self._raw, t)
+            if row is not None:
+                return row
         return self._device_slots([t])[0]
 
     def compute(self, tensors: Sequence[torch.Tensor], numels: Sequence[int] | None = None) -> list[Slot]:
@@ -89,10 +85,10 @@ class StepCollector:
             numels = None
         if not self.engine.host_rows:
             return self._device_slots(tensors)
-        base = len(self._numels)
-        rest = self.engine.raw_rows(tensors, self._raw, self._numels, numels)
+        base = len(self._raw) // _ROW_BYTES
+        rest = self.engine.append_rows(self._raw, tensors, numels)
         if not rest:
-            return list(range(base, len(self._numels)))
+            return list(range(base, len(self._raw) // _ROW_BYTES))
         where: list[Slot] = []
         row = base
         skip = iter(rest)
@@ -170,7 +166,7 @@ class StepCollector:
     def _values(self) -> tuple[list[tuple[float, ...]], dict[torch.device, list[tuple[float, ...]]]]:
         """Every host row in ``ops`` order rounded to float32, and every device block copied to the host (one
         copy per device); rows as tuples of floats (which the garbage collector stops tracking)."""
-        host = list(zip(*self.engine.columns(self._raw, self._numels))) if self._numels else []
+        host = list(zip(*self.engine.columns(self._raw))) if self._raw else []
         width = len(self.engine.ops)
         devices: dict[torch.device, list[tuple[float, ...]]] = {}
         for device, blocks in self._blocks.items():
@@ -216,7 +212,6 @@ class StepCollector:
 
     def reset(self) -> None:
         del self._raw[:]
-        del self._numels[:]
         self._blocks.clear()
         self._rows.clear()
         self._entries.clear()

@@ -108,8 +108,10 @@ class TorchStateReader(StateReader):
         out: dict[str, dict[str, torch.Tensor]] = {}
         if not state:
             return out
+        # torch's state is keyed by the parameters: looked up by identity, without a Python Tensor.__hash__ each
+        by_id = {id(p): s for p, s in state.items()} if isinstance(state, dict) else None
         for name, p in params.items():
-            s = state.get(p)
+            s = by_id.get(id(p)) if by_id is not None else state.get(p)
             if not s:
                 continue
             for key, kind in STATE_KINDS.items():

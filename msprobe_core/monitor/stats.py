@@ -6,10 +6,11 @@ NaN (each of them propagates NaN), so on the CPU, where reading a few numbers ba
 count is only computed for rows where one of those is not finite. The result is exact. On accelerators
 the count is computed with the rest (no host sync). Statistics of sharded tensors: ``shard_stats``.
 
-``StatsEngine.raw_row`` (one tensor) and ``StatsEngine.raw_rows`` (a batch, one kernel call) are the
-monitor's path for CPU tensors the one-pass kernel reads: the kernel's host floats, no tensor made (the
-monitor calls them thousands of times a step); ``StatsEngine.columns`` turns a step's worth of them into
-the ``ops`` at once, a column at a time.
+``StatsEngine.append_row`` (one tensor) and ``StatsEngine.append_rows`` (a batch, one kernel call) are the
+monitor's path for CPU tensors the one-pass kernel reads: the kernel's host floats appended to the step's
+``bytearray`` by the kernel itself, no tensor and no Python float made (the monitor calls them thousands of
+times a step); ``StatsEngine.columns`` turns a step's worth of them into the ``ops`` at once, a column at a
+time.
 """
 
 from __future__ import annotations
@@ -17,18 +18,22 @@ from __future__ import annotations
 from array import array
 from itertools import repeat
 from operator import truediv
+from struct import Struct
 from typing import Sequence
 
 import torch
 
-from msprobe_core.pytorch.tensor_stats import (HOST_CODES, batched_stats, fast_cpu_stats, host_stats, raw_values,
-                                               threads_for)
+from msprobe_core.pytorch.tensor_stats import HOST_CODES, batched_stats, fast_cpu_stats, host_stats, raw_real_values
 from msprobe_core.stats.kernel import KERNEL
 
 _NAN_PROXIES = ("min", "max", "norm", "mean")
-RAW_WIDTH = 6
-"""Host floats per tensor from the kernel: max, min, sum, sum of squares, zeros, NaNs."""
-_stats_many = getattr(KERNEL, "stats_many", None)
+RAW_WIDTH = 7
+"""Host floats per tensor row: the kernel's max, min, sum, sum of squares, zeros and NaNs, then the element
+count."""
+_ROW = Struct(f"{RAW_WIDTH}d")
+_append_row = getattr(KERNEL, "append_row", None)
+_append_rows = getattr(KERNEL, "append_rows", None)
+_get_num_threads = torch.get_num_threads
 # the float types tensor_stats.host_stats hands the kernel without a conversion, with their dtype codes
 _KERNEL_FLOATS = {dtype: HOST_CODES[dtype] for dtype in (torch.float32, torch.float64, torch.bfloat16)}
 
@@ -44,69 +49,56 @@ class StatsEngine:
         self._nans_at = self.ops.index("nans") if "nans" in self.ops else -1
         self._proxy_cols = [self._other_ops.index(op) for op in _NAN_PROXIES if op in self._other_ops]
         self._count_eps = self.eps if "zeros" in self.ops else -1.0
-        self.host_rows = fast_cpu_stats()
-        """CPU tensors are summarised on the host by the one-pass kernel (``raw_row``, ``raw_rows``)."""
-        self._row = array("d", bytes(RAW_WIDTH * 8))
+        self.host_rows = fast_cpu_stats() and _append_rows is not None
+        """CPU tensors are summarised on the host by the one-pass kernel (``append_row``, ``append_rows``)."""
 
-    def raw_row(self, t: torch.Tensor) -> Sequence[float] | None:
-        """The kernel's host floats (max, min, sum, sum of squares, zeros, NaNs; ``columns`` makes the ``ops``
-        of them) of one non-empty CPU tensor, valid until the next call (copy them out); None where the
-        kernel does not apply (no kernel, another device, a subclass, ...). A dense float CPU tensor goes
-        straight to the kernel, anything else through ``host_stats``."""
+    def append_row(self, raw: bytearray, t: torch.Tensor) -> int | None:
+        """Append the host row (``RAW_WIDTH`` doubles: max, min, sum, sum of squares, zeros, NaNs, element
+        count; ``columns`` makes the ``ops`` of them) of one non-empty CPU tensor to ``raw``; returns its
+        index, or None, with nothing appended, where the kernel does not apply (no kernel, another device,
+        a subclass, ...). A dense float CPU tensor goes straight to the kernel, anything else through
+        ``host_stats``."""
         code = _KERNEL_FLOATS.get(t.dtype)
-        if code is not None and raw_values(t):
-            n = t.numel()
-            if _stats_many is None:
-                return KERNEL.stats(t.data_ptr(), n, code, self._count_eps, threads_for(n))
-            # one buffer through stats_many: no OpenMP region around a small one
-            _stats_many((t.data_ptr(),), (n,), (code,), self._count_eps, threads_for(n), self._row)
-            return self._row
-        return host_stats(t, self._count_eps)
+        if code is not None and raw_real_values(t):  # float codes only: no conjugation
+            return _append_row(raw, t.data_ptr(), t.numel(), code, self._count_eps, _get_num_threads())
+        values = host_stats(t, self._count_eps)
+        if values is None:
+            return None
+        raw += _ROW.pack(*values, t.numel())
+        return len(raw) // _ROW.size - 1
 
-    def raw_rows(self, tensors: Sequence[torch.Tensor], raw: array, numels: array,
-                 counts: Sequence[int] | None = None) -> list[int]:
-        """``raw_row`` of each of non-empty ``tensors`` the kernel reads, appended to ``raw`` (``RAW_WIDTH``
-        floats a tensor) and their element counts to ``numels``, in order; returns the positions of the
-        others (for the device path). Dense float tensors all: one kernel call for the lot. ``counts``:
+    def append_rows(self, raw: bytearray, tensors: Sequence[torch.Tensor], counts: Sequence[int] | None = None) -> list[int]:
+        """``append_row`` of each of non-empty ``tensors`` the kernel reads, in order; returns the positions of
+        the others (for the device path). Dense float tensors all: one kernel call for the lot. ``counts``:
         the tensors' element counts, when known."""
         codes = [_KERNEL_FLOATS.get(t.dtype) for t in tensors]
-        if _stats_many is not None and None not in codes and all(map(raw_values, tensors)):
+        if None not in codes and all(map(raw_real_values, tensors)):
             if counts is None:
                 counts = [t.numel() for t in tensors]
-            start = len(raw)
-            raw.frombytes(bytes(RAW_WIDTH * raw.itemsize * len(tensors)))
-            with memoryview(raw) as view:
-                _stats_many([t.data_ptr() for t in tensors], counts, codes, self._count_eps,
-                            threads_for(max(counts, default=0)), view[start:])
-            numels.extend(counts)
+            _append_rows(raw, [t.data_ptr() for t in tensors], counts, codes, self._count_eps, _get_num_threads())
             return []
-        rest = []
-        for i, t in enumerate(tensors):
-            values = self.raw_row(t)
-            if values is None:
-                rest.append(i)
-            else:
-                raw.extend(values)
-                numels.append(t.numel())
-        return rest
+        return [i for i, t in enumerate(tensors) if self.append_row(raw, t) is None]
 
-    def columns(self, raw: array, numels: array) -> list[array]:
-        """The ``ops`` of the rows ``raw_rows`` made (``numels``: their element counts), a float32 column per
-        op in ``ops`` order (the numbers ``compute`` gives)."""
+    def columns(self, raw: bytearray) -> list[array]:
+        """The ``ops`` of the rows ``append_row``/``append_rows`` made, a float32 column per op in ``ops`` order
+        (the numbers ``compute`` gives)."""
+        rows = array("d")
+        rows.frombytes(raw)
+        numels = rows[6::RAW_WIDTH]
         made = {}
         for op in self.ops:
             if op == "min":
-                made[op] = raw[1::RAW_WIDTH]
+                made[op] = rows[1::RAW_WIDTH]
             elif op == "max":
-                made[op] = raw[0::RAW_WIDTH]
+                made[op] = rows[0::RAW_WIDTH]
             elif op == "norm":
-                made[op] = map(pow, raw[3::RAW_WIDTH], repeat(0.5))
+                made[op] = map(pow, rows[3::RAW_WIDTH], repeat(0.5))
             elif op == "mean":
-                made[op] = map(truediv, raw[2::RAW_WIDTH], numels)
+                made[op] = map(truediv, rows[2::RAW_WIDTH], numels)
             elif op == "zeros":
-                made[op] = map(truediv, raw[4::RAW_WIDTH], numels)
+                made[op] = map(truediv, rows[4::RAW_WIDTH], numels)
             else:
-                made[op] = raw[5::RAW_WIDTH]
+                made[op] = rows[5::RAW_WIDTH]
         return [array("f", made[op]) for op in self.ops]
 
     @torch.no_grad()

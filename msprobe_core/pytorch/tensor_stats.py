@@ -68,8 +68,13 @@ def _kernel_reads(t: torch.Tensor) -> bool:
 def raw_values(t: torch.Tensor) -> bool:
     """Does ``t``'s memory, read from its data pointer, hold its values in row-major order (a contiguous,
     dense, plain CPU tensor without a lazy negation or conjugation)?"""
+    return raw_real_values(t) and not t.is_conj()
+
+
+def raw_real_values(t: torch.Tensor) -> bool:
+    """``raw_values`` of a tensor of a real dtype (which never carries a lazy conjugation)."""
     return (t.is_cpu and type(t) in _PLAIN_TYPES and t.layout is _strided and t.is_contiguous()
-            and not t.is_neg() and not t.is_conj() and not t._is_zerotensor())
+            and not t.is_neg() and not t._is_zerotensor())
 
 
 def copy_host_stats(dst_address: int, t: torch.Tensor, eps: float = -1.0) -> Optional[tuple[float, ...]]:

@@ -320,6 +320,9 @@ static PyObject *buffer(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 }
 
 static PyObject *stats_many(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+static PyObject *append_row(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+static PyObject *append_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+static PyObject *csv_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 
 static PyObject *frame_key(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 1) {
@@ -986,6 +989,12 @@ static PyMethodDef methods[] = {
      "copy_stats(dst, src, numel, code, eps, threads=1) -> stats(...) of src, copied to dst on the way"},
     {"stats", (PyCFunction)(void (*)(void))stats, METH_FASTCALL,
      "stats(address, numel, code, eps, threads=1) -> (max, min, sum, sum_of_squares, count |x|<=eps, count NaN)"},
+    {"append_row", (PyCFunction)(void (*)(void))append_row, METH_FASTCALL,
+     "append_row(raw, address, numel, code, eps, threads) -> row index: stats(...) and numel appended to bytearray raw"},
+    {"append_rows", (PyCFunction)(void (*)(void))append_rows, METH_FASTCALL,
+     "append_rows(raw, addresses, numels, codes, eps, threads) -> first row index: append_row of many buffers"},
+    {"csv_rows", (PyCFunction)(void (*)(void))csv_rows, METH_FASTCALL,
+     "csv_rows(heads, middle, tails, values, width, ndigits) -> str: the monitor's csv lines, values as '%.{ndigits}g'"},
     {NULL, NULL, 0, NULL},
 };
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fast_stats", "One-pass CPU tensor statistics.", -1,
@@ -1073,5 +1082,167 @@ done:
     Py_XDECREF(ps);
     Py_XDECREF(ns);
     Py_XDECREF(cs);
+    return ret;
+}
+
+/* ---- the monitor's step rows: statistics appended to a bytearray, ROW_WIDTH doubles a buffer ----
+ *
+ *   append_row(raw, address, numel, code, eps, threads)        -> index of the row appended to raw
+ *   append_rows(raw, addresses, numels, codes, eps, threads)   -> index of the first of the rows appended
+ *
+ * raw: a bytearray holding rows of ROW_WIDTH doubles: stats()'s six values, then the element count (the
+ * monitor keeps a step's rows in one buffer and turns them into its ops once per step). One call per
+ * tensor (a forward or gradient hook) or per batch (weights, gradients, optimizer moments), no tuple
+ * made; the GIL is released only around buffers worth a thread. */
+#define ROW_WIDTH 7
+
+static int grow_rows(PyObject *raw, Py_ssize_t m, Py_ssize_t *first) {
+    if (!PyByteArray_Check(raw)) {
+        PyErr_SetString(PyExc_TypeError, "raw must be a bytearray");
+        return -1;
+    }
+    Py_ssize_t size = PyByteArray_GET_SIZE(raw), row_bytes = ROW_WIDTH * (Py_ssize_t)sizeof(double);
+    if (size % row_bytes != 0) {
+        PyErr_SetString(PyExc_ValueError, "raw must hold whole rows");
+        return -1;
+    }
+    if (PyByteArray_Resize(raw, size + m * row_bytes) < 0) return -1;
+    *first = size / row_bytes;
+    return 0;
+}
+
+static void reduce_row(const void *p, Py_ssize_t n, long code, double eps, int count, long threads, double *r) {
+    acc_t a;
+    KERNELS[code](p, n, eps, count, n >= PARALLEL_MIN && threads > 1 ? (int)threads : 1, &a);
+    put_row(a, count, r);
+    r[6] = (double)n;
+}
+
+static PyObject *append_row(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "append_row(raw, address, numel, code, eps, threads) takes 6 arguments");
+        return NULL;
+    }
+    void *p = PyLong_AsVoidPtr(args[1]);
+    Py_ssize_t n = PyLong_AsSsize_t(args[2]);
+    long code = PyLong_AsLong(args[3]);
+    double eps = PyFloat_AsDouble(args[4]);
+    long threads = PyLong_AsLong(args[5]);
+    int count;
+    if (parse_common(&code, &eps, &count, p, n) < 0) return NULL;
+    double r[ROW_WIDTH];
+    if (n >= PARALLEL_MIN) {
+        Py_BEGIN_ALLOW_THREADS
+        reduce_row(p, n, code, eps, count, threads, r);
+        Py_END_ALLOW_THREADS
+    } else {
+        reduce_row(p, n, code, eps, count, threads, r);
+    }
+    Py_ssize_t first;
+    if (grow_rows(args[0], 1, &first) < 0) return NULL;
+    memcpy((double *)PyByteArray_AS_STRING(args[0]) + first * ROW_WIDTH, r, sizeof(r));
+    return PyLong_FromSsize_t(first);
+}
+
+static PyObject *append_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "append_rows(raw, addresses, numels, codes, eps, threads) takes 6 arguments");
+        return NULL;
+    }
+    PyObject *ns = PySequence_Fast(args[2], "numels must be a sequence");
+    if (ns == NULL) return NULL;
+    Py_ssize_t m = PySequence_Fast_GET_SIZE(ns);
+    /* stats_many's rows (it checks the arguments and reduces without the GIL) into out, then appended to raw
+     * with their element counts */
+    PyObject *ret = NULL, *done_many = NULL, *out = PyByteArray_FromStringAndSize(NULL, m * 6 * (Py_ssize_t)sizeof(double));
+    if (out == NULL) goto done;
+    PyObject *many_args[6] = {args[1], ns, args[3], args[4], args[5], out};
+    done_many = stats_many(self, many_args, 6);
+    Py_ssize_t first;
+    if (done_many == NULL || grow_rows(args[0], m, &first) < 0) goto done;
+    const double *o = (const double *)PyByteArray_AS_STRING(out);
+    double *r = (double *)PyByteArray_AS_STRING(args[0]) + first * ROW_WIDTH;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        memcpy(r + ROW_WIDTH * i, o + 6 * i, 6 * sizeof(double));
+        r[ROW_WIDTH * i + 6] = (double)PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(ns, i));
+    }
+    ret = PyLong_FromSsize_t(first);
+done:
+    Py_XDECREF(done_many);
+    Py_XDECREF(out);
+    Py_DECREF(ns);
+    return ret;
+}
+
+/* csv_rows(heads, middle, tails, values, width, ndigits) -> str: the monitor's csv lines of one kind at one
+ * step, line i being heads[i] + middle + tails[i] (tails None: nothing) + ",v" for each of its `width`
+ * floats of `values` (a flat list or tuple) + "\r\n". Each float as Python's "%.{ndigits}g" % v writes it
+ * (the same PyOS_double_to_string call: the same bytes, inf, -inf and nan included), without Python's
+ * format machinery per value (tens of thousands of values a step). */
+typedef struct { char *p; size_t len, cap; } text_t;
+
+static int text_add(text_t *t, const char *s, size_t n) {
+    if (t->len + n > t->cap) {
+        size_t cap = t->cap ? t->cap : 4096;
+        while (cap < t->len + n) cap *= 2;
+        char *grown = PyMem_Realloc(t->p, cap);
+        if (grown == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        t->p = grown;
+        t->cap = cap;
+    }
+    memcpy(t->p + t->len, s, n);
+    t->len += n;
+    return 0;
+}
+
+static int text_add_str(text_t *t, PyObject *s) {
+    Py_ssize_t n;
+    const char *u = PyUnicode_AsUTF8AndSize(s, &n);
+    return u == NULL ? -1 : text_add(t, u, (size_t)n);
+}
+
+static PyObject *csv_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "csv_rows(heads, middle, tails, values, width, ndigits) takes 6 arguments");
+        return NULL;
+    }
+    Py_ssize_t width = PyLong_AsSsize_t(args[4]);
+    long ndigits = PyLong_AsLong(args[5]);
+    if (PyErr_Occurred()) return NULL;
+    PyObject *heads = PySequence_Fast(args[0], "heads must be a sequence");
+    PyObject *tails = heads && args[2] != Py_None ? PySequence_Fast(args[2], "tails must be a sequence") : NULL;
+    PyObject *values = heads && (args[2] == Py_None || tails) ? PySequence_Fast(args[3], "values must be a sequence") : NULL;
+    PyObject *ret = NULL;
+    text_t t = {NULL, 0, 0};
+    if (values == NULL) goto done;
+    Py_ssize_t m = PySequence_Fast_GET_SIZE(heads);
+    if ((tails && PySequence_Fast_GET_SIZE(tails) != m) || width < 0 || PySequence_Fast_GET_SIZE(values) != m * width) {
+        PyErr_SetString(PyExc_ValueError, "csv_rows: heads, tails and values (width per line) disagree");
+        goto done;
+    }
+    PyObject **v = PySequence_Fast_ITEMS(values);
+    for (Py_ssize_t i = 0; i < m; i++) {
+        if (text_add_str(&t, PySequence_Fast_GET_ITEM(heads, i)) < 0 || text_add_str(&t, args[1]) < 0) goto done;
+        if (tails && text_add_str(&t, PySequence_Fast_GET_ITEM(tails, i)) < 0) goto done;
+        for (Py_ssize_t j = 0; j < width; j++) {
+            double x = PyFloat_AsDouble(v[i * width + j]);
+            if (x == -1.0 && PyErr_Occurred()) goto done;
+            char *s = PyOS_double_to_string(x, 'g', (int)ndigits, 0, NULL);
+            if (s == NULL) goto done;
+            int bad = text_add(&t, ",", 1) < 0 || text_add(&t, s, strlen(s)) < 0;
+            PyMem_Free(s);
+            if (bad) goto done;
+        }
+        if (text_add(&t, "\r\n", 2) < 0) goto done;
+    }
+    ret = PyUnicode_DecodeUTF8(t.p ? t.p : "", (Py_ssize_t)t.len, "strict");
+done:
+    PyMem_Free(t.p);
+    Py_XDECREF(heads);
+    Py_XDECREF(tails);
+    Py_XDECREF(values);
     return ret;
 }

@@ -17,6 +17,9 @@ from typing import IO, Sequence
 
 from msprobe_core.monitor.records import MetricRow
 from msprobe_core.monitor.writers.base import MetricWriter, WriterContext
+from msprobe_core.stats.kernel import KERNEL
+
+_csv_rows = getattr(KERNEL, "csv_rows", None)
 
 
 _STEP = "\0"
@@ -48,6 +51,9 @@ class CsvWriter(MetricWriter):
         self._templates: dict[str, tuple[tuple, str | None]] = {}
         """Per kind: the key (names, micro-steps, widths) of its last lines and their template (None: made
         per step)."""
+        self._heads: dict[str, tuple[tuple, list[str], list[str] | None]] = {}
+        """Per kind, for the kernel's ``csv_rows``: the key of its last lines, their starts (the name field
+        and a comma) and what follows the step (the micro_step column, or None)."""
 
     def write(self, step: int, rows: Sequence[MetricRow]) -> None:
         # A kind's lines are one %-format of all its values ("%.Ng" is "{:.Ng}" for every float, nan and inf
@@ -70,6 +76,13 @@ class CsvWriter(MetricWriter):
         values = list(map(_values_of, rows))
         key = (tuple(map(_name_of, rows)), tuple(map(_micro_of, rows)) if with_micro else None,
                tuple(map(len, values)))
+        if _csv_rows is not None and len(set(key[2])) == 1:  # every row as wide: the kernel writes the lot
+            heads = self._heads.get(kind)
+            if heads is None or heads[0] != key:
+                heads = self._heads[kind] = (key, [_field(name) + "," for name in key[0]],
+                                             None if key[1] is None else [f",{-1 if m is None else m}" for m in key[1]])
+            return _csv_rows(heads[1], str(step), heads[2], list(chain.from_iterable(values)), key[2][0],
+                             self.context.ndigits)
         made = self._templates.get(kind)
         if made is None or made[0] != key:
             steady = not any(_STEP in name for name in key[0])  # else a name holds the step mark (a NUL)

@@ -18,6 +18,7 @@ from msprobe_core.monitor.gc_pause import gc_paused
 from msprobe_core.monitor.records import MetricRow
 from msprobe_core.monitor.stats import StatsEngine
 from msprobe_core.monitor.writers.base import WriterContext
+from msprobe_core.monitor.writers import csv_writer
 from msprobe_core.monitor.writers.csv_writer import CsvWriter, _field
 
 OPS = ("min", "max", "norm", "mean", "zeros", "nans")
@@ -63,10 +64,9 @@ def test_kernel_rows_equal_the_device_path_after_float32_rounding(ops):
     assert repr(got) == repr(want)  # nan-aware and bit for bit
 
 
-@pytest.mark.parametrize("eps", [1e-8, -1.0])
-def test_stats_many_gives_what_stats_gives_for_each_buffer(eps):
-    from array import array
-
+def _kernel_buffers():
+    """The kernel, and float32/bfloat16/float64 buffers of sizes around its block and thread limits, each with
+    a NaN, an Inf, a zero or a one; their dtype codes."""
     from msprobe_core.stats.kernel import KERNEL
     if KERNEL is None:
         pytest.skip("the one-pass kernel is not built")
@@ -77,15 +77,55 @@ def test_stats_many_gives_what_stats_gives_for_each_buffer(eps):
         t[n // 2] = [math.nan, math.inf, 0.0, -math.inf, 1.0][i % 5]
         tensors += [t, t.to(torch.bfloat16), t.to(torch.float64)]
     codes = [{torch.float32: 0, torch.float64: 1, torch.bfloat16: 2}[t.dtype] for t in tensors]
+    return KERNEL, tensors, codes
+
+
+@pytest.mark.parametrize("eps", [1e-8, -1.0])
+def test_stats_many_gives_what_stats_gives_for_each_buffer(eps):
+    from array import array
+
+    kernel, tensors, codes = _kernel_buffers()
     out = array("d", bytes(48 * len(tensors)))
-    KERNEL.stats_many([t.data_ptr() for t in tensors], [t.numel() for t in tensors], codes, eps, 2, out)
+    kernel.stats_many([t.data_ptr() for t in tensors], [t.numel() for t in tensors], codes, eps, 2, out)
     for i, (t, code) in enumerate(zip(tensors, codes)):
-        want = KERNEL.stats(t.data_ptr(), t.numel(), code, eps, 2)
+        want = kernel.stats(t.data_ptr(), t.numel(), code, eps, 2)
         assert repr(tuple(out[6 * i:6 * i + 6])) == repr(want)  # nan-aware and bit for bit
     with pytest.raises(ValueError, match="same length"):
-        KERNEL.stats_many([tensors[0].data_ptr()], [], [], eps, 1, out)
+        kernel.stats_many([tensors[0].data_ptr()], [], [], eps, 1, out)
     with pytest.raises(ValueError, match="needed"):
-        KERNEL.stats_many([tensors[0].data_ptr()], [1], [0], eps, 1, array("d"))
+        kernel.stats_many([tensors[0].data_ptr()], [1], [0], eps, 1, array("d"))
+
+
+@pytest.mark.parametrize("eps", [1e-8, -1.0])
+def test_appended_rows_are_what_stats_gives_and_the_element_count(eps):
+    from array import array
+
+    kernel, tensors, codes = _kernel_buffers()
+    raw = bytearray()
+    assert kernel.append_row(raw, tensors[0].data_ptr(), tensors[0].numel(), codes[0], eps, 2) == 0
+    assert kernel.append_rows(raw, [t.data_ptr() for t in tensors], [t.numel() for t in tensors], codes, eps, 2) == 1
+    assert kernel.append_rows(raw, [], [], [], eps, 2) == len(tensors) + 1
+    rows = array("d")
+    rows.frombytes(raw)
+    for i, (t, code) in enumerate(zip([tensors[0], *tensors], [codes[0], *codes])):
+        want = kernel.stats(t.data_ptr(), t.numel(), code, eps, 2) + (float(t.numel()),)
+        assert repr(tuple(rows[7 * i:7 * i + 7])) == repr(want)  # nan-aware and bit for bit
+    with pytest.raises(TypeError, match="bytearray"):
+        kernel.append_row(array("d"), tensors[0].data_ptr(), 1, 0, eps, 1)
+    with pytest.raises(ValueError, match="same length"):
+        kernel.append_rows(raw, [tensors[0].data_ptr()], [], [], eps, 1)
+
+
+def test_csv_rows_writes_what_percent_g_writes():
+    kernel = _kernel_buffers()[0]
+    values = [0.0, -0.0, 1.5, math.inf, -math.inf, math.nan, -math.nan, 1e-300, 123456789.0, 3.4e38, 1e-45, 0.1]
+    heads = ["a,", '"b,c",']
+    for tails in (None, [",0", ",-1"]):
+        want = "".join(h + "9" + (tails[i] if tails else "") + "".join(",%.5g" % v for v in values[6 * i:6 * i + 6])
+                       + "\r\n" for i, h in enumerate(heads))
+        assert kernel.csv_rows(heads, "9", tails, values, 6, 5) == want
+    with pytest.raises(ValueError, match="disagree"):
+        kernel.csv_rows(heads, "9", None, values, 5, 5)
 
 
 def test_has_nonfinite_and_recorded_look_at_the_stages_asked():
@@ -104,7 +144,10 @@ def test_csv_fields_are_quoted_as_csv_writer_quotes_them(name):
     assert _field(name) + ",3,1.5\r\n" == out.getvalue()
 
 
-def test_csv_writer_writes_the_bytes_csv_writer_would(tmp_path):
+@pytest.mark.parametrize("kernel", [True, False])
+def test_csv_writer_writes_the_bytes_csv_writer_would(tmp_path, monkeypatch, kernel):
+    if not kernel:
+        monkeypatch.setattr(csv_writer, "_csv_rows", None)
     w = CsvWriter(WriterContext(rank_dir=tmp_path, ops=("min", "norm"), ndigits=4, with_micro=True))
     rows = [MetricRow("actv", "l,1.output", "l,1", 0, 0, 4, (1.0, math.nan)),
             MetricRow("grad", "w", "m", None, 1, 4, (-math.inf, 1.23456789e-7)),
@@ -121,7 +164,10 @@ def test_csv_writer_writes_the_bytes_csv_writer_would(tmp_path):
     assert (tmp_path / "grad_7-7.csv").read_bytes().decode() == "name,step,min,norm\r\nw,7,-inf,1.235e-07\r\n"
 
 
-def test_csv_templates_follow_steps_names_and_odd_characters(tmp_path):
+@pytest.mark.parametrize("kernel", [True, False])
+def test_csv_templates_follow_steps_names_and_odd_characters(tmp_path, monkeypatch, kernel):
+    if not kernel:  # the Python templates (no kernel) write the same bytes
+        monkeypatch.setattr(csv_writer, "_csv_rows", None)
     w = CsvWriter(WriterContext(rank_dir=tmp_path, ops=("min",), ndigits=3, step_count_per_record=3))
     steps = {4: ["a%s.output", "b%%"], 5: ["a%s.output", "b%%"], 6: ["c\0d", "e"]}
     for step, names in steps.items():
