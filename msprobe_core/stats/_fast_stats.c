@@ -1178,32 +1178,7 @@ done:
  * step, line i being heads[i] + middle + tails[i] (tails None: nothing) + ",v" for each of its `width`
  * floats of `values` (a flat list or tuple) + "\r\n". Each float as Python's "%.{ndigits}g" % v writes it
  * (the same PyOS_double_to_string call: the same bytes, inf, -inf and nan included), without Python's
- * format machinery per value (tens of thousands of values a step). */
-typedef struct { char *p; size_t len, cap; } text_t;
-
-static int text_add(text_t *t, const char *s, size_t n) {
-    if (t->len + n > t->cap) {
-        size_t cap = t->cap ? t->cap : 4096;
-        while (cap < t->len + n) cap *= 2;
-        char *grown = PyMem_Realloc(t->p, cap);
-        if (grown == NULL) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        t->p = grown;
-        t->cap = cap;
-    }
-    memcpy(t->p + t->len, s, n);
-    t->len += n;
-    return 0;
-}
-
-static int text_add_str(text_t *t, PyObject *s) {
-    Py_ssize_t n;
-    const char *u = PyUnicode_AsUTF8AndSize(s, &n);
-    return u == NULL ? -1 : text_add(t, u, (size_t)n);
-}
-
+ * format machinery per value (tens of thousands of values a step); the text grows in a ``text_t``. */
 static PyObject *csv_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 6) {
         PyErr_SetString(PyExc_TypeError, "csv_rows(heads, middle, tails, values, width, ndigits) takes 6 arguments");
@@ -1216,7 +1191,8 @@ static PyObject *csv_rows(PyObject *self, PyObject *const *args, Py_ssize_t narg
     PyObject *tails = heads && args[2] != Py_None ? PySequence_Fast(args[2], "tails must be a sequence") : NULL;
     PyObject *values = heads && (args[2] == Py_None || tails) ? PySequence_Fast(args[3], "values must be a sequence") : NULL;
     PyObject *ret = NULL;
-    text_t t = {NULL, 0, 0};
+    text_t t;
+    text_init(&t);
     if (values == NULL) goto done;
     Py_ssize_t m = PySequence_Fast_GET_SIZE(heads);
     if ((tails && PySequence_Fast_GET_SIZE(tails) != m) || width < 0 || PySequence_Fast_GET_SIZE(values) != m * width) {
@@ -1225,22 +1201,23 @@ static PyObject *csv_rows(PyObject *self, PyObject *const *args, Py_ssize_t narg
     }
     PyObject **v = PySequence_Fast_ITEMS(values);
     for (Py_ssize_t i = 0; i < m; i++) {
-        if (text_add_str(&t, PySequence_Fast_GET_ITEM(heads, i)) < 0 || text_add_str(&t, args[1]) < 0) goto done;
-        if (tails && text_add_str(&t, PySequence_Fast_GET_ITEM(tails, i)) < 0) goto done;
+        if (text_put_str(&t, PySequence_Fast_GET_ITEM(heads, i)) < 0 || text_put_str(&t, args[1]) < 0) goto done;
+        if (tails && text_put_str(&t, PySequence_Fast_GET_ITEM(tails, i)) < 0) goto done;
         for (Py_ssize_t j = 0; j < width; j++) {
             double x = PyFloat_AsDouble(v[i * width + j]);
             if (x == -1.0 && PyErr_Occurred()) goto done;
             char *s = PyOS_double_to_string(x, 'g', (int)ndigits, 0, NULL);
             if (s == NULL) goto done;
-            int bad = text_add(&t, ",", 1) < 0 || text_add(&t, s, strlen(s)) < 0;
+            int bad = PUT_LIT(&t, ",") < 0 || text_put(&t, s, (Py_ssize_t)strlen(s)) < 0;
             PyMem_Free(s);
             if (bad) goto done;
         }
-        if (text_add(&t, "\r\n", 2) < 0) goto done;
+        if (PUT_LIT(&t, "\r\n") < 0) goto done;
     }
-    ret = PyUnicode_DecodeUTF8(t.p ? t.p : "", (Py_ssize_t)t.len, "strict");
+    ret = text_finish(&t);  /* frees the text */
+    text_init(&t);
 done:
-    PyMem_Free(t.p);
+    text_free(&t);
     Py_XDECREF(heads);
     Py_XDECREF(tails);
     Py_XDECREF(values);
