@@ -6,6 +6,13 @@ Its functions (see ``_fast_stats.c``):
 
 - ``stats(address, numel, code, eps, threads)`` -> (max, min, sum, sum of squares, zeros, NaNs);
 - ``copy_stats(dst, src, numel, code, eps, threads)`` -> the same, while copying the buffer to ``dst``;
+- ``stats_many(addresses, numels, codes, eps, threads, out)`` -> the same for many buffers, into ``out``;
+- ``append_row(raw, address, numel, code, eps, threads)`` / ``append_rows(raw, addresses, numels, codes, eps,
+  threads)`` -> one or many tensors' statistics and element counts appended to the ``bytearray`` ``raw`` (the
+  monitor's rows of a step, as doubles); the index of the first row appended;
+- ``csv_rows(heads, middle, tails, values, width, ndigits)`` -> a kind's CSV lines, each float written as
+  Python's ``"%.{ndigits}g"`` writes it (``monitor/writers/csv_writer.py``);
+- ``frame_key(depth)`` -> the bytes naming the calling stack (code objects and offsets; ``files/call_stack.py``);
 - ``buffer(address, nbytes)`` -> a read-only memoryview of the bytes;
 - ``Entry`` and ``RecordText``: the dump's per-version tensor entries and its forward records' JSON text in C
   (``pytorch/summarize.py``).
