@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 from msprobe_core.common.tool_guard import TOOL
 from msprobe_core.dump.call import Call
 from msprobe_core.dump.step_state import StepState
-from msprobe_core.files.step_recorder import NO_PARENT
+from msprobe_core.files.step_recorder import NO_PARENT, TextFields
 from msprobe_core.log import setup_logging
 
 if TYPE_CHECKING:
@@ -34,6 +34,13 @@ _INPUT_FLAGS = "#flags"   # overflow_check: whether each input held Inf/NaN when
 
 
 _NO_SIZES = (0, 0)
+
+
+def _backward_fields(sizes: Optional[tuple[int, int]]) -> TextFields:
+    """``_backward_skeleton`` for gradients given as text: complete once each of its slots is set (never
+    without ``sizes``)."""
+    n_in, n_out = sizes if sizes is not None else (0, 0)
+    return TextFields({"input": [None] * n_in, "output": [None] * n_out}, n_in + n_out if sizes is not None else -1)
 
 
 def _backward_skeleton(sizes: Optional[tuple[int, int]]) -> dict[str, list]:
@@ -73,6 +80,8 @@ class CallRecords:
         self._as_text = selection.forward and not self._overflow_check
         self._keep_in = selection.keeps("forward", "input")
         self._keep_out = selection.keeps("forward", "output")
+        # gradients as the JSON text of their summaries (host statistics, no file): one journal frame each
+        self._grads_as_text = not self._overflow_check
         self._hook_fns: dict[tuple, Callable] = {}  # the module hooks, made once (``_hook_fn``)
         self._grad_hook = self.on_grad            # bound once: a gradient hook's partial holds no new object
         self.hooked_models: list[Any] = []
@@ -279,6 +288,14 @@ class CallRecords:
         if rec is None or grad is None:
             return None
         with self._own(backward), self._quiet():
+            if self._grads_as_text and not save:
+                text = self.summarizer.tensor_text(grad)
+                if text is not None:  # host statistics: the summary's text, journaled at once
+                    sizes = self.step_state.bwd_sizes.get(backward)
+                    if rec.put_text_field(backward, field, index, text, lambda: _backward_fields(sizes),
+                                          parent if self._construct else NO_PARENT):
+                        self._sync()
+                    return None
             if self._overflow_check and self._skips_grad(grad):
                 return None
             summary = self.summarizer.summarize(grad, f"{backward}.{field}.{index}" if save else None, save)
@@ -404,9 +421,15 @@ class CallRecords:
             k = self.step_state.counters.get(key, 0)
             self.step_state.counters[key] = k + 1
             name = f"{base}.parameters_grad.{k}"
+            save = self._saves or self.selection.saves_tensor(name)
+            if self._grads_as_text and not save:
+                text = self.summarizer.tensor_text(grad)
+                if text is not None:  # each of the module's parameters' gradients: one slot of the record
+                    if rec.put_text_field(name, pname, 0, text, lambda: TextFields({}, count)):
+                        self._sync()
+                    return None
             if self._overflow_check and self._skips_grad(grad):
                 return None
-            save = self._saves or self.selection.saves_tensor(name)
             summary = self.summarizer.summarize(grad, f"{name}.{pname}" if save else None, save)
             if len(rec.put_field(name, [pname, 0], summary, dict)) == count:  # each of the module's parameters'
                 rec.seal(name)
