@@ -116,6 +116,8 @@ class CallRecords:
         self._class_name = backend._class_name
         self._named_modules = backend._named_modules
         self._before_hooking = backend._before_hooking
+        self._rehook = backend._rehook
+        self._hooked = backend._hooked
 
     def new_step(self) -> None:
         """The step ended: its counters, open calls and modules are forgotten."""
@@ -313,17 +315,21 @@ class CallRecords:
     # ================================================================== L0 modules
     def install_model_hooks(self, models: list, indexed: bool) -> None:
         """Hook every module of ``models`` (L0; level L1 only shows them to ``_before_hooking`` when the
-        back-end ``hooks_l1_models``), once until stop() (``forget_models``)."""
+        back-end ``hooks_l1_models``), once until stop() (``forget_models``). A model hooked at an earlier
+        start() and unchanged gets the same hooks back (``_rehook``)."""
         backend = self.backend
         for idx, root in enumerate(models if self._uses_l0 or backend.hooks_l1_models else ()):
+            prefix = f"{idx}." if indexed else ""
+            if self._uses_l0 and self._rehook(root, prefix):
+                continue
             named = list(self._named_modules(root))
             self._before_hooking([module for _, module in named])
             if not self._uses_l0:
                 continue
-            prefix = f"{idx}." if indexed else ""
             for path, module in named:
                 if path and module is not root:  # a wrapped root (FSDP1, compile) is named "" as well
                     self.hook_module(module, f"{backend.module_prefix}.{prefix}{path}.{self._class_name(module)}")
+            self._hooked(root, [module for _, module in named])
         self.hooked_models.extend(models)
 
     def hooked(self, models: list) -> bool:

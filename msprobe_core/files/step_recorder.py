@@ -374,9 +374,9 @@ class StepRecorder:
         else:
             seq, parent = -1, NO_PARENT
         slots = record.get(field)
-        if slots is None:
-            slots = record[field] = []
-        if index >= len(slots):
+        if slots is None:  # a field the record was not made with (a parameter's): its slots are counted
+            slots = record[field] = [None] * (index + 1)
+        elif index >= len(slots):
             slots.extend([None] * (index + 1 - len(slots)))
             record.expected = -1  # a slot the record was not made with: no count says it is complete
         if slots[index] is None:
