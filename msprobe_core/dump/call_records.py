@@ -43,6 +43,11 @@ def _backward_fields(sizes: Optional[tuple[int, int]]) -> TextFields:
     return TextFields({"input": [None] * n_in, "output": [None] * n_out}, n_in + n_out if sizes is not None else -1)
 
 
+def _param_fields(count: int) -> TextFields:
+    """A ``parameters_grad`` record for gradients given as text: complete with ``count`` parameters'."""
+    return TextFields({}, count)
+
+
 def _backward_skeleton(sizes: Optional[tuple[int, int]]) -> dict[str, list]:
     """A backward record before its gradients: ``sizes`` (its forward's output and input tensors) slots each."""
     n_in, n_out = sizes if sizes is not None else (0, 0)
@@ -82,6 +87,7 @@ class CallRecords:
         self._keep_out = selection.keeps("forward", "output")
         # gradients as the JSON text of their summaries (host statistics, no file): one journal frame each
         self._grads_as_text = not self._overflow_check
+        self._tensor_text = service.summarizer.tensor_text
         self._hook_fns: dict[tuple, Callable] = {}  # the module hooks, made once (``_hook_fn``)
         self._grad_hook = self.on_grad            # bound once: a gradient hook's partial holds no new object
         self.hooked_models: list[Any] = []
@@ -289,15 +295,11 @@ class CallRecords:
         rec = self.service.recorder
         if rec is None or grad is None:
             return None
+        if self._grads_as_text and not save and self._put_grad_text(
+                rec, backward, field, index, grad, _backward_fields, self.step_state.bwd_sizes.get(backward),
+                parent if self._construct else NO_PARENT):
+            return None
         with self._own(backward), self._quiet():
-            if self._grads_as_text and not save:
-                text = self.summarizer.tensor_text(grad)
-                if text is not None:  # host statistics: the summary's text, journaled at once
-                    sizes = self.step_state.bwd_sizes.get(backward)
-                    if rec.put_text_field(backward, field, index, text, lambda: _backward_fields(sizes),
-                                          parent if self._construct else NO_PARENT):
-                        self._sync()
-                    return None
             if self._overflow_check and self._skips_grad(grad):
                 return None
             summary = self.summarizer.summarize(grad, f"{backward}.{field}.{index}" if save else None, save)
@@ -311,6 +313,26 @@ class CallRecords:
                 rec.seal(backward)
             self._sync(record_on_device=self._on_device([grad]))
         return None
+
+    def _put_grad_text(self, rec: Any, name: str, field: str, index: int, grad: Any,
+                       fields: Callable[[Any], TextFields], arg: Any, parent: Any = NO_PARENT) -> bool:
+        """Set a gradient of the record ``name`` as its summary's text, known at once (host statistics): the
+        fast route of ``on_grad`` and ``_on_param_grad`` (``StepRecorder.put_text_field``). False when the
+        summary is not known at once: the caller summarizes it as a dict."""
+        tls = self._tls
+        tls.depth += 1  # the tool's own work, as ``_own`` (without an object per gradient)
+        try:
+            with self._quiet():
+                text = self._tensor_text(grad)
+                if text is None:
+                    return False
+                if rec.put_text_field(name, field, index, text, fields, arg, parent):
+                    self._sync()
+        except Exception as e:  # the tool must never break the user's backward
+            self._error(name, e)
+        finally:
+            tls.depth -= 1
+        return True
 
     # ================================================================== L0 modules
     def install_model_hooks(self, models: list, indexed: bool) -> None:
@@ -422,18 +444,16 @@ class CallRecords:
         rec = self.service.recorder
         if rec is None or grad is None or base not in self.step_state.recorded_modules:
             return None
+        counters = self.step_state.counters
+        key = f"{base}#{pname}"
+        k = counters.get(key, 0)
+        counters[key] = k + 1
+        name = f"{base}.parameters_grad.{k}"
+        save = self._saves or self.selection.saves_tensor(name)
+        # each of the module's parameters' gradients: one slot of the record
+        if self._grads_as_text and not save and self._put_grad_text(rec, name, pname, 0, grad, _param_fields, count):
+            return None
         with self._own(base), self._quiet():
-            key = f"{base}#{pname}"
-            k = self.step_state.counters.get(key, 0)
-            self.step_state.counters[key] = k + 1
-            name = f"{base}.parameters_grad.{k}"
-            save = self._saves or self.selection.saves_tensor(name)
-            if self._grads_as_text and not save:
-                text = self.summarizer.tensor_text(grad)
-                if text is not None:  # each of the module's parameters' gradients: one slot of the record
-                    if rec.put_text_field(name, pname, 0, text, lambda: TextFields({}, count)):
-                        self._sync()
-                    return None
             if self._overflow_check and self._skips_grad(grad):
                 return None
             summary = self.summarizer.summarize(grad, f"{name}.{pname}" if save else None, save)

@@ -350,10 +350,10 @@ class StepRecorder:
         self._append(("f", name, list(path), value))
         return record
 
-    def put_text_field(self, name: str, field: str, index: int, text: str, fields: Callable[[], TextFields],
-                       parent: Any = NO_PARENT) -> bool:
+    def put_text_field(self, name: str, field: str, index: int, text: str, fields: Callable[[Any], TextFields],
+                       arg: Any, parent: Any = NO_PARENT) -> bool:
         """Set slot ``index`` of ``field`` of a record that fills in over time (backward and parameter
-        gradients) to a summary given as its JSON ``text``; ``fields()`` makes the record at its first field,
+        gradients) to a summary given as its JSON ``text``; ``fields(arg)`` makes the record at its first field,
         with its construct.json ``parent`` (``NO_PARENT``: none kept). Journaled now, in one frame per field
         (after any fragments still queued, in order): a crash loses no field already set. Complete (every
         expected slot set), the record is held as its JSON text. A record that is not a ``TextFields`` (made
@@ -362,14 +362,14 @@ class StepRecorder:
         record = self.data.get(name)
         skeleton = None
         if record is None:
-            record = fields()
+            record = fields(arg)
             seq = self.reserve(name)
             self.data[name] = record
             skeleton = record.skeleton()
             if parent is not NO_PARENT:
                 self.construct[name] = parent
         elif type(record) is not TextFields:
-            self.put_field(name, [field, index], json.loads(text), fields)
+            self.put_field(name, [field, index], json.loads(text), dict)  # (the record is there: no skeleton)
             return True
         else:
             seq, parent = -1, NO_PARENT
