@@ -48,9 +48,10 @@ class StepHooks:
         for ref in extra:
             flat.append(ref())
 
-    def keep_key(self, key: int, *dicts: dict) -> None:
-        """Hold the hook under ``key`` in ``dicts`` (put there without a handle) for ``remove``."""
-        self._flat += (key, len(dicts), *dicts)
+    def keep_keys(self, flat: list) -> None:
+        """Hold hooks put in their dicts without a handle, given as ``flat``: key, number of dicts, the dicts,
+        key, ... (the form ``remove`` reads)."""
+        self._flat += flat
 
     def tensor_hook(self, t: Any, hook: Callable) -> None:
         """``t.register_hook(hook)``, held for ``remove``: for a plain tensor, the entry torch's
@@ -66,7 +67,7 @@ class StepHooks:
                 fn._register_hook_dict(t)
         key = next_hook_id()
         hooks[key] = hook
-        self._flat += (key, 1, hooks)  # ``keep_key`` inlined: one per hooked output
+        self._flat += (key, 1, hooks)
 
     def remove(self) -> None:
         """Remove every hook kept since the last ``remove``."""
@@ -86,21 +87,23 @@ class HookPlan:
     the model is as it was: the same modules, classes and parameters, nothing compiled. Holds no reference to
     the model's root (a plan lives as long as its root, in a ``WeakKeyDictionary``)."""
 
-    __slots__ = ("prefix", "forward", "params", "modules", "usable")
+    __slots__ = ("prefix", "entries", "flat", "params", "modules", "usable")
 
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix  # the names' model index ("0." of a list of models), part of what the hooks record
         self.usable = True    # False: a hook the plan cannot put back by itself (sharded parameters)
-        self.forward: list[tuple[dict, int, Any, tuple]] = []  # hook dict, key, hook, ((extra dict, value), ...)
-        self.params: list[tuple[Any, Callable]] = []          # parameter, its gradient hook
+        self.entries: list[tuple[dict, int, Any]] = []  # the module hooks' dict entries: dict, key, value
+        self.flat: list[Any] = []                        # the same for their removal (``StepHooks.keep_keys``)
+        self.params: list[tuple[Any, Callable]] = []     # parameter, its gradient hook
         self.modules: list[tuple[Any, type, dict, dict]] = []  # module, class, children, parameters (copies)
 
     def add_forward(self, handle: RemovableHandle) -> None:
         """A module hook just registered (``handle``): its dict entries, as registering made them."""
-        hooks = handle.hooks_dict_ref()
         key = handle.id
-        extras = tuple((d, d[key]) for d in (ref() for ref in handle.extra_dict_ref or ()) if d is not None and key in d)
-        self.forward.append((hooks, key, hooks[key], extras))
+        dicts = [d for d in (handle.hooks_dict_ref(), *(ref() for ref in handle.extra_dict_ref or ()))
+                 if d is not None and key in d]
+        self.entries += [(d, key, d[key]) for d in dicts]
+        self.flat += (key, len(dicts), *dicts)
 
     def seal(self, root: Any, modules: list) -> None:
         """The plan is complete: note the model's structure (``modules``, root first) to check it at ``still_valid``."""
@@ -124,9 +127,6 @@ class HookPlan:
 
     def install(self, hooks: StepHooks) -> None:
         """Put the module hooks back, each held by ``hooks`` for its removal."""
-        keep = hooks.keep_key
-        for d, key, hook, extras in self.forward:
-            d[key] = hook
-            for extra, value in extras:
-                extra[key] = value
-            keep(key, d, *(e for e, _ in extras))
+        for d, key, value in self.entries:
+            d[key] = value
+        hooks.keep_keys(self.flat)
