@@ -85,6 +85,7 @@ class CallRecords:
         self._as_text = selection.forward and not self._overflow_check
         self._keep_in = selection.keeps("forward", "input")
         self._keep_out = selection.keeps("forward", "output")
+        self._keep_grad_in = selection.keeps("backward", "input")
         # gradients as the JSON text of their summaries (host statistics, no file): one journal frame each
         self._grads_as_text = not self._overflow_check
         self._tensor_text = service.summarizer.tensor_text
@@ -267,7 +268,7 @@ class CallRecords:
         """The backward record's ``input``: a gradient hook on each output tensor."""
         sizes = self.step_state.bwd_sizes
         sizes[call.backward] = (len(tensors), sizes.get(call.backward, _NO_SIZES)[1])
-        if self.selection.keeps("backward", "input"):
+        if self._keep_grad_in:
             parent = call.backward_parent()
             for i, t in enumerate(tensors):
                 if self._wants_grad(t):
@@ -404,7 +405,9 @@ class CallRecords:
             return None
         calls.append(SKIPPED)  # replaced below once the call is set up
         new_args = new_kwargs = None
-        with self._own(base):
+        tls = self._tls
+        tls.depth += 1  # the tool's own work, as ``_own`` (without an object per call)
+        try:
             n = state.counters.get(base, 0)
             state.counters[base] = n + 1
             name = f"{base}.forward.{n}"
@@ -416,6 +419,10 @@ class CallRecords:
                 new_args, new_kwargs = self._call_inputs(call, args, kwargs, "")
             calls[-1] = call
             state.module_stack.append(name)
+        except Exception as e:  # the tool must never break the user's call
+            self._error(base, e)
+        finally:
+            tls.depth -= 1
         if new_args is not None and (new_args is not args or new_kwargs is not kwargs):
             return new_args, new_kwargs  # the module runs on what _call_inputs gave
         return None
@@ -432,12 +439,18 @@ class CallRecords:
             del module_calls[id(module)]
         if call is SKIPPED:
             return None
-        with self._own(base):
+        tls = self._tls
+        tls.depth += 1
+        try:
             if self.step_state.module_stack:
                 self.step_state.module_stack.pop()
             if call is not None:
                 self._end(call, output)
                 self.selection.call_finished(call.name)
+        except Exception as e:
+            self._error(base, e)
+        finally:
+            tls.depth -= 1
         return None
 
     def _on_param_grad(self, base: str, pname: str, count: int, grad: Any) -> None:
