@@ -308,22 +308,7 @@ class StepRecorder:
                 self._journaled_stacks.add(sid)
                 entries.append(("S", sid, list(stack.frames)))
         entries.append(("J", name, seq, text, sid, parent))
-        with self._journal_lock:
-            if self._journal is None:  # finished meanwhile
-                return
-            if self._queued:  # earlier fragments wait for their statistics: this one goes behind them
-                self._queued.extend(entries)
-                return
-            frames = []
-            for e in entries:
-                body = _marshal(e)
-                frames.append(_pack_len(len(body)))
-                frames.append(body)
-            try:
-                self._journal.append(b"".join(frames))
-            except OSError:  # a full disk: the fragments wait for the next sync, in order
-                self._queued.extend(entries)
-                raise
+        self._journal_now(entries)
 
     def put_field(self, name: str, path: Sequence[Any], value: Any, skeleton: Callable[[], Any]) -> Any:
         """Set one field of a record that fills in over time (backward grads, parameter grads); returns the
