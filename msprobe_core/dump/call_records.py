@@ -89,6 +89,9 @@ class CallRecords:
         # gradients as the JSON text of their summaries (host statistics, no file): one journal frame each
         self._grads_as_text = not self._overflow_check
         self._tensor_text = service.summarizer.tensor_text
+        self._filters = selection.filters            # scope / list: asked per call; otherwise every call is kept
+        self._tensor_list = bool(service.cfg.tensor_list)
+        self._fast_text = service.summarizer.record_text  # the compiled text maker, or None (``SummarizerBase``)
         self._hook_fns: dict[tuple, Callable] = {}  # the module hooks, made once (``_hook_fn``)
         self._grad_hook = self.on_grad            # bound once: a gradient hook's partial holds no new object
         self.hooked_models: list[Any] = []
@@ -143,10 +146,11 @@ class CallRecords:
         tls.depth += 1
         try:
             call = None
-            if self.selection.record(name):
+            if not self._filters or self.selection.record(name):
                 try:
                     parent = state.module_stack[-1] if (self._construct and state.module_stack) else None
-                    call = self.begin(name, f"{key}.{n}.backward", args, kwargs, parent)
+                    with self._quiet() as grad_enabled:
+                        call = self._begin_record(name, f"{key}.{n}.backward", args, kwargs, parent, None, grad_enabled)
                     args, kwargs = self._call_inputs(call, args, kwargs, api)
                 except Exception as e:  # the tool must never break the user's call
                     self._error(name, e)
@@ -158,7 +162,8 @@ class CallRecords:
                     self._end(call, shown, args[0] if api in self.same_values and args else None)
                 except Exception as e:
                     self._error(name, e)
-            self.selection.call_finished(name)
+            if self._filters:
+                self.selection.call_finished(name)
             return out
         finally:
             tls.depth -= 1
@@ -174,7 +179,7 @@ class CallRecords:
         rec = self.service.recorder or self._open_step()
         overflow = self._overflow_check
         seq = -1 if overflow else rec.reserve(name)
-        save = overflow or self._saves or self.selection.saves_tensor(name)
+        save = overflow or self._saves or (self._tensor_list and self.selection.saves_tensor(name))
         if overflow:  # the inputs are checked now, summarized (and saved) at the end only if the call overflows
             record = {_RAW_INPUTS: (args, kwargs, parameters),
                       _INPUT_FLAGS: [self._overflow_flag(t) for t in self._tensors_in((args, kwargs, parameters))]}
@@ -200,6 +205,13 @@ class CallRecords:
         (``SummarizerBase.text``: host statistics); None otherwise (``_input_record`` makes it as a dict)."""
         if not self._keep_in:
             return '{"input_args": [], "input_kwargs": {}' + (', "parameters": {}' if parameters is not None else "")
+        fast = self._fast_text
+        if fast is not None:
+            head = fast.inputs(args, kwargs)
+            if parameters is None or head is None:
+                return head
+            p = fast.text(dict(parameters))
+            return None if p is None else f'{head}, "parameters": {p}'
         text = self.summarizer.text
         a = text(args)
         k = text(kwargs) if kwargs else "{}"
@@ -227,11 +239,11 @@ class CallRecords:
         """Finish ``call``'s record with its output (inside the back-end's ``_quiet()``; ``grad_enabled``:
         autograd recorded the call, so its backward record gets gradient hooks)."""
         rec = self.service.recorder or self._open_step()
-        outputs = list(out) if isinstance(out, (list, tuple)) else [out]
-        if type(call.record) is str and self._text_record(rec, call, outputs):
+        if type(call.record) is str and self._text_record(rec, call, out):
             if self.selection.backward and grad_enabled:
-                self._hook_outputs(call, self._tensors_in(outputs))
+                self._hook_outputs(call, self._tensors_in(out))
             return
+        outputs = list(out) if isinstance(out, (list, tuple)) else [out]
         keep_out = self.selection.forward and self.selection.keeps("forward", "output")
         if self._overflow_check:
             if not self._overflowed(call.record[_INPUT_FLAGS], outputs):
@@ -250,18 +262,24 @@ class CallRecords:
             self._hook_outputs(call, tensors)
         self._sync(record_on_device=self._on_device(tensors))
 
-    def _text_record(self, rec: Any, call: Call, outputs: list) -> bool:
-        """Finish a record kept as JSON text: journaled now with its stack and parent, in one frame (nothing
-        in it waits for statistics). False, with the record made a dict again, when an output's summary is
-        not known at once (device statistics): the dict route finishes it."""
-        text = self.summarizer.text(outputs) if self._keep_out else "[]"
+    def _text_record(self, rec: Any, call: Call, out: Any) -> bool:
+        """Finish a record kept as JSON text with the call's output ``out``: journaled now with its stack and
+        parent, in one frame (nothing in it waits for statistics). False, with the record made a dict again,
+        when an output's summary is not known at once (device statistics): the dict route finishes it."""
+        fast = self._fast_text
+        if not self._keep_out:
+            text: Optional[str] = f'{call.record}, "output": []}}'
+        elif fast is not None:
+            text = fast.record(call.record, out)
+        else:
+            text = self.summarizer.text(list(out) if isinstance(out, (list, tuple)) else [out])
+            text = None if text is None else f'{call.record}, "output": {text}}}'
         if text is None:
             call.record = json.loads(call.record + "}")
             if call.stack is not None:
                 rec.put_stack(call.name, call.stack)
             return False
-        rec.put_text(call.name, f'{call.record}, "output": {text}}}', call.seq, call.stack,
-                     call.parent if self._construct else NO_PARENT)
+        rec.put_text(call.name, text, call.seq, call.stack, call.parent if self._construct else NO_PARENT)
         return True
 
     def _hook_outputs(self, call: Call, tensors: list) -> None:

@@ -43,6 +43,8 @@ class RecordSelection:
         self._keep = {(d, f): d in directions and f in fields for d in ("forward", "backward") for f in ("input", "output")}
         self.forward = "forward" in directions
         self.backward = "backward" in directions
+        self.filters = bool(self._scope or self._list)
+        """Does ``record`` (and ``call_finished``) depend on the name? Otherwise every call is recorded."""
 
     def reset_step(self) -> None:
         self._in_scope = not self._scope

@@ -30,6 +30,9 @@ class SummarizerBase:
     """The framework's tensor classes (``isinstance`` test of ``summarize``)."""
     device_norm_squared = True
     """Is the 4th deferred statistic the sum of squares (else the norm itself)?"""
+    record_text: Any = None
+    """A compiled maker of forward records' JSON text (``text(obj)``, ``inputs(args, kwargs)``,
+    ``record(head, outputs)``: the same text as ``text``, or None where ``text`` gives None), or None."""
 
     def __init__(self, statistics: bool, md5: bool, files: Any = None):
         self.statistics = statistics

@@ -275,7 +275,8 @@ class StepRecorder:
     def reserve(self, name: str, stack: Optional[CallStack] = None) -> int:
         """Keep ``name``'s place in execution order (and its ``stack``'s in stack.json, journaled with the
         record by ``put_text``); returns its sequence number."""
-        self.ensure_dir()
+        if not self._dir_ready:
+            self.ensure_dir()
         seq = next(self._seq)
         self.data.setdefault(name, None)
         if stack is not None:
@@ -293,22 +294,27 @@ class StepRecorder:
         ``stack`` and construct.json ``parent`` (``NO_PARENT``: none kept), and journal all of it now in one
         frame (after any fragments still queued, in order)."""
         self.data[name] = text
-        if stack is not None:
-            self.stack[name] = stack
         if parent is not NO_PARENT:
             self.construct[name] = parent
         self._changes += 1
-        if self._journal is None:
-            return
-        entries = []
         sid = -1
+        entries: list[tuple] = []
         if stack is not None:
+            self.stack[name] = stack
             sid = stack.sid
-            if sid not in self._journaled_stacks:
+            if sid not in self._journaled_stacks and self._journal is not None:
                 self._journaled_stacks.add(sid)
                 entries.append(("S", sid, list(stack.frames)))
-        entries.append(("J", name, seq, text, sid, parent))
-        self._journal_now(entries)
+        if self._journal is None:
+            return
+        record = ("J", name, seq, text, sid, parent)
+        body = _marshal(record)
+        frame = _pack_len(len(body)) + body
+        if entries:  # the stack's frame first (once per distinct stack)
+            head = _marshal(entries[0])
+            frame = _pack_len(len(head)) + head + frame
+        entries.append(record)
+        self._journal_now(entries, frame)
 
     def put_field(self, name: str, path: Sequence[Any], value: Any, skeleton: Callable[[], Any]) -> Any:
         """Set one field of a record that fills in over time (backward grads, parameter grads); returns the
@@ -371,24 +377,22 @@ class StepRecorder:
             self.data[name] = record.text()
         self._changes += 1
         if self._journal is not None:
-            self._journal_now((("t", name, seq, skeleton, field, index, text, parent),))
+            entry = ("t", name, seq, skeleton, field, index, text, parent)
+            body = _marshal(entry)
+            self._journal_now((entry,), _pack_len(len(body)) + body)
         return False
 
-    def _journal_now(self, entries: Sequence[tuple]) -> None:
-        """Journal ``entries`` now, behind any fragments still queued (they wait for statistics)."""
+    def _journal_now(self, entries: Sequence[tuple], frame: bytes) -> None:
+        """Journal ``entries`` (their frames: ``frame``) now, behind any fragments still queued (they wait for
+        statistics)."""
         with self._journal_lock:
             if self._journal is None:  # finished meanwhile
                 return
-            if self._queued:
+            if self._queued:  # earlier fragments wait for their statistics: these go behind them
                 self._queued.extend(entries)
                 return
-            frames = []
-            for e in entries:
-                body = _marshal(e)
-                frames.append(_pack_len(len(body)))
-                frames.append(body)
             try:
-                self._journal.append(b"".join(frames))
+                self._journal.append(frame)
             except OSError:  # a full disk: the fragments wait for the next sync, in order
                 self._queued.extend(entries)
                 raise

@@ -199,7 +199,8 @@ class ApiPatcher:
         """Run a recorded API's original with the operator mode off when it is the innermost mode (it
         would only pass the call through again); other modes and tensor subclasses still see it."""
         mode = self._mode
-        if mode is None or _stack_len() == 0 or _stack_at(_stack_len() - 1) is not mode:
+        depth = _stack_len() if mode is not None else 0
+        if depth == 0 or _stack_at(depth - 1) is not mode:
             return original(*args, **kwargs)
         _stack_pop()
         try:

@@ -24,6 +24,7 @@ from msprobe_core.pytorch.odd_tensors import PLAIN_TYPES, QUANTIZED_DTYPES, know
 from msprobe_core.pytorch.pt_writer import TensorFiles
 from msprobe_core.pytorch.tensor_crc import tensor_crc32
 from msprobe_core.pytorch.tensor_stats import HOST_CODES, host_stats, summary_kind, summary_stats
+from msprobe_core.stats.kernel import KERNEL
 
 _contiguous = torch.Tensor.contiguous
 _strided = torch.strided
@@ -71,8 +72,9 @@ _ProcessGroup = getattr(torch.distributed, "ProcessGroup", None) if torch.distri
 _GROUPS: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()  # group -> its description
 
 
-class _Entry:
-    """What is known about one tensor version: its statistics, CRC and first saved file."""
+class _PyEntry:
+    """What is known about one tensor version: its statistics, CRC and first saved file (the kernel's
+    ``Entry`` where it is built: the C record text reads and writes the same entries)."""
 
     __slots__ = ("ref", "version", "ptr", "stats", "crc", "file", "text")  # file: the path of its first saved file
 
@@ -84,6 +86,9 @@ class _Entry:
         self.crc = None
         self.file = None
         self.text = None  # its summary's JSON text up to ``"requires_grad": `` (``tensor_text``)
+
+
+_Entry = getattr(KERNEL, "Entry", None) or _PyEntry
 
 
 class Summarizer(SummarizerBase):
@@ -100,6 +105,17 @@ class Summarizer(SummarizerBase):
         self.combined: dict[int, tuple] = {}
         """id(tensor) -> ((Max, Min, Mean, Norm, shards), shape) of the full tensor a DTensor or an FSDP1 piece
         belongs to (``sharded_grads``), while the piece is recorded."""
+        self.record_text = self._record_text()
+
+    def _record_text(self) -> Any:
+        """The kernel's ``RecordText`` over this summarizer's caches (``tensor_text`` in C for the tensors it
+        reads, this class's ``text`` for anything else); None without the kernel or with checksums."""
+        maker = getattr(KERNEL, "RecordText", None)
+        if maker is None or self.md5 or not tensor_stats.fast_cpu_stats():
+            return None
+        return maker(self._cache, self._saved, self.combined, _PREFIXES, _prefix, self.text, encode_string,
+                     dict(HOST_CODES), torch.Tensor, torch.nn.Parameter, torch._C.TensorBase, _bool, _strided,
+                     torch.get_num_threads, self.statistics, CACHE_SIZE)
 
     def reset(self) -> None:
         self._cache.clear()

@@ -361,6 +361,620 @@ static PyObject *frame_key(PyObject *self, PyObject *const *args, Py_ssize_t nar
     return out;
 }
 
+#include <structmember.h>
+
+/* ======================================================================================== record text
+ * The dump's forward records as JSON text, for the common case in one C call (``Summarizer._record_text`` in
+ * ``pytorch/summarize.py``, used by ``dump/call_records.py``):
+ * dense plain CPU tensors of the kernel's dtypes, summarized with their statistics once per tensor version.
+ *
+ *   Entry(ref, version, ptr)  -> what the summarizer knows of one tensor version (``pytorch/summarize.py``):
+ *                                members ref, version, ptr, stats, crc, file, text
+ *   RecordText(cache, saved, combined, prefixes, prefix, fallback, encode_string, tensor, parameter,
+ *              descriptors, codes, dtype_bool, layout_strided, statistics, cache_size, get_num_threads)
+ *     .text(obj)               -> the JSON text of the summary of obj, or None (``SummarizerBase.text``)
+ *     .inputs(args, kwargs)    -> '{"input_args": ..., "input_kwargs": ...' or None
+ *     .record(head, out)       -> head + ', "output": [...]}' or None
+ *
+ * The text is the one the Python route writes, byte for byte: floats as Python's repr (NaN and the
+ * infinities as JavaScript names them), the cache the summarizer's own dicts (an entry made here is read
+ * there and the other way round). Anything unusual (another device, a subclass, float16, a non-contiguous
+ * tensor, a value that is not a number, a string or a container) is given to ``fallback`` (the Python
+ * route) for that object alone; its None makes the whole answer None. */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *ref, *stats, *crc, *file, *text;
+    long long version;
+    unsigned long long ptr;
+} EntryObject;
+
+static PyMemberDef entry_members[] = {
+    {"ref", T_OBJECT, offsetof(EntryObject, ref), 0, "a weak reference to the tensor"},
+    {"version", T_LONGLONG, offsetof(EntryObject, version), 0, "its version counter"},
+    {"ptr", T_ULONGLONG, offsetof(EntryObject, ptr), 0, "its data pointer"},
+    {"stats", T_OBJECT, offsetof(EntryObject, stats), 0, "its statistics"},
+    {"crc", T_OBJECT, offsetof(EntryObject, crc), 0, "its checksum"},
+    {"file", T_OBJECT, offsetof(EntryObject, file), 0, "the path of its first saved file"},
+    {"text", T_OBJECT, offsetof(EntryObject, text), 0, "its summary's JSON text up to requires_grad"},
+    {NULL},
+};
+
+static PyTypeObject EntryType;
+
+static EntryObject *entry_new(PyObject *ref, long long version, unsigned long long ptr) {
+    EntryObject *e = PyObject_New(EntryObject, &EntryType);
+    if (e == NULL) return NULL;
+    Py_INCREF(ref);
+    e->ref = ref;
+    e->stats = e->crc = e->file = e->text = NULL;
+    e->version = version;
+    e->ptr = ptr;
+    return e;
+}
+
+static PyObject *entry_tp_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    PyObject *ref;
+    long long version;
+    unsigned long long ptr;
+    if (!PyArg_ParseTuple(args, "OLK:Entry", &ref, &version, &ptr)) return NULL;
+    return (PyObject *)entry_new(ref, version, ptr);
+}
+
+static void entry_dealloc(EntryObject *e) {
+    Py_XDECREF(e->ref);
+    Py_XDECREF(e->stats);
+    Py_XDECREF(e->crc);
+    Py_XDECREF(e->file);
+    Py_XDECREF(e->text);
+    PyObject_Free(e);
+}
+
+static PyTypeObject EntryType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "msprobe_core.stats._fast_stats.Entry",
+    .tp_basicsize = sizeof(EntryObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Entry(ref, version, ptr): what is known about one tensor version (stats, crc, file, text)",
+    .tp_new = entry_tp_new,
+    .tp_dealloc = (destructor)entry_dealloc,
+    .tp_members = entry_members,
+};
+
+/* A growing UTF-8 text. */
+typedef struct { char *p; Py_ssize_t len, cap; char small[512]; } text_t;
+
+static void text_init(text_t *b) { b->p = b->small; b->len = 0; b->cap = sizeof(b->small); }
+static void text_free(text_t *b) { if (b->p != b->small) PyMem_Free(b->p); }
+
+static int text_put(text_t *b, const char *s, Py_ssize_t n) {
+    if (b->len + n > b->cap) {
+        Py_ssize_t cap = b->cap;
+        while (b->len + n > cap) cap *= 2;
+        char *p = PyMem_Malloc((size_t)cap);
+        if (p == NULL) { PyErr_NoMemory(); return -1; }
+        memcpy(p, b->p, (size_t)b->len);
+        if (b->p != b->small) PyMem_Free(b->p);
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, s, (size_t)n);
+    b->len += n;
+    return 0;
+}
+
+#define PUT_LIT(b, s) text_put((b), (s), (Py_ssize_t)(sizeof(s) - 1))
+
+static int text_put_str(text_t *b, PyObject *s) {
+    Py_ssize_t n;
+    const char *u = PyUnicode_AsUTF8AndSize(s, &n);
+    return u == NULL ? -1 : text_put(b, u, n);
+}
+
+static PyObject *text_finish(text_t *b) {
+    PyObject *s = PyUnicode_DecodeUTF8(b->p, b->len, NULL);
+    text_free(b);
+    return s;
+}
+
+/* A float as ``json_text.number`` writes it. */
+static int text_put_number(text_t *b, double v) {
+    if (isnan(v)) return PUT_LIT(b, "NaN");
+    if (isinf(v)) return v > 0 ? PUT_LIT(b, "Infinity") : PUT_LIT(b, "-Infinity");
+    char *r = PyOS_double_to_string(v, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
+    if (r == NULL) return -1;
+    int rc = text_put(b, r, (Py_ssize_t)strlen(r));
+    PyMem_Free(r);
+    return rc;
+}
+
+enum { D_VERSION, D_DATA_PTR, D_REQUIRES_GRAD, D_IS_CPU, D_LAYOUT, D_DTYPE, D_SHAPE, D_IS_CONTIGUOUS, D_IS_NEG,
+       D_IS_ZERO, N_DESCR };
+
+/* RecordText's object fields (one list for the struct, the garbage collector's visit and the clearing) */
+#define RT_OBJECTS(X) X(cache) X(saved) X(combined) X(prefixes) X(prefix) X(fallback) X(encode_string) X(codes) \
+                      X(tensor) X(parameter) X(dtype_bool) X(strided) X(get_num_threads)
+#define RT_DECLARE(f) PyObject *f;
+#define RT_VISIT(f) Py_VISIT(self->f);
+#define RT_CLEAR(f) Py_CLEAR(self->f);
+
+typedef struct {
+    PyObject_HEAD
+    RT_OBJECTS(RT_DECLARE)
+    PyObject *descr[N_DESCR];
+    int statistics;
+    Py_ssize_t cache_size;
+} RecordTextObject;
+
+#define NO_TEXT 1 /* the answer is None: the caller takes the Python route for the whole record */
+
+/* descr[i] of t: a getset descriptor's value or a method descriptor's call with no argument. */
+static PyObject *tensor_get(RecordTextObject *self, PyObject *t, int i) {
+    PyObject *d = self->descr[i];
+    descrgetfunc get = Py_TYPE(d)->tp_descr_get;
+    if (Py_TYPE(d) == &PyMethodDescr_Type || get == NULL) return PyObject_Vectorcall(d, &t, 1, NULL);
+    return get(d, t, (PyObject *)Py_TYPE(t));
+}
+
+/* A boolean property or method of t: 1, 0, or -1 with an error. */
+static int tensor_flag(RecordTextObject *self, PyObject *t, int i) {
+    PyObject *v = tensor_get(self, t, i);
+    if (v == NULL) return -1;
+    int r = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return r;
+}
+
+static int put_object(RecordTextObject *self, text_t *b, PyObject *obj);
+
+/* The Python route's text of obj (``fallback``): 0 written, NO_TEXT, or -1 with an error. */
+static int put_fallback(RecordTextObject *self, text_t *b, PyObject *obj) {
+    PyObject *s = PyObject_CallOneArg(self->fallback, obj);
+    if (s == NULL) return -1;
+    int rc = s == Py_None ? NO_TEXT : text_put_str(b, s);
+    Py_DECREF(s);
+    return rc;
+}
+
+/* ``stats_text``: "Max": ..., "Min": ..., "Mean": ..., "Norm": ... of the kernel's row. */
+static int put_stats(text_t *b, const double *row, int is_bool, Py_ssize_t numel) {
+    if (is_bool) {
+        if (PUT_LIT(b, "\"Max\": ") < 0 || (row[0] != 0.0 ? PUT_LIT(b, "true") : PUT_LIT(b, "false")) < 0
+            || PUT_LIT(b, ", \"Min\": ") < 0 || (row[1] != 0.0 ? PUT_LIT(b, "true") : PUT_LIT(b, "false")) < 0)
+            return -1;
+        return PUT_LIT(b, ", \"Mean\": null, \"Norm\": null");
+    }
+    if (PUT_LIT(b, "\"Max\": ") < 0 || text_put_number(b, row[0]) < 0 || PUT_LIT(b, ", \"Min\": ") < 0
+        || text_put_number(b, row[1]) < 0 || PUT_LIT(b, ", \"Mean\": ") < 0
+        || text_put_number(b, row[2] / (double)numel) < 0 || PUT_LIT(b, ", \"Norm\": ") < 0)
+        return -1;
+    return text_put_number(b, sqrt(row[3]));
+}
+
+/* The summary text up to '"requires_grad": ' of a fresh entry (``Summarizer._text_body``): a new str,
+ * Py_None (NO_TEXT), or NULL with an error. */
+static PyObject *make_body(RecordTextObject *self, PyObject *t, EntryObject *e, PyObject *dtype, long code) {
+    text_t b;
+    text_init(&b);
+    PyObject *shape = tensor_get(self, t, D_SHAPE);
+    if (shape == NULL) goto fail;
+    Py_ssize_t numel = 1;  /* the product of the sizes: no numel() call */
+    for (Py_ssize_t i = 0, n = PyTuple_Check(shape) ? PyTuple_GET_SIZE(shape) : -1; i < n; i++) {
+        Py_ssize_t d = PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, i));
+        if (d < 0) { Py_DECREF(shape); goto fail; }
+        numel *= d;
+    }
+    if (!PyTuple_Check(shape)) { Py_DECREF(shape); PyErr_SetString(PyExc_TypeError, "shape is no tuple"); goto fail; }
+    PyObject *key = PyTuple_Pack(2, dtype, shape);
+    Py_DECREF(shape);
+    if (key == NULL) goto fail;
+    PyObject *prefix = PyDict_GetItemWithError(self->prefixes, key);  /* borrowed */
+    Py_XINCREF(prefix);
+    if (prefix == NULL && !PyErr_Occurred())
+        prefix = PyObject_Call(self->prefix, key, NULL);
+    Py_DECREF(key);
+    if (prefix == NULL) goto fail;
+    int rc = text_put_str(&b, prefix);
+    Py_DECREF(prefix);
+    if (rc < 0) goto fail;
+    if (numel == 0 || !self->statistics) {
+        if (PUT_LIT(&b, "\"Max\": null, \"Min\": null, \"Mean\": null, \"Norm\": null") < 0) goto fail;
+    } else {
+        double row[6];
+        if (e->stats != NULL && e->stats != Py_None) {  /* shared from the input it rearranges, or the dict route's */
+            if (!PyTuple_Check(e->stats) || PyTuple_GET_SIZE(e->stats) < 4
+                || !PyFloat_CheckExact(PyTuple_GET_ITEM(e->stats, 0))) {  /* statistics on their way from the device */
+                text_free(&b);
+                Py_RETURN_NONE;
+            }
+            for (int i = 0; i < 4; i++) {
+                row[i] = PyFloat_AsDouble(PyTuple_GET_ITEM(e->stats, i));
+                if (row[i] == -1.0 && PyErr_Occurred()) goto fail;
+            }
+        } else {  /* ``host_stats``: a lazy negation or a zero tensor takes torch's reductions (None) */
+            int neg = tensor_flag(self, t, D_IS_NEG);
+            int zero = neg == 0 ? tensor_flag(self, t, D_IS_ZERO) : 0;
+            if (neg < 0 || zero < 0) goto fail;
+            if (neg || zero) { text_free(&b); Py_RETURN_NONE; }
+            void *p = (void *)(uintptr_t)e->ptr;
+            if (p == NULL) { text_free(&b); Py_RETURN_NONE; }
+            long threads = 1;
+            if (numel >= PARALLEL_MIN) {
+                PyObject *n = PyObject_CallNoArgs(self->get_num_threads);
+                if (n == NULL) goto fail;
+                threads = PyLong_AsLong(n);
+                Py_DECREF(n);
+                if (threads == -1 && PyErr_Occurred()) goto fail;
+                if (threads < 1) threads = 1;
+            }
+            acc_t a;
+            if (threads > 1) {
+                Py_BEGIN_ALLOW_THREADS
+                KERNELS[code](p, numel, 0.0, 0, (int)threads, &a);
+                Py_END_ALLOW_THREADS
+            } else {
+                KERNELS[code](p, numel, 0.0, 0, 1, &a);
+            }
+            if (a.nans > 0) a.mx = a.mn = NAN;  /* as stats() gives them (no zero count) */
+            row[0] = a.mx; row[1] = a.mn; row[2] = a.sum; row[3] = a.sumsq; row[4] = 0.0; row[5] = a.nans;
+            PyObject *stats = Py_BuildValue("(dddddd)", row[0], row[1], row[2], row[3], row[4], row[5]);
+            if (stats == NULL) goto fail;
+            Py_XSETREF(e->stats, stats);
+        }
+        if (put_stats(&b, row, dtype == self->dtype_bool, numel) < 0) goto fail;
+    }
+    if (PUT_LIT(&b, ", \"requires_grad\": ") < 0) goto fail;
+    return text_finish(&b);
+fail:
+    text_free(&b);
+    return NULL;
+}
+
+/* ``Summarizer._entry``: the cached entry of this version of t, or a new one (the oldest dropped beyond
+ * cache_size). A new reference, or NULL with an error. */
+static EntryObject *find_entry(RecordTextObject *self, PyObject *t, PyObject *key, long long version,
+                               unsigned long long ptr) {
+    PyObject *found = PyDict_GetItemWithError(self->cache, key);
+    if (found == NULL && !PyErr_Occurred()) found = PyDict_GetItemWithError(self->saved, key);
+    if (found == NULL && PyErr_Occurred()) return NULL;
+    if (found != NULL && Py_TYPE(found) == &EntryType) {
+        EntryObject *e = (EntryObject *)found;
+        if (PyWeakref_GetObject(e->ref) == t && e->version == version && e->ptr == ptr) {
+            Py_INCREF(found);
+            return e;
+        }
+    }
+    PyObject *ref = PyWeakref_NewRef(t, NULL);
+    if (ref == NULL) return NULL;
+    EntryObject *e = entry_new(ref, version, ptr);
+    Py_DECREF(ref);
+    if (e == NULL) return NULL;
+    if (PyDict_SetItem(self->cache, key, (PyObject *)e) < 0) { Py_DECREF(e); return NULL; }
+    if (PyDict_GET_SIZE(self->cache) > self->cache_size) {
+        Py_ssize_t pos = 0;
+        PyObject *oldest, *value;
+        if (PyDict_Next(self->cache, &pos, &oldest, &value)) {
+            Py_INCREF(oldest);
+            int rc = PyDict_DelItem(self->cache, oldest);
+            Py_DECREF(oldest);
+            if (rc < 0) { Py_DECREF(e); return NULL; }
+        }
+    }
+    return e;
+}
+
+/* ``Summarizer.tensor_text`` of a plain tensor (torch.Tensor or Parameter). */
+static int put_tensor(RecordTextObject *self, text_t *b, PyObject *t) {
+    if (PyDict_GET_SIZE(self->combined)) return put_fallback(self, b, t);
+    PyObject *v = tensor_get(self, t, D_VERSION);
+    PyObject *address = v ? tensor_get(self, t, D_DATA_PTR) : NULL;
+    if (address == NULL) {  /* an inference tensor, a wrapper without storage: the Python route says */
+        Py_XDECREF(v);
+        PyErr_Clear();
+        return put_fallback(self, b, t);
+    }
+    long long version = PyLong_AsLongLong(v);
+    unsigned long long ptr = PyLong_AsUnsignedLongLong(address);
+    Py_DECREF(v);
+    Py_DECREF(address);
+    if (PyErr_Occurred()) { PyErr_Clear(); return put_fallback(self, b, t); }
+    PyObject *key = PyLong_FromVoidPtr(t);
+    if (key == NULL) return -1;
+    Py_ssize_t start = b->len;
+    int rc = -1;
+    EntryObject *e = NULL;
+    PyObject *dtype = NULL;
+    PyObject *found = PyDict_GetItemWithError(self->cache, key);  /* the usual case: this version's text is made */
+    if (found != NULL && Py_TYPE(found) == &EntryType) {
+        EntryObject *c = (EntryObject *)found;
+        if (c->text != NULL && c->text != Py_None && c->version == version && c->ptr == ptr
+            && PyWeakref_GetObject(c->ref) == t) {
+            e = c;
+            Py_INCREF(e);
+        }
+    } else if (found == NULL && PyErr_Occurred()) {
+        goto done;
+    }
+    if (e == NULL) {
+        int cpu = tensor_flag(self, t, D_IS_CPU);
+        if (cpu < 0) goto done;
+        PyObject *layout = cpu ? tensor_get(self, t, D_LAYOUT) : NULL;
+        if (cpu && layout == NULL) goto done;
+        Py_XDECREF(layout);
+        if (!cpu || layout != self->strided) { rc = NO_TEXT; goto done; }
+        dtype = tensor_get(self, t, D_DTYPE);
+        if (dtype == NULL) goto done;
+        PyObject *code_obj = PyDict_GetItemWithError(self->codes, dtype);
+        int contiguous = code_obj != NULL ? tensor_flag(self, t, D_IS_CONTIGUOUS) : 0;
+        if (contiguous < 0 || PyErr_Occurred()) goto done;
+        if (code_obj == NULL || !contiguous) {  /* float16, a strided view: the Python route (a copy) */
+            Py_DECREF(key);
+            Py_XDECREF(dtype);
+            return put_fallback(self, b, t);
+        }
+        long code = PyLong_AsLong(code_obj);
+        if (code < 0 || code >= N_KERNELS) { rc = NO_TEXT; goto done; }
+        e = find_entry(self, t, key, version, ptr);
+        if (e == NULL) goto done;
+        if (e->text == NULL || e->text == Py_None) {
+            PyObject *body = make_body(self, t, e, dtype, code);
+            if (body == NULL) goto done;
+            if (body == Py_None) { Py_DECREF(body); rc = NO_TEXT; goto done; }
+            Py_XSETREF(e->text, body);
+        }
+    }
+    int grad = tensor_flag(self, t, D_REQUIRES_GRAD);
+    if (grad < 0 || text_put_str(b, e->text) < 0) goto done;
+    rc = grad ? PUT_LIT(b, "true}") : PUT_LIT(b, "false}");
+done:
+    Py_DECREF(key);
+    Py_XDECREF(e);
+    Py_XDECREF(dtype);
+    if (rc < 0 && PyErr_Occurred() && PyErr_ExceptionMatches(PyExc_Exception)) {
+        PyErr_Clear();  /* torch refused a question (a tensor without storage...): the Python route says why */
+        b->len = start;
+        rc = put_fallback(self, b, t);
+    }
+    return rc;
+}
+
+/* A dict key as ``json_text.obj`` writes it: encode_string(str(key)). */
+static int put_key(RecordTextObject *self, text_t *b, PyObject *key) {
+    PyObject *s = PyUnicode_CheckExact(key) ? (Py_INCREF(key), key) : PyObject_Str(key);
+    if (s == NULL) return -1;
+    int plain = PyUnicode_IS_ASCII(s);
+    if (plain) {
+        const Py_UCS1 *c = PyUnicode_1BYTE_DATA(s);
+        for (Py_ssize_t i = 0, n = PyUnicode_GET_LENGTH(s); i < n && plain; i++)
+            plain = c[i] >= 0x20 && c[i] != '"' && c[i] != '\\' && c[i] != 0x7f;
+    }
+    int rc;
+    if (plain) {
+        rc = PUT_LIT(b, "\"") < 0 || text_put_str(b, s) < 0 ? -1 : PUT_LIT(b, "\"");
+    } else {
+        PyObject *encoded = PyObject_CallOneArg(self->encode_string, s);
+        rc = encoded == NULL ? -1 : text_put_str(b, encoded);
+        Py_XDECREF(encoded);
+    }
+    Py_DECREF(s);
+    return rc;
+}
+
+/* ``SummarizerBase.text`` of a sequence's items: "[a, b, ...]". */
+static int put_items(RecordTextObject *self, text_t *b, PyObject *const *items, Py_ssize_t n) {
+    if (PUT_LIT(b, "[") < 0) return -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (i && PUT_LIT(b, ", ") < 0) return -1;
+        int rc = put_object(self, b, items[i]);
+        if (rc) return rc;
+    }
+    return PUT_LIT(b, "]");
+}
+
+static int put_object(RecordTextObject *self, text_t *b, PyObject *obj) {
+    PyTypeObject *type = Py_TYPE(obj);
+    if (type == (PyTypeObject *)self->tensor || type == (PyTypeObject *)self->parameter)
+        return put_tensor(self, b, obj);
+    if (obj == Py_None) return PUT_LIT(b, "null");
+    if (type == &PyFloat_Type) {
+        if (PUT_LIT(b, "{\"type\": \"float\", \"value\": ") < 0 || text_put_number(b, PyFloat_AS_DOUBLE(obj)) < 0)
+            return -1;
+        return PUT_LIT(b, "}");
+    }
+    if (type == &PyBool_Type)
+        return obj == Py_True ? PUT_LIT(b, "{\"type\": \"bool\", \"value\": true}")
+                              : PUT_LIT(b, "{\"type\": \"bool\", \"value\": false}");
+    if (type == &PyLong_Type) {
+        PyObject *s = PyObject_Str(obj);
+        if (s == NULL) return -1;
+        int rc = PUT_LIT(b, "{\"type\": \"int\", \"value\": ") < 0 || text_put_str(b, s) < 0 ? -1 : PUT_LIT(b, "}");
+        Py_DECREF(s);
+        return rc;
+    }
+    if (type == &PyTuple_Type) return put_items(self, b, &PyTuple_GET_ITEM(obj, 0), PyTuple_GET_SIZE(obj));
+    if (type == &PyList_Type) {  /* a list the user's code could change meanwhile: its items held while written */
+        PyObject *items = PyList_AsTuple(obj);
+        if (items == NULL) return -1;
+        int rc = put_items(self, b, &PyTuple_GET_ITEM(items, 0), PyTuple_GET_SIZE(items));
+        Py_DECREF(items);
+        return rc;
+    }
+    if (type == &PyDict_Type) {
+        PyObject *items = PyDict_Items(obj);
+        if (items == NULL) return -1;
+        int rc = PUT_LIT(b, "{");
+        for (Py_ssize_t i = 0, n = PyList_GET_SIZE(items); i < n && rc == 0; i++) {
+            PyObject *kv = PyList_GET_ITEM(items, i);
+            if ((i && PUT_LIT(b, ", ") < 0) || put_key(self, b, PyTuple_GET_ITEM(kv, 0)) < 0 || PUT_LIT(b, ": ") < 0)
+                rc = -1;
+            else
+                rc = put_object(self, b, PyTuple_GET_ITEM(kv, 1));
+        }
+        Py_DECREF(items);
+        return rc ? rc : PUT_LIT(b, "}");
+    }
+    return put_fallback(self, b, obj);  /* strings, dtypes, subclasses, torch.Size, ...: as the Python route writes them */
+}
+
+/* A finished text, Py_None for NO_TEXT, or NULL. */
+static PyObject *finish(text_t *b, int rc) {
+    if (rc) {
+        text_free(b);
+        if (rc < 0) return NULL;
+        Py_RETURN_NONE;
+    }
+    return text_finish(b);
+}
+
+static PyObject *rt_text(RecordTextObject *self, PyObject *obj) {
+    text_t b;
+    text_init(&b);
+    return finish(&b, put_object(self, &b, obj));
+}
+
+static PyObject *rt_inputs(RecordTextObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "inputs(args, kwargs) takes 2 arguments");
+        return NULL;
+    }
+    text_t b;
+    text_init(&b);
+    int rc = PUT_LIT(&b, "{\"input_args\": ");
+    if (rc == 0) rc = put_object(self, &b, args[0]);
+    if (rc >= 0) {  /* the kwargs' summaries are made even when the args' are not (the Python route's order) */
+        int empty = PyObject_Not(args[1]);
+        int kwrc = empty < 0 ? -1 : PUT_LIT(&b, ", \"input_kwargs\": ");
+        if (kwrc == 0) kwrc = empty ? PUT_LIT(&b, "{}") : put_object(self, &b, args[1]);
+        if (kwrc) rc = rc == 0 || kwrc < 0 ? kwrc : rc;
+    }
+    return finish(&b, rc);
+}
+
+static PyObject *rt_record(RecordTextObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyUnicode_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "record(head, out) takes a str and the call's output");
+        return NULL;
+    }
+    PyObject *out = args[1];
+    text_t b;
+    text_init(&b);
+    int rc = text_put_str(&b, args[0]);
+    if (rc == 0) rc = PUT_LIT(&b, ", \"output\": ");
+    if (rc == 0) {
+        if (PyList_CheckExact(out) || PyTuple_CheckExact(out)) {
+            rc = put_object(self, &b, out);
+        } else if (PyList_Check(out) || PyTuple_Check(out)) {  /* list(out), as the Python route takes it */
+            PyObject *items = PySequence_List(out);
+            rc = items == NULL ? -1 : put_object(self, &b, items);
+            Py_XDECREF(items);
+        } else {
+            rc = PUT_LIT(&b, "[");
+            if (rc == 0) rc = put_object(self, &b, out);
+            if (rc == 0) rc = PUT_LIT(&b, "]");
+        }
+    }
+    if (rc == 0) rc = PUT_LIT(&b, "}");
+    return finish(&b, rc);
+}
+
+static const char *DESCR_NAMES[N_DESCR] = {"_version", "data_ptr", "requires_grad", "is_cpu", "layout", "dtype",
+                                           "shape", "is_contiguous", "is_neg", "_is_zerotensor"};
+
+static PyObject *rt_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    static char *kw[] = {"cache", "saved", "combined", "prefixes", "prefix", "fallback", "encode_string", "codes",
+                         "tensor", "parameter", "tensor_base", "dtype_bool", "strided", "get_num_threads",
+                         "statistics", "cache_size", NULL};
+    PyObject *cache, *saved, *combined, *prefixes, *prefix, *fallback, *encode_string, *codes, *tensor, *parameter;
+    PyObject *base, *dtype_bool, *strided, *get_num_threads;
+    int statistics;
+    Py_ssize_t cache_size;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!O!O!OOOO!OOOOOOpn:RecordText", kw, &PyDict_Type, &cache,
+                                     &PyDict_Type, &saved, &PyDict_Type, &combined, &PyDict_Type, &prefixes, &prefix,
+                                     &fallback, &encode_string, &PyDict_Type, &codes, &tensor, &parameter, &base,
+                                     &dtype_bool, &strided, &get_num_threads, &statistics, &cache_size))
+        return NULL;
+    if (!PyType_Check(tensor) || !PyType_Check(parameter) || !PyType_Check(base)) {
+        PyErr_SetString(PyExc_TypeError, "tensor, parameter and tensor_base must be types");
+        return NULL;
+    }
+    RecordTextObject *self = (RecordTextObject *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    PyObject *fields[] = {cache, saved, combined, prefixes, prefix, fallback, encode_string, codes, tensor, parameter,
+                          dtype_bool, strided, get_num_threads};
+    PyObject **slots[] = {&self->cache, &self->saved, &self->combined, &self->prefixes, &self->prefix,
+                          &self->fallback, &self->encode_string, &self->codes, &self->tensor, &self->parameter,
+                          &self->dtype_bool, &self->strided, &self->get_num_threads};
+    for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++) {
+        Py_INCREF(fields[i]);
+        *slots[i] = fields[i];
+    }
+    PyObject *dict = ((PyTypeObject *)base)->tp_dict;  /* the C base's own: never patched by the dump's wrappers */
+    for (int i = 0; i < N_DESCR; i++) {
+        PyObject *d = PyDict_GetItemString(dict, DESCR_NAMES[i]);
+        if (d == NULL) {
+            PyErr_Format(PyExc_AttributeError, "the tensor base class has no '%s'", DESCR_NAMES[i]);
+            Py_DECREF(self);
+            return NULL;
+        }
+        Py_INCREF(d);
+        self->descr[i] = d;
+    }
+    self->statistics = statistics;
+    self->cache_size = cache_size;
+    return (PyObject *)self;
+}
+
+static int rt_traverse(RecordTextObject *self, visitproc visit, void *arg) {
+    RT_OBJECTS(RT_VISIT)
+    for (int i = 0; i < N_DESCR; i++) Py_VISIT(self->descr[i]);
+    return 0;
+}
+
+static int rt_clear(RecordTextObject *self) {
+    RT_OBJECTS(RT_CLEAR)
+    for (int i = 0; i < N_DESCR; i++) Py_CLEAR(self->descr[i]);
+    return 0;
+}
+
+static void rt_dealloc(RecordTextObject *self) {
+    PyObject_GC_UnTrack(self);
+    rt_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMethodDef rt_methods[] = {
+    {"text", (PyCFunction)rt_text, METH_O, "text(obj) -> the JSON text of obj's summary, or None"},
+    {"inputs", (PyCFunction)(void (*)(void))rt_inputs, METH_FASTCALL,
+     "inputs(args, kwargs) -> '{\"input_args\": ..., \"input_kwargs\": ...' (no closing brace), or None"},
+    {"record", (PyCFunction)(void (*)(void))rt_record, METH_FASTCALL,
+     "record(head, out) -> head + ', \"output\": [...]}', or None"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject RecordTextType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "msprobe_core.stats._fast_stats.RecordText",
+    .tp_basicsize = sizeof(RecordTextObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "The dump's forward record text in C (see record_text.py)",
+    .tp_new = rt_new,
+    .tp_dealloc = (destructor)rt_dealloc,
+    .tp_traverse = (traverseproc)rt_traverse,
+    .tp_clear = (inquiry)rt_clear,
+    .tp_methods = rt_methods,
+};
+
+/* Adds Entry and RecordText to the module. */
+static int add_record_text(PyObject *m) {
+    if (PyType_Ready(&EntryType) < 0 || PyType_Ready(&RecordTextType) < 0) return -1;
+    Py_INCREF(&EntryType);
+    if (PyModule_AddObject(m, "Entry", (PyObject *)&EntryType) < 0) { Py_DECREF(&EntryType); return -1; }
+    Py_INCREF(&RecordTextType);
+    if (PyModule_AddObject(m, "RecordText", (PyObject *)&RecordTextType) < 0) { Py_DECREF(&RecordTextType); return -1; }
+    return 0;
+}
+/* ==================================================================================== end of record text */
+
 static PyMethodDef methods[] = {
     {"stats_many", (PyCFunction)(void (*)(void))stats_many, METH_FASTCALL,
      "stats_many(addresses, numels, codes, eps, threads, out) -> None: stats(...) of many buffers into out"},
@@ -377,7 +991,11 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fast_stats", "One-pass CPU tensor statistics.", -1,
                                     methods};
 
-PyMODINIT_FUNC PyInit__fast_stats(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__fast_stats(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && add_record_text(m) < 0) Py_CLEAR(m);
+    return m;
+}
 
 /* result()'s six values, written to r. */
 static inline void put_row(acc_t a, int count, double *r) {

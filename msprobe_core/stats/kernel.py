@@ -6,7 +6,9 @@ Its functions (see ``_fast_stats.c``):
 
 - ``stats(address, numel, code, eps, threads)`` -> (max, min, sum, sum of squares, zeros, NaNs);
 - ``copy_stats(dst, src, numel, code, eps, threads)`` -> the same, while copying the buffer to ``dst``;
-- ``buffer(address, nbytes)`` -> a read-only memoryview of the bytes.
+- ``buffer(address, nbytes)`` -> a read-only memoryview of the bytes;
+- ``Entry`` and ``RecordText``: the dump's per-version tensor entries and its forward records' JSON text in C
+  (``pytorch/summarize.py``).
 
 Dtype codes: float32 0, float64 1, bfloat16 2, int64 3, int32 4, int16 5, int8 6, uint8 7, bool 8.
 """

@@ -56,6 +56,32 @@ def test_summary_text_is_the_encoded_summary(statistics):
                 assert s.text(obj) == text  # the second time from the cache
 
 
+@pytest.mark.skipif(KERNEL is None, reason="the kernel is not built (or MSPROBE_FAST_STATS=0)")
+@pytest.mark.parametrize("statistics", [True, False])
+def test_the_kernels_record_text_is_the_python_routes(statistics):
+    """``RecordText`` (C) writes what ``text`` writes, byte for byte, and shares its cache with the Python route."""
+    fast, slow = Summarizer(statistics=statistics, md5=False), Summarizer(statistics=statistics, md5=False)
+    odd = [torch.randn(2, 3)[:, 1], torch.randn(3).neg(), {"x": [torch.randn(2), {"y": 2.5}]}, -0.0, 10 ** 30,
+           'a"b', {"k\n": 1, 2: None}, torch.float32, torch.randn(2, dtype=torch.complex64), (1, [None, False])]
+    with torch.no_grad():
+        for obj in _objects() + odd:
+            for _ in range(2):  # the second time from the cache
+                assert fast.record_text.text(obj) == slow.text(obj)
+        args, kwargs = (torch.randn(3), 2.0, [torch.randn(1)]), {"alpha": 2, "out": None}
+        head = fast.record_text.inputs(args, kwargs)
+        assert head == f'{{"input_args": {slow.text(args)}, "input_kwargs": {slow.text(kwargs)}'
+        assert fast.record_text.inputs((), {}) == '{"input_args": [], "input_kwargs": {}'
+        for out in (torch.randn(2), [torch.randn(2), (1, torch.randn(1))], torch.return_types.max((torch.ones(1),
+                                                                                                  torch.zeros(1)))):
+            listed = list(out) if isinstance(out, (list, tuple)) else [out]
+            assert fast.record_text.record(head, out) == f'{head}, "output": {slow.text(listed)}}}'
+        assert fast.record_text.record(head, [torch.randn(2, dtype=torch.complex64)]) is None
+        t = torch.randn(4)
+        fast.record_text.text(t)
+        assert fast.tensor_text(t) == fast.record_text.text(t)  # the Python route reads the kernel's entry
+        assert fast._cache[id(t)].text is not None
+
+
 def test_summary_text_follows_in_place_changes_and_requires_grad():
     s = Summarizer(statistics=True, md5=False)
     t = torch.randn(4, 4)
