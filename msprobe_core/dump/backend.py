@@ -153,6 +153,15 @@ class DumpBackend(ABC):
     def _before_hooking(self, modules: list) -> None:
         """Called with the modules of each model given to start(), before any is hooked."""
 
+    def _rehook(self, root: Any, prefix: str) -> bool:
+        """At start(), before hooking the modules of ``root`` (named with ``prefix``): put back the hooks the
+        last start() installed on it, if it is unchanged (True: nothing more to do), else False (the model is
+        hooked module by module, then ``_hooked`` is called)."""
+        return False
+
+    def _hooked(self, root: Any, modules: list) -> None:
+        """``root``'s ``modules`` (root first) are hooked (after ``_rehook`` said False)."""
+
     def _unpatch(self) -> None:
         """Undo start()'s API wrapping."""
         if self.patcher is not None:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 from msprobe_core.common.tool_guard import TOOL
 from msprobe_core.dump.call import Call
 from msprobe_core.dump.step_state import StepState
-from msprobe_core.files.step_recorder import NO_PARENT
+from msprobe_core.files.step_recorder import NO_PARENT, TextFields
 from msprobe_core.log import setup_logging
 
 if TYPE_CHECKING:
@@ -34,6 +34,18 @@ _INPUT_FLAGS = "#flags"   # overflow_check: whether each input held Inf/NaN when
 
 
 _NO_SIZES = (0, 0)
+
+
+def _backward_fields(sizes: Optional[tuple[int, int]]) -> TextFields:
+    """``_backward_skeleton`` for gradients given as text: complete once each of its slots is set (never
+    without ``sizes``)."""
+    n_in, n_out = sizes if sizes is not None else (0, 0)
+    return TextFields({"input": [None] * n_in, "output": [None] * n_out}, n_in + n_out if sizes is not None else -1)
+
+
+def _param_fields(count: int) -> TextFields:
+    """A ``parameters_grad`` record for gradients given as text: complete with ``count`` parameters'."""
+    return TextFields({}, count)
 
 
 def _backward_skeleton(sizes: Optional[tuple[int, int]]) -> dict[str, list]:
@@ -73,6 +85,10 @@ class CallRecords:
         self._as_text = selection.forward and not self._overflow_check
         self._keep_in = selection.keeps("forward", "input")
         self._keep_out = selection.keeps("forward", "output")
+        self._keep_grad_in = selection.keeps("backward", "input")
+        # gradients as the JSON text of their summaries (host statistics, no file): one journal frame each
+        self._grads_as_text = not self._overflow_check
+        self._tensor_text = service.summarizer.tensor_text
         self._filters = selection.filters            # scope / list: asked per call; otherwise every call is kept
         self._tensor_list = bool(service.cfg.tensor_list)
         self._fast_text = service.summarizer.record_text  # the compiled text maker, or None (``SummarizerBase``)
@@ -110,6 +126,8 @@ class CallRecords:
         self._class_name = backend._class_name
         self._named_modules = backend._named_modules
         self._before_hooking = backend._before_hooking
+        self._rehook = backend._rehook
+        self._hooked = backend._hooked
 
     def new_step(self) -> None:
         """The step ended: its counters, open calls and modules are forgotten."""
@@ -268,7 +286,7 @@ class CallRecords:
         """The backward record's ``input``: a gradient hook on each output tensor."""
         sizes = self.step_state.bwd_sizes
         sizes[call.backward] = (len(tensors), sizes.get(call.backward, _NO_SIZES)[1])
-        if self.selection.keeps("backward", "input"):
+        if self._keep_grad_in:
             parent = call.backward_parent()
             for i, t in enumerate(tensors):
                 if self._wants_grad(t):
@@ -296,6 +314,10 @@ class CallRecords:
         rec = self.service.recorder
         if rec is None or grad is None:
             return None
+        if self._grads_as_text and not save and self._put_grad_text(
+                rec, backward, field, index, grad, _backward_fields, self.step_state.bwd_sizes.get(backward),
+                parent if self._construct else NO_PARENT):
+            return None
         with self._own(backward), self._quiet():
             if self._overflow_check and self._skips_grad(grad):
                 return None
@@ -311,20 +333,44 @@ class CallRecords:
             self._sync(record_on_device=self._on_device([grad]))
         return None
 
+    def _put_grad_text(self, rec: Any, name: str, field: str, index: int, grad: Any,
+                       fields: Callable[[Any], TextFields], arg: Any, parent: Any = NO_PARENT) -> bool:
+        """Set a gradient of the record ``name`` as its summary's text, known at once (host statistics): the
+        fast route of ``on_grad`` and ``_on_param_grad`` (``StepRecorder.put_text_field``). False when the
+        summary is not known at once: the caller summarizes it as a dict."""
+        tls = self._tls
+        tls.depth += 1  # the tool's own work, as ``_own`` (without an object per gradient)
+        try:
+            with self._quiet():
+                text = self._tensor_text(grad)
+                if text is None:
+                    return False
+                if rec.put_text_field(name, field, index, text, fields, arg, parent):
+                    self._sync()
+        except Exception as e:  # the tool must never break the user's backward
+            self._error(name, e)
+        finally:
+            tls.depth -= 1
+        return True
+
     # ================================================================== L0 modules
     def install_model_hooks(self, models: list, indexed: bool) -> None:
         """Hook every module of ``models`` (L0; level L1 only shows them to ``_before_hooking`` when the
-        back-end ``hooks_l1_models``), once until stop() (``forget_models``)."""
+        back-end ``hooks_l1_models``), once until stop() (``forget_models``). A model hooked at an earlier
+        start() and unchanged gets the same hooks back (``_rehook``)."""
         backend = self.backend
         for idx, root in enumerate(models if self._uses_l0 or backend.hooks_l1_models else ()):
+            prefix = f"{idx}." if indexed else ""
+            if self._uses_l0 and self._rehook(root, prefix):
+                continue
             named = list(self._named_modules(root))
             self._before_hooking([module for _, module in named])
             if not self._uses_l0:
                 continue
-            prefix = f"{idx}." if indexed else ""
             for path, module in named:
                 if path and module is not root:  # a wrapped root (FSDP1, compile) is named "" as well
                     self.hook_module(module, f"{backend.module_prefix}.{prefix}{path}.{self._class_name(module)}")
+            self._hooked(root, [module for _, module in named])
         self.hooked_models.extend(models)
 
     def hooked(self, models: list) -> bool:
@@ -377,7 +423,9 @@ class CallRecords:
             return None
         calls.append(SKIPPED)  # replaced below once the call is set up
         new_args = new_kwargs = None
-        with self._own(base):
+        tls = self._tls
+        tls.depth += 1  # the tool's own work, as ``_own`` (without an object per call)
+        try:
             n = state.counters.get(base, 0)
             state.counters[base] = n + 1
             name = f"{base}.forward.{n}"
@@ -389,6 +437,10 @@ class CallRecords:
                 new_args, new_kwargs = self._call_inputs(call, args, kwargs, "")
             calls[-1] = call
             state.module_stack.append(name)
+        except Exception as e:  # the tool must never break the user's call
+            self._error(base, e)
+        finally:
+            tls.depth -= 1
         if new_args is not None and (new_args is not args or new_kwargs is not kwargs):
             return new_args, new_kwargs  # the module runs on what _call_inputs gave
         return None
@@ -405,26 +457,36 @@ class CallRecords:
             del module_calls[id(module)]
         if call is SKIPPED:
             return None
-        with self._own(base):
+        tls = self._tls
+        tls.depth += 1
+        try:
             if self.step_state.module_stack:
                 self.step_state.module_stack.pop()
             if call is not None:
                 self._end(call, output)
                 self.selection.call_finished(call.name)
+        except Exception as e:
+            self._error(base, e)
+        finally:
+            tls.depth -= 1
         return None
 
     def _on_param_grad(self, base: str, pname: str, count: int, grad: Any) -> None:
         rec = self.service.recorder
         if rec is None or grad is None or base not in self.step_state.recorded_modules:
             return None
+        counters = self.step_state.counters
+        key = f"{base}#{pname}"
+        k = counters.get(key, 0)
+        counters[key] = k + 1
+        name = f"{base}.parameters_grad.{k}"
+        save = self._saves or self.selection.saves_tensor(name)
+        # each of the module's parameters' gradients: one slot of the record
+        if self._grads_as_text and not save and self._put_grad_text(rec, name, pname, 0, grad, _param_fields, count):
+            return None
         with self._own(base), self._quiet():
-            key = f"{base}#{pname}"
-            k = self.step_state.counters.get(key, 0)
-            self.step_state.counters[key] = k + 1
-            name = f"{base}.parameters_grad.{k}"
             if self._overflow_check and self._skips_grad(grad):
                 return None
-            save = self._saves or self.selection.saves_tensor(name)
             summary = self.summarizer.summarize(grad, f"{name}.{pname}" if save else None, save)
             if len(rec.put_field(name, [pname, 0], summary, dict)) == count:  # each of the module's parameters'
                 rec.seal(name)

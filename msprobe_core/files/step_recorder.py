@@ -51,7 +51,35 @@ def _record_text(v: Any) -> str:
     record is never a string: it is a dict or a list): the training process then holds one string per record
     instead of a tree of dicts and lists, and a string is no object Python's garbage collector tracks, so the
     records of a long step do not make its full collections (which scan the whole heap) more frequent."""
-    return v if type(v) is str else _encode(v)
+    if type(v) is str:
+        return v
+    return v.text() if type(v) is TextFields else _encode(v)
+
+
+class TextFields(dict):
+    """A record filling in over time whose values are JSON texts already made (``put_text_field``): field ->
+    its slots (each a summary's text, or None until it arrives). ``expected``: the slots that make it complete
+    (-1: never complete by count, it stays a ``TextFields`` until written)."""
+
+    __slots__ = ("expected", "filled")
+
+    def __init__(self, fields: dict[str, list], expected: int):
+        super().__init__(fields)
+        self.expected = expected
+        self.filled = 0
+
+    def text(self) -> str:
+        """The record's JSON text, as ``encode`` writes the same record with its summaries as dicts."""
+        return "{" + ", ".join(f"{encode_string(k)}: [{', '.join('null' if t is None else t for t in v)}]"
+                               for k, v in self.items()) + "}"
+
+    def skeleton(self) -> dict[str, list]:
+        """The record before any field arrived, for the journal (recovery starts from it)."""
+        return {k: [None] * len(v) for k, v in self.items()}
+
+    def as_dict(self) -> dict[str, list]:
+        """The record as dicts and lists (for the routes that edit records so: ``put_field``)."""
+        return json.loads(self.text())
 
 
 def _stack_text(stack: CallStack) -> str:
@@ -225,7 +253,7 @@ class StepRecorder:
                 if e[0] == "Z":  # a record filled in over time is complete: held as its JSON text from now on
                     record = data.get(e[1])
                     if record is not None and type(record) is not str:
-                        data[e[1]] = _encode(record)
+                        data[e[1]] = _record_text(record)
                     continue
                 if e[0] == "R":  # a finished record: from now on held (and journaled) as its JSON text
                     name, record = e[1], e[3]
@@ -286,17 +314,7 @@ class StepRecorder:
             head = _marshal(entries[0])
             frame = _pack_len(len(head)) + head + frame
         entries.append(record)
-        with self._journal_lock:
-            if self._journal is None:  # finished meanwhile
-                return
-            if self._queued:  # earlier fragments wait for their statistics: this one goes behind them
-                self._queued.extend(entries)
-                return
-            try:
-                self._journal.append(frame)
-            except OSError:  # a full disk: the fragments wait for the next sync, in order
-                self._queued.extend(entries)
-                raise
+        self._journal_now(entries, frame)
 
     def put_field(self, name: str, path: Sequence[Any], value: Any, skeleton: Callable[[], Any]) -> Any:
         """Set one field of a record that fills in over time (backward grads, parameter grads); returns the
@@ -304,6 +322,8 @@ class StepRecorder:
         record = self.data.get(name)
         if type(record) is str:  # sealed, and a field comes again (a second backward over the same graph)
             record = self.data[name] = json.loads(record)
+        elif type(record) is TextFields:  # a field whose summary is not known at once (device statistics)
+            record = self.data[name] = record.as_dict()
         if record is None:
             record = skeleton()
             seq = self.reserve(name)
@@ -320,6 +340,62 @@ class StepRecorder:
         target[last] = value
         self._append(("f", name, list(path), value))
         return record
+
+    def put_text_field(self, name: str, field: str, index: int, text: str, fields: Callable[[Any], TextFields],
+                       arg: Any, parent: Any = NO_PARENT) -> bool:
+        """Set slot ``index`` of ``field`` of a record that fills in over time (backward and parameter
+        gradients) to a summary given as its JSON ``text``; ``fields(arg)`` makes the record at its first field,
+        with its construct.json ``parent`` (``NO_PARENT``: none kept). Journaled now, in one frame per field
+        (after any fragments still queued, in order): a crash loses no field already set. Complete (every
+        expected slot set), the record is held as its JSON text. A record that is not a ``TextFields`` (made
+        by ``put_field``, or complete and set again by a second backward) takes the field through ``put_field``:
+        then True is returned, and the fragments wait for ``sync_journal``."""
+        record = self.data.get(name)
+        skeleton = None
+        if record is None:
+            record = fields(arg)
+            seq = self.reserve(name)
+            self.data[name] = record
+            skeleton = record.skeleton()
+            if parent is not NO_PARENT:
+                self.construct[name] = parent
+        elif type(record) is not TextFields:
+            self.put_field(name, [field, index], json.loads(text), dict)  # (the record is there: no skeleton)
+            return True
+        else:
+            seq, parent = -1, NO_PARENT
+        slots = record.get(field)
+        if slots is None:  # a field the record was not made with (a parameter's): its slots are counted
+            slots = record[field] = [None] * (index + 1)
+        elif index >= len(slots):
+            slots.extend([None] * (index + 1 - len(slots)))
+            record.expected = -1  # a slot the record was not made with: no count says it is complete
+        if slots[index] is None:
+            record.filled += 1
+        slots[index] = text
+        if record.filled == record.expected:
+            self.data[name] = record.text()
+        self._changes += 1
+        if self._journal is not None:
+            entry = ("t", name, seq, skeleton, field, index, text, parent)
+            body = _marshal(entry)
+            self._journal_now((entry,), _pack_len(len(body)) + body)
+        return False
+
+    def _journal_now(self, entries: Sequence[tuple], frame: bytes) -> None:
+        """Journal ``entries`` (their frames: ``frame``) now, behind any fragments still queued (they wait for
+        statistics)."""
+        with self._journal_lock:
+            if self._journal is None:  # finished meanwhile
+                return
+            if self._queued:  # earlier fragments wait for their statistics: these go behind them
+                self._queued.extend(entries)
+                return
+            try:
+                self._journal.append(frame)
+            except OSError:  # a full disk: the fragments wait for the next sync, in order
+                self._queued.extend(entries)
+                raise
 
     def seal(self, name: str) -> None:
         """``name``'s record (filled in by ``put_field``) is complete: from the next ``sync_journal`` on (its
@@ -427,7 +503,7 @@ def _descend(record: Any, path: Sequence[Any]) -> Any:
 
 # ------------------------------------------------------------------------------------------- recovery
 JSON_NAMES = ("dump.json", "debug.json")
-_ENTRY_SIZES = {"h": 3, "r": 4, "j": 4, "J": 6, "f": 4, "S": 3, "s": 3, "c": 3}
+_ENTRY_SIZES = {"h": 3, "r": 4, "j": 4, "J": 6, "f": 4, "t": 8, "S": 3, "s": 3, "c": 3}
 
 
 def read_journal(raw: bytes) -> tuple[list[tuple], int]:
@@ -503,6 +579,19 @@ class Replay:
                 while len(target) <= last:
                     target.append(None)
             target[last] = e[3]
+        elif k == "t":  # a field given as JSON text; the record's first one holds its skeleton, seq and parent
+            _, name, seq, skeleton, field, index, text, parent = e
+            record = self.data.get(name)
+            if not isinstance(record, dict):
+                record = self.data[name] = skeleton if isinstance(skeleton, dict) else {}
+            if seq >= 0:
+                self.order.setdefault(name, int(seq))
+            if parent is not NO_PARENT:
+                self.construct[name] = parent if parent is None or isinstance(parent, str) else str(parent)
+            target = _descend(record, [field, index])
+            while len(target) <= index:
+                target.append(None)
+            target[index] = json.loads(text)
         elif k == "S":
             self.stacks[e[1]] = [tuple(f) for f in e[2] if len(f) == 3]
         elif k == "s":

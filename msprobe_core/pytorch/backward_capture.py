@@ -42,7 +42,6 @@ _no_torch_function = torch._C.DisableTorchFunction
 _add = torch._C._VariableFunctions.add  # the binding itself: never a wrapper the L1 dump patched in
 _is_grad_enabled = torch._C.is_grad_enabled
 _set_grad_enabled = torch._C._set_grad_enabled
-_SLOT = (1 << 32) - 1  # a key's output slot + 1 (0: a leaf)
 
 Key = int
 """Where an input's gradient goes: the id of its ``grad_fn`` and its output slot + 1, or the id of the leaf and
@@ -67,18 +66,20 @@ def _key(t: torch.Tensor) -> tuple[Key, Any]:
 class InputEdges:
     """A call's inputs that require grad, noted at its start: their edge keys and the sequence number."""
 
-    __slots__ = ("begin", "slots", "alive")
+    __slots__ = ("begin", "slots", "alive", "leaf")
 
-    def __init__(self, begin: int, slots: dict[Key, Indices], alive: list):
+    def __init__(self, begin: int, slots: dict[Key, Indices], alive: list, leaf: bool):
         self.begin = begin
         self.slots = slots   # edge key -> the input indices that are that tensor
         self.alive = alive   # the grad_fns and leaves the keys' ids stand for
+        self.leaf = leaf     # a leaf is among them (else an edge to an ``AccumulateGrad`` leads to no input)
 
     @classmethod
     def of(cls, tensors: list) -> Optional["InputEdges"]:
         """The edges of ``tensors`` (the call's tensor inputs, in record order); None if none requires grad."""
         slots: dict[Key, Indices] = {}  # ints only (the usual case): a dict the collector does not track
         alive = []
+        leaf = False
         for i, t in enumerate(tensors):
             if t.requires_grad:
                 key, obj = _key(t)
@@ -86,9 +87,10 @@ class InputEdges:
                 if indices is None:
                     slots[key] = i
                     alive.append(obj)
+                    leaf = leaf or obj is t
                 else:
                     slots[key] = (indices if type(indices) is tuple else (indices,)) + (i,)
-        return cls(_sequence_nr(), slots, alive) if slots else None
+        return cls(_sequence_nr(), slots, alive, leaf) if slots else None
 
 
 def capture(edges: InputEdges, outputs: list, report: Report, fail: Callable[[Any, BaseException], None],
@@ -108,12 +110,16 @@ def capture(edges: InputEdges, outputs: list, report: Report, fail: Callable[[An
             passed.setdefault(key, t)
         elif fn is not t and begin <= fn._sequence_nr() < end:
             roots.append(fn)
-    hits, counts = _walk(roots, slots, passed, begin, end)
+    hits, counts = _walk(roots, slots, passed, begin, end, edges.leaf)
     if not hits and not passed:
         return
     state = _OwnGrads(slots, counts, report, fail, context)
     if len(hits) == 1:  # the usual case: one node of the call sends to its inputs; the state is its hook
         node, state.node_hits = hits[0]
+        if len(state.node_hits) == 1 and not passed:
+            key, edge_list = state.node_hits[0]
+            if len(edge_list) == 1 and type(slots[key]) is int:  # one edge to one input: reported as it comes
+                state.single = edge_list[0]
         keep(node.register_hook(state))
     else:
         for node, node_hits in hits:
@@ -123,14 +129,14 @@ def capture(edges: InputEdges, outputs: list, report: Report, fail: Callable[[An
         keep(t.register_hook(state.tensor_hook(key)))
 
 
-def _walk(roots: list, slots: dict[Key, Indices], skip: dict, begin: int, end: int):
+def _walk(roots: list, slots: dict[Key, Indices], skip: dict, begin: int, end: int, leaf_inputs: bool):
     """The call's nodes with edges to its inputs (``[(node, ((key, edge indices), ...)), ...]``) and the
-    number of such edges per input key; edges to a key in ``skip`` are left out."""
+    number of such edges per input key; edges to a key in ``skip`` are left out (``leaf_inputs``: some input
+    is a leaf)."""
     stack = list(dict.fromkeys(roots))  # outputs of one node (split, chunk) share it: walk it once
     seen = set(stack)
     hits = []
     counts: dict[Key, int] = {}
-    leaf_inputs = any(not key & _SLOT for key in slots)  # else a leaf's edge (a parameter's) leads to no input
     while stack:
         node = stack.pop()
         found: Optional[dict[Key, list[int]]] = None
@@ -157,14 +163,14 @@ def _walk(roots: list, slots: dict[Key, Indices], skip: dict, begin: int, end: i
             found.setdefault(key, []).append(edge)
             counts[key] = counts.get(key, 0) + 1
         if found is not None:
-            hits.append((node, tuple((k, tuple(e)) for k, e in found.items())))
+            hits.append((node, tuple([(k, tuple(e)) for k, e in found.items()])))
     return hits, counts
 
 
 class _OwnGrads:
     """One call's input gradients as its nodes send them during a backward pass."""
 
-    __slots__ = ("slots", "expected", "report", "fail", "context", "partial", "queued", "node_hits")
+    __slots__ = ("slots", "expected", "report", "fail", "context", "partial", "queued", "node_hits", "single")
 
     def __init__(self, slots: dict[Key, Indices], expected: dict[Key, int], report: Report,
                  fail: Callable[[Any, BaseException], None], context: Any):
@@ -176,10 +182,20 @@ class _OwnGrads:
         self.partial: dict[Key, list] = {}  # key -> [edges arrived, their sum] in the running backward pass
         self.queued = False
         self.node_hits: tuple = ()      # the hits of the one node that has the state itself as its hook
+        self.single = -1                # that node's one edge, when it is the call's only edge to its one input
 
     def __call__(self, grad_inputs: tuple, grad_outputs: tuple) -> None:
         """The post hook of the call's one node with edges to its inputs (no closure made per call)."""
-        self._node_done(self.node_hits, grad_inputs)
+        edge = self.single
+        if edge < 0:
+            self._node_done(self.node_hits, grad_inputs)
+            return
+        grad = grad_inputs[edge]
+        if grad is not None:
+            try:
+                self.report(self.context, self.slots[self.node_hits[0][0]], grad)
+            except Exception as e:  # the tool never breaks the user's backward
+                self.fail(self.context, e)
 
     def _node_done(self, node_hits: tuple, grad_inputs: tuple) -> None:
         try:

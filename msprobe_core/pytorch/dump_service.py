@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import weakref
 from typing import Any, Callable, Optional
 
 import torch
@@ -27,7 +28,7 @@ from msprobe_core.dump.service import Call, DumpServiceBase, saves_files
 from msprobe_core.files.call_stack import StackCapture
 from msprobe_core.pytorch.api_patch import ApiPatcher
 from msprobe_core.pytorch.backward_capture import InputEdges, capture
-from msprobe_core.pytorch.step_hooks import StepHooks
+from msprobe_core.pytorch.step_hooks import HookPlan, StepHooks
 from msprobe_core.pytorch.compiled_records import CompiledModuleRecords
 from msprobe_core.pytorch.compiled_taps import compiled_as_a_whole
 from msprobe_core.pytorch.inplace_comm import written_tensors
@@ -103,6 +104,8 @@ class DumpService(DumpServiceBase):
         self._own_grad_error = self._on_own_grad_error
         self._step_hooks = StepHooks()  # torch hook handles of the step, removed with the step's other handles
         self._module_hooks = StepHooks()  # module hook handles, removed at stop() with the other forward handles
+        self._plans: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # root -> its HookPlan (``_rehook``)
+        self._planning: Optional[HookPlan] = None  # the plan of the model being hooked
         self.sharded_grads = ShardedGrads(self._deliver_sharded_grad, every_rank_dumps(cfg.rank))
 
     def limit_to(self, module: torch.nn.Module) -> None:
@@ -208,10 +211,41 @@ class DumpService(DumpServiceBase):
             if state is not None and hasattr(state(), "_root_post_backward_final_callback"):
                 self.sharded_grads.after_fsdp_backward(state())
 
+    def _rehook(self, root: torch.nn.Module, prefix: str) -> bool:
+        plan = self._plans.get(root)
+        self._planning = HookPlan(prefix)
+        if plan is None or plan.prefix != prefix or not plan.still_valid(root):
+            return False
+        self._planning = None
+        self._compiled = False  # what _named_modules decides for a model (a plan is made only for eager ones)
+        self._in_graph = None
+        self._prepare_for_compiler()
+        hooks = self._module_hooks
+        if not hooks:
+            self.forward_handles.append(hooks)
+        plan.install(hooks)
+        for param, hook in plan.params:
+            self._hook_param_grad(param, hook)
+        return True
+
+    def _hooked(self, root: torch.nn.Module, modules: list) -> None:
+        plan, self._planning = self._planning, None
+        if plan is None or not plan.usable or self._compiled or self._in_graph is not None \
+                or any(id(m) in self._fsdp1 or hasattr(m, "_get_fsdp_state") for m in modules):
+            self._plans.pop(root, None)
+            return
+        plan.seal(root, modules)
+        self._plans[root] = plan
+
     def _own_parameters(self, module: torch.nn.Module) -> list[tuple[str, Any]]:
         return [(k, v) for k, v in module._parameters.items() if v is not None]  # without named_parameters' generator
 
     def _hook_param_grad(self, param: torch.Tensor, hook: Callable) -> None:
+        plan = self._planning
+        if plan is not None:
+            if isinstance(param, FlatSlot) or is_dtensor(param):
+                plan.usable = False
+            plan.params.append((param, hook))
         # a lazy module's parameter is not a tensor yet (hooked from the next start() on)
         if isinstance(param, FlatSlot):  # the full gradient's statistics at the end of backward
             self._step_handles.append(self.sharded_grads.add(param, hook))
@@ -220,7 +254,7 @@ class DumpService(DumpServiceBase):
             if is_dtensor(param):  # sharded: the full gradient's statistics at the end of backward
                 self._step_handles.append(self.sharded_grads.add(param, hook))
                 hook = self.sharded_grads.arm
-            self._keep_hook(param.register_hook(hook))
+            self._keep_tensor_hook(param, hook)
 
     def _deliver_sharded_grad(self, hook: Callable, grad: torch.Tensor, combined: Optional[Combined]) -> None:
         if combined is not None:
@@ -233,7 +267,7 @@ class DumpService(DumpServiceBase):
     def _hook_tensor_grad(self, t: torch.Tensor, hook: Callable) -> None:
         # removed when the step ends (a leaf's hook outlives the graph; a backward run after step()
         # belongs to no recorded step)
-        self._keep_hook(t.register_hook(hook))
+        self._keep_tensor_hook(t, hook)
 
     def _hook_saved_tensor(self, t: torch.Tensor, hook: Callable) -> None:
         if isinstance(t, _Uninitialized):
@@ -246,8 +280,11 @@ class DumpService(DumpServiceBase):
         hooks = self._module_hooks
         if not hooks:
             self.forward_handles.append(hooks)  # its remove() runs with the other forward handles at stop()
+        plan = self._planning
         for h in handles:
             hooks.keep(h)
+            if plan is not None:
+                plan.add_forward(h)
 
     def _keep_hook(self, handle: Any) -> None:
         """Hold a torch hook handle for its removal when the step ends (``StepHooks``: no handle object kept)."""
@@ -255,6 +292,13 @@ class DumpService(DumpServiceBase):
         if not hooks:
             self._step_handles.append(hooks)  # its remove() runs with the step's other handles
         hooks.keep(handle)
+
+    def _keep_tensor_hook(self, t: torch.Tensor, hook: Callable) -> None:
+        """``t.register_hook(hook)`` until the step ends, made without a handle object (``StepHooks``)."""
+        hooks = self._step_hooks
+        if not hooks:
+            self._step_handles.append(hooks)
+        hooks.tensor_hook(t, hook)
 
     def _wants_grad(self, t: torch.Tensor) -> bool:
         return t.requires_grad

@@ -1,5 +1,6 @@
 """The hooks the dump installs for a step (gradient hooks) or between start() and stop() (module hooks), kept
-for their removal as hook dicts and keys instead of torch's handle objects.
+for their removal as hook dicts and keys instead of torch's handle objects; and a model's module hooks kept
+from one start() to the next (``HookPlan``), put back as dict entries instead of registered again.
 
 A torch hook handle (``RemovableHandle``) is two to four objects Python's garbage collector tracks (the
 handle and its weak references to the hook dicts). Kept for the whole step, thousands of them (one per
@@ -10,7 +11,20 @@ go into one flat list, and ``remove`` deletes exactly those keys, as ``Removable
 
 from __future__ import annotations
 
-from typing import Any
+from collections import OrderedDict
+from typing import Any, Callable
+
+import torch
+from torch.utils.hooks import RemovableHandle
+
+_Tensor = torch.Tensor
+
+
+def next_hook_id() -> int:
+    """A key no torch hook dict uses: the next ``RemovableHandle`` id, taken as torch takes it."""
+    key = RemovableHandle.next_id
+    RemovableHandle.next_id = key + 1
+    return key
 
 
 class StepHooks:
@@ -34,6 +48,27 @@ class StepHooks:
         for ref in extra:
             flat.append(ref())
 
+    def keep_keys(self, flat: list) -> None:
+        """Hold hooks put in their dicts without a handle, given as ``flat``: key, number of dicts, the dicts,
+        key, ... (the form ``remove`` reads)."""
+        self._flat += flat
+
+    def tensor_hook(self, t: Any, hook: Callable) -> None:
+        """``t.register_hook(hook)``, held for ``remove``: for a plain tensor, the entry torch's
+        ``register_hook`` makes, made without its handle."""
+        if type(t) is not _Tensor and type(t) is not torch.nn.Parameter:  # a subclass: torch's own way
+            self.keep(t.register_hook(hook))
+            return
+        hooks = t._backward_hooks
+        if hooks is None:
+            hooks = t._backward_hooks = OrderedDict()
+            fn = t.grad_fn
+            if fn is not None:
+                fn._register_hook_dict(t)
+        key = next_hook_id()
+        hooks[key] = hook
+        self._flat += (key, 1, hooks)
+
     def remove(self) -> None:
         """Remove every hook kept since the last ``remove``."""
         flat, self._flat = self._flat, []
@@ -44,3 +79,54 @@ class StepHooks:
                 if hooks is not None:
                     hooks.pop(key, None)
             i += 2 + n
+
+
+class HookPlan:
+    """The module hooks and parameter-gradient hooks one start() installed on a model, to put back at the next
+    start() as they were (same hooks, same keys, each at the end of its dict as registering it puts it) while
+    the model is as it was: the same modules, classes and parameters, nothing compiled. Holds no reference to
+    the model's root (a plan lives as long as its root, in a ``WeakKeyDictionary``)."""
+
+    __slots__ = ("prefix", "entries", "flat", "params", "modules", "usable")
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix  # the names' model index ("0." of a list of models), part of what the hooks record
+        self.usable = True    # False: a hook the plan cannot put back by itself (sharded parameters)
+        self.entries: list[tuple[dict, int, Any]] = []  # the module hooks' dict entries: dict, key, value
+        self.flat: list[Any] = []                        # the same for their removal (``StepHooks.keep_keys``)
+        self.params: list[tuple[Any, Callable]] = []     # parameter, its gradient hook
+        self.modules: list[tuple[Any, type, dict, dict]] = []  # module, class, children, parameters (copies)
+
+    def add_forward(self, handle: RemovableHandle) -> None:
+        """A module hook just registered (``handle``): its dict entries, as registering made them."""
+        key = handle.id
+        dicts = [d for d in (handle.hooks_dict_ref(), *(ref() for ref in handle.extra_dict_ref or ()))
+                 if d is not None and key in d]
+        self.entries += [(d, key, d[key]) for d in dicts]
+        self.flat += (key, len(dicts), *dicts)
+
+    def seal(self, root: Any, modules: list) -> None:
+        """The plan is complete: note the model's structure (``modules``, root first) to check it at ``still_valid``."""
+        self.modules = [(m, type(m), dict(m._modules), dict(m._parameters)) for m in modules if m is not root]
+        self.modules.insert(0, (None, type(root), dict(root._modules), dict(root._parameters)))
+
+    def still_valid(self, root: Any) -> bool:
+        """Is ``root`` still the model the plan was made for (same modules, classes, parameters; not compiled)?"""
+        for m, cls, children, params in self.modules:
+            if m is None:
+                m = root
+            if type(m) is not cls or getattr(m, "_compiled_call_impl", None) is not None:
+                return False
+            for mine, kept in ((m._modules, children), (m._parameters, params)):
+                if len(mine) != len(kept):
+                    return False
+                for k, v in mine.items():
+                    if kept.get(k, mine) is not v:
+                        return False
+        return True
+
+    def install(self, hooks: StepHooks) -> None:
+        """Put the module hooks back, each held by ``hooks`` for its removal."""
+        for d, key, value in self.entries:
+            d[key] = value
+        hooks.keep_keys(self.flat)

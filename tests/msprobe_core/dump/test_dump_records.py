@@ -421,15 +421,17 @@ def test_tool_errors_go_to_dump_error_info_log_and_training_goes_on(tmp_path, mo
     x = torch.randn(3, 8)
     ref = model(x).sum()
     calls = {"n": 0}
-    original = summarize.Summarizer.tensor
 
-    def flaky(self, t, file_base, save):
-        calls["n"] += 1
-        if calls["n"] == 3:
-            raise RuntimeError("boom")
-        return original(self, t, file_base, save)
+    def flaky(original):  # the 3rd summary the dump makes fails, whichever route makes it (a dict or its text)
+        def summary(self, *args):
+            calls["n"] += 1
+            if calls["n"] == 3:
+                raise RuntimeError("boom")
+            return original(self, *args)
+        return summary
 
-    monkeypatch.setattr(summarize.Summarizer, "tensor", flaky)
+    monkeypatch.setattr(summarize.Summarizer, "tensor", flaky(summarize.Summarizer.tensor))
+    monkeypatch.setattr(summarize.Summarizer, "tensor_text", flaky(summarize.Summarizer.tensor_text))
     rank_dir = run_once(tmp_path, model, {"level": "L1"}, inputs=x)
     assert "boom" in (rank_dir / "dump_error_info.log").read_text()
     assert (rank_dir / "dump.json").exists()

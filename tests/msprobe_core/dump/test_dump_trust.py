@@ -75,6 +75,37 @@ def test_stop_restores_torch_and_removes_every_hook(tmp_path):
     assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
 
 
+def test_an_unchanged_model_gets_its_hooks_back_at_each_start_and_loses_them_at_stop(tmp_path):
+    """From the second start() on, an unchanged model's hooks are put back as the first start() made them
+    (after the user's own, as registering puts them), stop() and step() take them all away, and a changed
+    model is hooked afresh: every step's records are those of a model hooked at that start()."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.GELU())
+    dbg = PrecisionDebugger({"dump_path": str(tmp_path / "d"), "level": "L0"})
+    mine = []
+    for step in range(3):
+        if step == 2:
+            model.append(torch.nn.Linear(4, 4))
+        handle = model[0].register_forward_hook(lambda *a: None)
+        dbg.start(model)
+        hooks = list(model[0]._forward_hooks.values())
+        assert hooks[0] is handle.hooks_dict_ref()[handle.id] and len(hooks) == 2  # the user's, then the dump's
+        mine.append(hooks[1])
+        model(torch.randn(2, 4)).sum().backward()
+        dbg.stop()
+        dbg.step()
+        handle.remove()
+        for m in model.modules():
+            assert not m._forward_hooks and not m._forward_pre_hooks and not m._forward_hooks_with_kwargs
+        assert all(not p._backward_hooks for p in model.parameters())
+    assert mine[0] is mine[1]  # put back, not made again
+    names = [sorted(json.loads((next((tmp_path / "d" / f"step{i}").iterdir()) / "dump.json").read_text())["data"])
+             for i in range(3)]
+    assert names[0] == names[1] and "Module.0.Linear.parameters_grad.0" in names[0]
+    assert set(names[2]) - set(names[1]) == {"Module.2.Linear.forward.0", "Module.2.Linear.backward.0",
+                                             "Module.2.Linear.parameters_grad.0"}
+
+
 def test_idle_import_patches_nothing():
     code = "import torch, torch.nn.functional as F; r = F.relu; import msprobe_core.pytorch; assert F.relu is r; print('ok')"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=ROOT))

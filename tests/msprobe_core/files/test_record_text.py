@@ -149,9 +149,10 @@ def test_stacks_are_the_same_with_and_without_the_kernels_frame_walk(monkeypatch
     assert a1.frames == b1.frames and a1.frames[-1][2] == "inner"
 
 
-@pytest.mark.parametrize("level", ["L1", "mix"])
+@pytest.mark.parametrize("level", ["L0", "L1", "mix"])
 def test_a_killed_statistics_dump_loses_no_record(tmp_path, level):
-    """Text records are journaled as they are made: the recovered step equals the step of a run not killed."""
+    """Text records are journaled as they are made (a backward record's gradients one by one): the recovered
+    step equals the step of a run not killed."""
     for d in ("killed", "full"):
         (tmp_path / d).mkdir()
     killed, out = run_killed_mid_step(tmp_path / "killed", "SIGKILL", level, "statistics")
