@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import weakref
-from collections import OrderedDict
 from functools import partial
 from typing import Any, Callable, Iterator, Sequence
 
@@ -30,6 +29,7 @@ from msprobe_core.monitor.records import ACTV, ACTV_GRAD
 from msprobe_core.monitor.step_state import StepState
 from msprobe_core.common.tool_guard import TOOL
 from msprobe_core.pytorch.native_shards import local_view
+from msprobe_core.pytorch.step_hooks import add_tensor_hook
 from msprobe_core.pytorch.wrapper_names import is_compiled, opaque_to_compiler, unwrapped_modules
 
 logger = logging.getLogger("msprobe_core.monitor")
@@ -302,20 +302,9 @@ class ActivationHooks(HookSet):
                     known.hook_up(t, micro, self.state, ((bwd_name, name),))
 
 
-_HOOK_KEY = "msprobe_core.monitor"
-"""The monitor's key in a tensor's ``_backward_hooks`` (torch's own handles use int ids: no clash)."""
-
-
 def _register_grad_hook(t: torch.Tensor, hook: Callable[[torch.Tensor], None]) -> None:
-    """``t.register_hook(hook)`` without its removable handle (the hook goes with the tensor): what torch's
-    ``Tensor.register_hook`` does for a plain tensor with no hook yet, a fifth of its cost; anything else
-    goes through torch."""
-    if type(t) in _PLAIN and t._backward_hooks is None:
-        t._backward_hooks = OrderedDict(((_HOOK_KEY, hook),))  # an OrderedDict, as torch's (handles weakref it)
-        grad_fn = t.grad_fn
-        if grad_fn is not None:
-            grad_fn._register_hook_dict(t)
-    else:
+    """``t.register_hook(hook)`` without its removable handle (the hook goes with the tensor)."""
+    if add_tensor_hook(t, hook) is None:
         t.register_hook(hook)
 
 

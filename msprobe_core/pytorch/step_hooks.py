@@ -12,12 +12,13 @@ go into one flat list, and ``remove`` deletes exactly those keys, as ``Removable
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 from torch.utils.hooks import RemovableHandle
 
 _Tensor = torch.Tensor
+_Parameter = torch.nn.Parameter
 
 
 def next_hook_id() -> int:
@@ -25,6 +26,25 @@ def next_hook_id() -> int:
     key = RemovableHandle.next_id
     RemovableHandle.next_id = key + 1
     return key
+
+
+def add_tensor_hook(t: Any, hook: Callable) -> Optional[tuple[int, dict]]:
+    """``t.register_hook(hook)`` for a plain tensor (``torch.Tensor``, ``Parameter``) without the handle object:
+    the entry torch's ``register_hook`` makes (a fresh int key at the end of the tensor's ``_backward_hooks``,
+    the dict made and given to its ``grad_fn`` on first use), about a fifth of its cost. Returns (key, the hook
+    dict) for the caller to remove it by; None, with nothing done, for a subclass (which takes
+    ``register_hook``: it may route the call elsewhere)."""
+    if type(t) is not _Tensor and type(t) is not _Parameter:
+        return None
+    hooks = t._backward_hooks
+    if hooks is None:
+        hooks = t._backward_hooks = OrderedDict()  # an OrderedDict, as torch's (handles weakref it)
+        fn = t.grad_fn
+        if fn is not None:
+            fn._register_hook_dict(t)
+    key = next_hook_id()
+    hooks[key] = hook
+    return key, hooks
 
 
 class StepHooks:
@@ -54,20 +74,12 @@ class StepHooks:
         self._flat += flat
 
     def tensor_hook(self, t: Any, hook: Callable) -> None:
-        """``t.register_hook(hook)``, held for ``remove``: for a plain tensor, the entry torch's
-        ``register_hook`` makes, made without its handle."""
-        if type(t) is not _Tensor and type(t) is not torch.nn.Parameter:  # a subclass: torch's own way
+        """``t.register_hook(hook)``, held for ``remove`` (``add_tensor_hook``: no handle for a plain tensor)."""
+        added = add_tensor_hook(t, hook)
+        if added is None:  # a subclass: torch's own way
             self.keep(t.register_hook(hook))
-            return
-        hooks = t._backward_hooks
-        if hooks is None:
-            hooks = t._backward_hooks = OrderedDict()
-            fn = t.grad_fn
-            if fn is not None:
-                fn._register_hook_dict(t)
-        key = next_hook_id()
-        hooks[key] = hook
-        self._flat += (key, 1, hooks)
+        else:
+            self._flat += (added[0], 1, added[1])
 
     def remove(self) -> None:
         """Remove every hook kept since the last ``remove``."""
