@@ -39,8 +39,7 @@ _NO_SIZES = (0, 0)
 def _backward_fields(sizes: Optional[tuple[int, int]]) -> TextFields:
     """``_backward_skeleton`` for gradients given as text: complete once each of its slots is set (never
     without ``sizes``)."""
-    n_in, n_out = sizes if sizes is not None else (0, 0)
-    return TextFields({"input": [None] * n_in, "output": [None] * n_out}, n_in + n_out if sizes is not None else -1)
+    return TextFields(_backward_skeleton(sizes), sum(sizes) if sizes is not None else -1)
 
 
 def _param_fields(count: int) -> TextFields:

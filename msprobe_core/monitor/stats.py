@@ -84,7 +84,7 @@ class StatsEngine:
         (the numbers ``compute`` gives)."""
         rows = array("d")
         rows.frombytes(raw)
-        numels = rows[6::RAW_WIDTH]
+        numels = rows[RAW_WIDTH - 1::RAW_WIDTH]  # each row's last value
         made = {}
         for op in self.ops:
             if op == "min":
