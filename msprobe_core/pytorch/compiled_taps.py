@@ -23,7 +23,6 @@ recompilation and no graph: losses bit-identical to the compiled model without t
 
 from __future__ import annotations
 
-import sys
 from functools import partial
 from typing import Callable, Sequence
 
@@ -31,6 +30,7 @@ import torch
 from torch import nn
 
 from msprobe_core.pytorch.tensor_stats import MONITOR_OPS
+from msprobe_core.pytorch.wrapper_names import optimized_module_class
 
 CALLS = 8
 """Calls of one hooked module per forward whose gradient statistics have a slot (more: not recorded)."""
@@ -42,11 +42,8 @@ def compiled_as_a_whole(models: Sequence[nn.Module]) -> bool:
     """Whether every model is compiled as a whole by ``torch.compile(model)`` (an ``OptimizedModule``, whose
     own hooks run eagerly around the graph): where the tool's hooks go into the graph. ``model.compile()``
     (compiled in place, no eager wrapper) and partly compiled models keep the tool's eager hooks."""
-    if "torch._dynamo" not in sys.modules:  # nothing is compiled (and importing Dynamo costs a second)
-        return False
-    from torch._dynamo.eval_frame import OptimizedModule
-
-    return bool(models) and all(isinstance(m, OptimizedModule) for m in models)
+    optimized = optimized_module_class()  # None: nothing is compiled
+    return optimized is not None and bool(models) and all(isinstance(m, optimized) for m in models)
 
 
 def dump_stats(t: torch.Tensor) -> torch.Tensor:

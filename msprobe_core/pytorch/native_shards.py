@@ -21,7 +21,7 @@ from typing import Any, Iterator, NamedTuple
 import torch
 from torch import nn
 
-from msprobe_core.pytorch.wrapper_names import unwrapped_name
+from msprobe_core.pytorch.wrapper_names import fsdp1_class, unwrapped_name
 
 try:
     from torch.distributed.tensor import DTensor
@@ -129,12 +129,11 @@ class FlatSlot(NamedTuple):
 
 def fsdp1_slots(chunk: nn.Module, prefix: str = "") -> Iterator[tuple[str, FlatSlot]]:
     """Every original parameter of the FSDP1 units of ``chunk``: (unwrapped name, slot)."""
-    try:
-        from torch.distributed.fsdp import FullyShardedDataParallel
-    except Exception:  # pragma: no cover
+    fsdp1 = fsdp1_class()
+    if fsdp1 is None:  # FSDP1 not loaded: no unit can exist
         return
     for name, module in chunk.named_modules():
-        if not isinstance(module, FullyShardedDataParallel):
+        if not isinstance(module, fsdp1):
             continue
         handle = getattr(module, "_handle", None)
         flat = getattr(handle, "flat_param", None)

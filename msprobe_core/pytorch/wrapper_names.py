@@ -9,7 +9,8 @@ unwrapped model does, so a sharded or compiled run pairs with a single-device ea
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Iterator
+import sys
+from typing import Callable, Iterable, Iterator, Optional
 
 import torch
 from torch import nn
@@ -30,35 +31,27 @@ def unwrapped_name(name: str) -> str:
     return ".".join(p for p in parts if p not in WRAPPER_PARTS)
 
 
+def _loaded(module: str, name: str) -> Optional[type]:
+    """``module.name`` when ``module`` is already imported, else None: no instance of a class of a module
+    nobody imported can exist, and importing Dynamo or FSDP only to ask would cost every start() up to a second."""
+    return getattr(sys.modules.get(module), name, None)
+
+
+def optimized_module_class() -> Optional[type]:
+    """``torch.compile``'s ``OptimizedModule`` when Dynamo is loaded (``torch.compile`` loads it), else None."""
+    return _loaded("torch._dynamo.eval_frame", "OptimizedModule")
+
+
+def fsdp1_class() -> Optional[type]:
+    """FSDP1's ``FullyShardedDataParallel`` when it is loaded, else None."""
+    return _loaded("torch.distributed.fsdp.fully_sharded_data_parallel", "FullyShardedDataParallel")
+
+
 def _wrapper_types() -> tuple[type, ...]:
-    found: list[type] = []
-    try:
-        from torch._dynamo.eval_frame import OptimizedModule
-        found.append(OptimizedModule)
-    except Exception:  # pragma: no cover - torch without dynamo
-        pass
-    try:
-        from torch.distributed.fsdp import FullyShardedDataParallel
-        found.append(FullyShardedDataParallel)
-    except Exception:  # pragma: no cover - torch without distributed
-        pass
-    try:
-        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import ActivationWrapper
-        found.append(ActivationWrapper)
-    except Exception:  # pragma: no cover
-        pass
-    return tuple(found)
-
-
-_WRAPPERS: tuple[type, ...] | None = None
-
-
-def is_wrapper(module: nn.Module) -> bool:
-    """Whether ``module`` only wraps another (FSDP1 unit, checkpoint wrapper, compiled module)."""
-    global _WRAPPERS
-    if _WRAPPERS is None:
-        _WRAPPERS = _wrapper_types()
-    return isinstance(module, _WRAPPERS)
+    """The wrapper classes loaded now: compiled module, FSDP1 unit, activation checkpoint wrapper."""
+    found = (optimized_module_class(), fsdp1_class(),
+             _loaded("torch.distributed.algorithms._checkpoint.checkpoint_wrapper", "ActivationWrapper"))
+    return tuple(t for t in found if t is not None)
 
 
 def unwrapped_class_name(module: nn.Module) -> str:
@@ -80,19 +73,17 @@ def unwrapped_class_name(module: nn.Module) -> str:
 def unwrapped_modules(root: nn.Module) -> Iterator[tuple[str, nn.Module]]:
     """``root.named_modules()`` under unwrapped names, wrapper modules left out (the wrapped module takes
     the wrapper's name; the root's is ``""``)."""
+    wrappers = _wrapper_types()
     for name, module in root.named_modules():
-        if not is_wrapper(module):
+        if not isinstance(module, wrappers):
             yield unwrapped_name(name), module
 
 
 def is_compiled(modules: Iterable[nn.Module]) -> bool:
     """Whether any of ``modules`` (or a submodule) runs under ``torch.compile`` (an ``OptimizedModule``
     wrapper, or ``Module.compile()`` in place)."""
-    try:
-        from torch._dynamo.eval_frame import OptimizedModule
-    except Exception:  # pragma: no cover
-        return False
-    return any(isinstance(m, OptimizedModule) or getattr(m, "_compiled_call_impl", None) is not None
+    optimized = optimized_module_class() or ()
+    return any(isinstance(m, optimized) or getattr(m, "_compiled_call_impl", None) is not None
                for root in modules for m in root.modules())
 
 
