@@ -978,6 +978,167 @@ static int add_record_text(PyObject *m) {
 }
 /* ==================================================================================== end of record text */
 
+/* ========================================================================================== gradient text
+ * The dump's gradients as JSON text without the per-version cache (``Summarizer.grad_text`` in
+ * ``pytorch/summarize.py``, used by ``dump/call_records.py`` at level L0): a gradient is read once or twice
+ * (as one call's input gradient, then as the next call's output gradient, in two successive hooks), so a
+ * cache entry and weak reference per gradient (objects the garbage collector tracks until the step ends)
+ * buy nothing. The last gradient read with ``remember`` is kept (a strong reference, until the next one or
+ * ``clear``): the next hook reading that same tensor, unchanged, takes its text as it is.
+ *
+ *   GradText(record_text)
+ *     .text(t, remember) -> RecordText's text of one plain dense CPU tensor of the kernel's dtypes, or None
+ *                           (anything else: the caller takes ``tensor_text``)
+ *     .clear()           -> forget the last gradient */
+
+typedef struct {
+    PyObject_HEAD
+    RecordTextObject *rt;
+    PyObject *last;           /* the last gradient read with remember (NULL: none) */
+    PyObject *body;           /* its text up to '"requires_grad": ' */
+    long long version;
+    unsigned long long ptr;
+} GradTextObject;
+
+static PyObject *gt_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    PyObject *rt;
+    if (!PyArg_ParseTuple(args, "O!:GradText", &RecordTextType, &rt)) return NULL;
+    GradTextObject *self = (GradTextObject *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    Py_INCREF(rt);
+    self->rt = (RecordTextObject *)rt;
+    self->last = self->body = NULL;
+    return (PyObject *)self;
+}
+
+/* The body of t (a new reference), Py_None when the Python route must say, NULL with an error. */
+static PyObject *gt_body(GradTextObject *self, PyObject *t, long long version, unsigned long long ptr) {
+    RecordTextObject *rt = self->rt;
+    int cpu = tensor_flag(rt, t, D_IS_CPU);
+    if (cpu <= 0) return cpu < 0 ? NULL : (Py_INCREF(Py_None), Py_None);
+    PyObject *layout = tensor_get(rt, t, D_LAYOUT);
+    if (layout == NULL) return NULL;
+    Py_DECREF(layout);
+    if (layout != rt->strided) Py_RETURN_NONE;
+    PyObject *dtype = tensor_get(rt, t, D_DTYPE);
+    if (dtype == NULL) return NULL;
+    PyObject *code_obj = PyDict_GetItemWithError(rt->codes, dtype);  /* borrowed */
+    int contiguous = code_obj != NULL ? tensor_flag(rt, t, D_IS_CONTIGUOUS) : 0;
+    long code = code_obj != NULL && contiguous > 0 ? PyLong_AsLong(code_obj) : -1;
+    if (contiguous < 0 || PyErr_Occurred()) { Py_DECREF(dtype); return NULL; }
+    if (code < 0 || code >= N_KERNELS) { Py_DECREF(dtype); Py_RETURN_NONE; }
+    EntryObject *e = entry_new(Py_None, version, ptr);  /* for make_body only: never cached */
+    PyObject *body = e == NULL ? NULL : make_body(rt, t, e, dtype, code);
+    Py_XDECREF(e);
+    Py_DECREF(dtype);
+    return body;
+}
+
+static PyObject *gt_text(GradTextObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "text(t, remember) takes 2 arguments");
+        return NULL;
+    }
+    PyObject *t = args[0];
+    int remember = PyObject_IsTrue(args[1]);
+    RecordTextObject *rt = self->rt;
+    if (remember < 0) return NULL;
+    if ((Py_TYPE(t) != (PyTypeObject *)rt->tensor && Py_TYPE(t) != (PyTypeObject *)rt->parameter)
+        || PyDict_GET_SIZE(rt->combined))
+        Py_RETURN_NONE;
+    PyObject *v = tensor_get(rt, t, D_VERSION);
+    PyObject *address = v ? tensor_get(rt, t, D_DATA_PTR) : NULL;
+    long long version = v ? PyLong_AsLongLong(v) : -1;
+    unsigned long long ptr = address ? PyLong_AsUnsignedLongLong(address) : 0;
+    Py_XDECREF(v);
+    Py_XDECREF(address);
+    if (address == NULL || PyErr_Occurred()) {  /* an inference tensor, a wrapper without storage */
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    PyObject *body;
+    if (t == self->last && version == self->version && ptr == self->ptr) {
+        body = self->body;
+        Py_INCREF(body);
+    } else {
+        body = gt_body(self, t, version, ptr);
+        if (body == NULL) {  /* torch refused a question: the Python route says why */
+            if (!PyErr_ExceptionMatches(PyExc_Exception)) return NULL;
+            PyErr_Clear();
+            Py_RETURN_NONE;
+        }
+        if (body == Py_None) return body;
+        if (remember) {
+            Py_INCREF(t);
+            Py_XSETREF(self->last, t);
+            Py_INCREF(body);
+            Py_XSETREF(self->body, body);
+            self->version = version;
+            self->ptr = ptr;
+        }
+    }
+    int grad = tensor_flag(rt, t, D_REQUIRES_GRAD);
+    if (grad < 0) { Py_DECREF(body); return NULL; }
+    text_t b;
+    text_init(&b);
+    int rc = text_put_str(&b, body);
+    Py_DECREF(body);
+    if (rc == 0) rc = grad ? PUT_LIT(&b, "true}") : PUT_LIT(&b, "false}");
+    return finish(&b, rc);
+}
+
+static int gt_clear(GradTextObject *self) {
+    Py_CLEAR(self->last);
+    Py_CLEAR(self->body);
+    return 0;
+}
+
+static PyObject *gt_forget(GradTextObject *self, PyObject *unused) {
+    gt_clear(self);
+    Py_RETURN_NONE;
+}
+
+static int gt_traverse(GradTextObject *self, visitproc visit, void *arg) {
+    Py_VISIT(self->rt);
+    Py_VISIT(self->last);
+    return 0;
+}
+
+static void gt_dealloc(GradTextObject *self) {
+    PyObject_GC_UnTrack(self);
+    gt_clear(self);
+    Py_CLEAR(self->rt);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMethodDef gt_methods[] = {
+    {"text", (PyCFunction)(void (*)(void))gt_text, METH_FASTCALL,
+     "text(t, remember) -> the JSON text of the gradient t's summary, or None (the caller's Python route)"},
+    {"clear", (PyCFunction)gt_forget, METH_NOARGS, "clear() -> forget the last gradient read"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject GradTextType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "msprobe_core.stats._fast_stats.GradText",
+    .tp_basicsize = sizeof(GradTextObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "The dump's gradient text in C, without the per-version cache (see summarize.py)",
+    .tp_new = gt_new,
+    .tp_dealloc = (destructor)gt_dealloc,
+    .tp_traverse = (traverseproc)gt_traverse,
+    .tp_clear = (inquiry)gt_clear,
+    .tp_methods = gt_methods,
+};
+
+static int add_grad_text(PyObject *m) {
+    if (PyType_Ready(&GradTextType) < 0) return -1;
+    Py_INCREF(&GradTextType);
+    if (PyModule_AddObject(m, "GradText", (PyObject *)&GradTextType) < 0) { Py_DECREF(&GradTextType); return -1; }
+    return 0;
+}
+/* =================================================================================== end of gradient text */
+
 static PyMethodDef methods[] = {
     {"stats_many", (PyCFunction)(void (*)(void))stats_many, METH_FASTCALL,
      "stats_many(addresses, numels, codes, eps, threads, out) -> None: stats(...) of many buffers into out"},
@@ -1002,7 +1163,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fast_stats", "One-p
 
 PyMODINIT_FUNC PyInit__fast_stats(void) {
     PyObject *m = PyModule_Create(&module);
-    if (m != NULL && add_record_text(m) < 0) Py_CLEAR(m);
+    if (m != NULL && (add_record_text(m) < 0 || add_grad_text(m) < 0)) Py_CLEAR(m);
     return m;
 }
 
