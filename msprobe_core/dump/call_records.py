@@ -340,6 +340,33 @@ class CallRecords:
             self._sync(record_on_device=self._on_device([grad]))
         return None
 
+    def on_call_grads(self, backward: str, save: bool, parent: Optional[str], index: int, received: Any,
+                      sent: Any) -> bool:
+        """A call's backward record whole, from one hook: ``received``, the gradient of its one output (``input``),
+        and ``sent``, the one it sends to its input ``index`` (``output``); journaled in one frame, complete. False,
+        with nothing recorded, when the record takes its gradients one by one (``on_grad``): a call with more
+        tensors, a record already begun (a second backward), tensor files, a summary not known at once."""
+        rec = self.service.recorder
+        if rec is None or save or not self._grads_as_text or index or backward in rec.data \
+                or self.step_state.bwd_sizes.get(backward) != (1, 1):
+            return False
+        tls = self._tls
+        tls.depth += 1  # the tool's own work, as ``_own``
+        try:
+            with self._quiet():
+                fast = self._grad_text
+                texts = [fast(received, False), fast(sent, True)] if fast is not None else [None, None]
+                for i, grad in enumerate((received, sent)):
+                    if texts[i] is None:
+                        texts[i] = self._tensor_text(grad)
+                        if texts[i] is None:
+                            return False
+                rec.put_text(backward, f'{{"input": [{texts[0]}], "output": [{texts[1]}]}}', rec.reserve(backward),
+                             None, parent if self._construct else NO_PARENT)
+        finally:
+            tls.depth -= 1
+        return True
+
     def _put_grad_text(self, rec: Any, name: str, field: str, index: int, grad: Any,
                        fields: Callable[[Any], TextFields], arg: Any, parent: Any = NO_PARENT,
                        passed_on: bool = False) -> bool:

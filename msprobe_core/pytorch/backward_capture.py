@@ -60,6 +60,10 @@ Report = Callable[[Any, int, torch.Tensor], None]
 """``report(context, input index, gradient)``: one input's own gradient, for the backward record's ``output``
 (``context``: what the caller passed to ``capture``, one tuple per call instead of a partial)."""
 
+BothReport = Callable[[Any, int, torch.Tensor, torch.Tensor], bool]
+"""``report_both(context, input index, output's gradient, input's gradient)``: a call's two gradients at once;
+False when it took neither (they then go to ``report_output`` and ``report`` one by one)."""
+
 
 def _key(t: torch.Tensor) -> tuple[Key, Any]:
     """``t``'s gradient edge as a key, and the object whose id it holds (kept alive while the key is used)."""
@@ -103,13 +107,14 @@ class InputEdges:
 def capture(edges: InputEdges, outputs: list, report: Report, fail: Callable[[Any, BaseException], None],
             context: Any, keep: Callable[[Any], None], report_output: Optional[Report] = None,
             hook_output: Optional[Callable[[Any, torch.Tensor], None]] = None,
-            hooks: Optional[dict] = None) -> None:
+            hooks: Optional[dict] = None, report_both: Optional[BothReport] = None) -> None:
     """Hook the call's own nodes so that ``report`` gets each input's own gradient when backward runs;
     ``outputs`` are the call's output tensors, ``fail(context, exc)`` gets an exception raised in a hook (the
     user's backward goes on), ``keep`` receives each hook handle. With ``edges.output`` set, the gradient of
     that output goes to ``report_output(context, 0, grad)`` from the node that makes it, when that node is the
     call's one node with edges to its inputs; otherwise ``hook_output(context, output)`` hooks it as a tensor.
-    ``hooks``: the hooks of single-edge calls, by what they hold (made once, not per call and step)."""
+    ``hooks``: the hooks of single-edge calls, by what they hold (made once, not per call and step);
+    ``report_both``: a single-edge call's two gradients at once, where it takes them."""
     end = _sequence_nr()
     begin, slots = edges.begin, edges.slots
     out, edges.output = edges.output, None
@@ -136,7 +141,7 @@ def capture(edges: InputEdges, outputs: list, report: Report, fail: Callable[[An
         node, ((key, edge_list),) = hits[0]
         if len(edge_list) == 1 and type(slots[key]) is int:  # one edge to one input: reported as it comes
             keep(node.register_hook(_single_edge(hooks, report, fail, context, slots[key], edge_list[0],
-                                                 report_output, out_nr)))
+                                                 report_output, out_nr, report_both)))
             return
     state = _OwnGrads(slots, counts, report, fail, context)
     if len(hits) == 1:  # one node of the call sends to its inputs; the state is its hook
@@ -153,13 +158,13 @@ def capture(edges: InputEdges, outputs: list, report: Report, fail: Callable[[An
 
 
 def _single_edge(hooks: Optional[dict], report: Report, fail: Callable, context: Any, index: int, edge: int,
-                 report_output: Optional[Report], out_nr: int) -> "_SingleEdge":
+                 report_output: Optional[Report], out_nr: int, report_both: Optional[BothReport]) -> "_SingleEdge":
     """The hook of a call whose one node sends one edge to one input: the one made for the same values
     before (``hooks``), or a new one."""
     key = (context, index, edge, out_nr)
     hook = hooks.get(key) if hooks is not None else None
     if hook is None or hook.report is not report:
-        hook = _SingleEdge(report, fail, context, index, edge, report_output, out_nr)
+        hook = _SingleEdge(report, fail, context, index, edge, report_output, out_nr, report_both)
         if hooks is not None:
             if len(hooks) >= _MAX_HOOKS:
                 hooks.clear()
@@ -176,10 +181,10 @@ class _SingleEdge:
     gradient, and the output's (``out_nr`` >= 0) that the node received. It holds no state of a backward
     pass, so the same object serves the same call in every step."""
 
-    __slots__ = ("report", "fail", "context", "index", "edge", "report_output", "out_nr")
+    __slots__ = ("report", "fail", "context", "index", "edge", "report_output", "out_nr", "report_both")
 
     def __init__(self, report: Report, fail: Callable[[Any, BaseException], None], context: Any, index: int,
-                 edge: int, report_output: Optional[Report], out_nr: int):
+                 edge: int, report_output: Optional[Report], out_nr: int, report_both: Optional[BothReport]):
         self.report = report
         self.fail = fail
         self.context = context
@@ -187,11 +192,20 @@ class _SingleEdge:
         self.edge = edge
         self.report_output = report_output
         self.out_nr = out_nr
+        self.report_both = report_both if out_nr >= 0 else None
 
     def __call__(self, grad_inputs: tuple, grad_outputs: tuple) -> None:
-        if self.out_nr >= 0:
-            _report_output(self, grad_outputs[self.out_nr])
         grad = grad_inputs[self.edge]
+        if self.out_nr >= 0:
+            received = grad_outputs[self.out_nr]
+            if grad is not None and received is not None and self.report_both is not None:
+                try:
+                    if self.report_both(self.context, self.index, received, grad):
+                        return
+                except Exception as e:  # the tool never breaks the user's backward
+                    self.fail(self.context, e)
+                    return
+            _report_output(self, received)
         if grad is not None:
             try:
                 self.report(self.context, self.index, grad)

@@ -104,6 +104,7 @@ class DumpService(DumpServiceBase):
         self._own_grad_hook = self._on_own_grad  # bound once: a call's hook holds a context tuple, no new partial
         self._own_grad_error = self._on_own_grad_error
         self._output_grad_hook = self._on_output_grad
+        self._both_grads_hook = self._on_both_grads
         self._call_hooks: dict = {}  # the hooks of calls with one edge to one input, reused step after step
         self._step_hooks = StepHooks()  # torch hook handles of the step, removed with the step's other handles
         self._module_hooks = StepHooks()  # module hook handles, removed at stop() with the other forward handles
@@ -387,7 +388,7 @@ class DumpService(DumpServiceBase):
         edges, call.edges = call.edges, None
         capture(edges, tensors_in(out), self._own_grad_hook, self._own_grad_error,
                 (call.backward, call.save, call.backward_parent()), self._keep_hook,
-                self._output_grad_hook, self._hook_output_grad, self._call_hooks)
+                self._output_grad_hook, self._hook_output_grad, self._call_hooks, self._both_grads_hook)
 
     def _on_own_grad(self, context: tuple, index: int, grad) -> None:
         backward, save, parent = context
@@ -396,6 +397,10 @@ class DumpService(DumpServiceBase):
     def _on_output_grad(self, context: tuple, index: int, grad) -> None:
         backward, save, parent = context
         self._on_grad(backward, "input", index, save, parent, grad)
+
+    def _on_both_grads(self, context: tuple, index: int, received: torch.Tensor, sent: torch.Tensor) -> bool:
+        backward, save, parent = context
+        return self.records.on_call_grads(backward, save, parent, index, received, sent)
 
     def _hook_output_grad(self, context: tuple, t: torch.Tensor) -> None:
         """The gradient of a call's one output by a tensor hook (its node does not deliver it)."""
