@@ -41,7 +41,10 @@ from typing import Any, Callable, Optional, Union
 
 import torch
 
+from msprobe_core.stats.kernel import KERNEL
+
 _ACCUMULATE_GRAD = torch._C._functions.AccumulateGrad
+_walk_fast = getattr(KERNEL, "walk", None)  # ``_walk`` in C (None: the kernel is not built or is off)
 _sequence_nr = torch._C._autograd._get_sequence_nr
 _queue_callback = torch.autograd.Variable._execution_engine.queue_callback
 _no_torch_function = torch._C.DisableTorchFunction
@@ -128,7 +131,8 @@ def capture(edges: InputEdges, outputs: list, report: Report, fail: Callable[[An
             passed.setdefault(key, t)
         elif fn is not t and begin <= fn._sequence_nr() < end:
             roots.append(fn)
-    hits, counts = _walk(roots, slots, passed, begin, end, edges.leaf)
+    hits, counts = _walk_fast(roots, slots, passed, begin, end, edges.leaf, _ACCUMULATE_GRAD) \
+        if _walk_fast is not None else _walk(roots, slots, passed, begin, end, edges.leaf)
     out_nr = -1
     if out is not None:
         if len(hits) == 1 and not passed and len(roots) == 1 and hits[0][0] is roots[0] and out.grad_fn is roots[0]:

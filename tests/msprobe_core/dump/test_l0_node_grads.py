@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from msprobe_core.pytorch import PrecisionDebugger
+from msprobe_core.pytorch import PrecisionDebugger, backward_capture
 from msprobe_core.pytorch.dump_service import DumpService
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -187,3 +187,33 @@ def test_losses_and_gradients_bit_identical_with_node_hooks(tmp_path, level):
     losses, params = run(PrecisionDebugger({"dump_path": str(tmp_path / "d"), "level": level}))
     assert losses == ref_losses
     assert all(torch.equal(a, b) for a, b in zip(params, ref_params))
+
+
+def _graphs():
+    """(inputs, function) pairs whose graphs the walk meets: one node, several, a leaf input, an input used
+    twice, outputs of one node, an output that is its input's view."""
+    torch.manual_seed(0)
+    lin = nn.Linear(4, 4)
+    leaf = torch.randn(3, 4, requires_grad=True)
+    made = leaf * 1.5
+    yield [made], lambda: lin(made)
+    yield [leaf], lambda: lin(leaf)
+    yield [made], lambda: made * made + made.sin()
+    yield [made, leaf], lambda: torch.cat([made, leaf]).chunk(2)
+    yield [made], lambda: nn.functional.cross_entropy(made, torch.tensor([0, 1, 2]))
+    yield [leaf, made], lambda: (leaf + made).view(-1)
+
+
+@pytest.mark.skipif(backward_capture._walk_fast is None, reason="the kernel is not built (or MSPROBE_FAST_STATS=0)")
+def test_the_compiled_walk_finds_what_the_python_walk_finds():
+    for inputs, fn in _graphs():
+        edges = backward_capture.InputEdges.of(inputs)
+        out = fn()
+        outs = list(out) if isinstance(out, tuple) else [out]
+        end = torch._C._autograd._get_sequence_nr()
+        roots = [t.grad_fn for t in outs if t.grad_fn is not None]
+        for skip in ({}, dict.fromkeys(list(edges.slots)[:1])):
+            args = (roots, edges.slots, skip, edges.begin, end, edges.leaf)
+            assert backward_capture._walk_fast(*args, backward_capture._ACCUMULATE_GRAD) \
+                == backward_capture._walk(*args)
+            assert backward_capture._walk(*args)[0] or skip
