@@ -116,7 +116,8 @@ def capture(edges: InputEdges, outputs: list, report: Report, fail: Callable[[An
     user's backward goes on), ``keep`` receives each hook handle. With ``edges.output`` set, the gradient of
     that output goes to ``report_output(context, 0, grad)`` from the node that makes it, when that node is the
     call's one node with edges to its inputs; otherwise ``hook_output(context, output)`` hooks it as a tensor.
-    ``hooks``: the hooks of single-edge calls, by what they hold (made once, not per call and step);
+    ``hooks``: the hooks of single-edge calls, by what they hold (made once, not per call and step; one dict
+    per set of callbacks);
     ``report_both``: a single-edge call's two gradients at once, where it takes them."""
     end = _sequence_nr()
     begin, slots = edges.begin, edges.slots
@@ -167,7 +168,7 @@ def _single_edge(hooks: Optional[dict], report: Report, fail: Callable, context:
     before (``hooks``), or a new one."""
     key = (context, index, edge, out_nr)
     hook = hooks.get(key) if hooks is not None else None
-    if hook is None or hook.report is not report:
+    if hook is None:
         hook = _SingleEdge(report, fail, context, index, edge, report_output, out_nr, report_both)
         if hooks is not None:
             if len(hooks) >= _MAX_HOOKS:
