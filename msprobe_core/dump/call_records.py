@@ -470,7 +470,7 @@ class CallRecords:
             state.counters[base] = n + 1
             name = f"{base}.forward.{n}"
             call = None
-            if self.selection.record(name):
+            if not self._filters or self.selection.record(name):
                 parent = state.module_stack[-1] if state.module_stack else None
                 call = self.begin(name, f"{base}.backward.{n}", args, kwargs, parent, self._own_parameters(module))
                 call.by_node = by_node
@@ -505,7 +505,8 @@ class CallRecords:
                 self.step_state.module_stack.pop()
             if call is not None:
                 self._end(call, output)
-                self.selection.call_finished(call.name)
+                if self._filters:
+                    self.selection.call_finished(call.name)
         except Exception as e:
             self._error(base, e)
         finally:
