@@ -124,6 +124,17 @@ class DumpBackend(ABC):
     def _prepare_backward(self, call: Call, inputs: list) -> None:
         """At a call's start (autograd on): get ready to record the gradient it sends to its inputs."""
 
+    def _grads_by_node(self, module: Any) -> bool:
+        """May ``module``'s calls have their output's gradient delivered by their own backward node
+        (``_grad_by_node``)? Decided when its hooks go in (default: no)."""
+        return False
+
+    def _grad_by_node(self, call: Call, t: Any) -> bool:
+        """Deliver the gradient of ``t``, the call's one output, from the call's own backward node (the
+        gradient the call receives, after every hook on ``t``) instead of a tensor hook on ``t``: True when it
+        is so (the call's end then hooks its node, or ``t`` where the graph has another shape)."""
+        return False
+
     def _call_inputs(self, call: Call, args: tuple, kwargs: dict, api: str) -> tuple[tuple, dict]:
         """The arguments the call runs on (a framework may pass views to see each input's gradient)."""
         return args, kwargs

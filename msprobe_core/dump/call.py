@@ -20,6 +20,7 @@ class Call:
     grad: bool = False  # autograd records this call and its backward is dumped
     edges: Any = None   # framework data for its backward ``output`` (PyTorch: its inputs' gradient edges)
     stack: Any = None   # its call stack, while its record is JSON text (``CallRecords``: journaled with it at its end)
+    by_node: bool = False  # a module call: its one output's gradient may come from its own node (``_grad_by_node``)
 
     def backward_parent(self) -> Optional[str]:
         """The parent of its backward record in construct.json."""

@@ -88,6 +88,10 @@ class CallRecords:
         # gradients as the JSON text of their summaries (host statistics, no file): one journal frame each
         self._grads_as_text = not self._overflow_check
         self._tensor_text = service.summarizer.tensor_text
+        # L0: gradients' text without a cache entry each (no API record reads them again); L1/mix keep the
+        # cache (an API's backward or the optimizer's calls read the same gradients)
+        grad_text = getattr(service.summarizer, "grad_text", None)
+        self._grad_text = grad_text.text if grad_text is not None and service.cfg.level == "L0" else None
         self._filters = selection.filters            # scope / list: asked per call; otherwise every call is kept
         self._tensor_list = bool(service.cfg.tensor_list)
         self._fast_text = service.summarizer.record_text  # the compiled text maker, or None (``SummarizerBase``)
@@ -110,6 +114,8 @@ class CallRecords:
         self._wants_grad = backend._wants_grad
         self._hook_tensor_grad = backend._hook_tensor_grad
         self._hook_param_grad = backend._hook_param_grad
+        self._grads_by_node = backend._grads_by_node
+        self._grad_by_node = backend._grad_by_node
         self._keep_forward_handles = backend._keep_forward_handles
         self._overflow_flag = backend._overflow_flag
         self._any_overflow = backend._any_overflow
@@ -286,6 +292,8 @@ class CallRecords:
         sizes = self.step_state.bwd_sizes
         sizes[call.backward] = (len(tensors), sizes.get(call.backward, _NO_SIZES)[1])
         if self._keep_grad_in:
+            if call.by_node and len(tensors) == 1 and self._grad_by_node(call, tensors[0]):
+                return  # from the call's own node (its end hooks it)
             parent = call.backward_parent()
             for i, t in enumerate(tensors):
                 if self._wants_grad(t):
@@ -315,7 +323,7 @@ class CallRecords:
             return None
         if self._grads_as_text and not save and self._put_grad_text(
                 rec, backward, field, index, grad, _backward_fields, self.step_state.bwd_sizes.get(backward),
-                parent if self._construct else NO_PARENT):
+                parent if self._construct else NO_PARENT, True):
             return None
         with self._own(backward), self._quiet():
             if self._overflow_check and self._skips_grad(grad):
@@ -332,18 +340,50 @@ class CallRecords:
             self._sync(record_on_device=self._on_device([grad]))
         return None
 
+    def on_call_grads(self, backward: str, save: bool, parent: Optional[str], index: int, received: Any,
+                      sent: Any) -> bool:
+        """A call's backward record whole, from one hook: ``received``, the gradient of its one output (``input``),
+        and ``sent``, the one it sends to its input ``index`` (``output``); journaled in one frame, complete. False,
+        with nothing recorded, when the record takes its gradients one by one (``on_grad``): a call with more
+        tensors, a record already begun (a second backward), tensor files, a summary not known at once."""
+        rec = self.service.recorder
+        if rec is None or save or not self._grads_as_text or index or backward in rec.data \
+                or self.step_state.bwd_sizes.get(backward) != (1, 1):
+            return False
+        tls = self._tls
+        tls.depth += 1  # the tool's own work, as ``_own``
+        try:
+            with self._quiet():
+                fast = self._grad_text
+                texts = [fast(received, False), fast(sent, True)] if fast is not None else [None, None]
+                for i, grad in enumerate((received, sent)):
+                    if texts[i] is None:
+                        texts[i] = self._tensor_text(grad)
+                        if texts[i] is None:
+                            return False
+                rec.put_text(backward, f'{{"input": [{texts[0]}], "output": [{texts[1]}]}}', rec.reserve(backward),
+                             None, parent if self._construct else NO_PARENT)
+        finally:
+            tls.depth -= 1
+        return True
+
     def _put_grad_text(self, rec: Any, name: str, field: str, index: int, grad: Any,
-                       fields: Callable[[Any], TextFields], arg: Any, parent: Any = NO_PARENT) -> bool:
+                       fields: Callable[[Any], TextFields], arg: Any, parent: Any = NO_PARENT,
+                       passed_on: bool = False) -> bool:
         """Set a gradient of the record ``name`` as its summary's text, known at once (host statistics): the
         fast route of ``on_grad`` and ``_on_param_grad`` (``StepRecorder.put_text_field``). False when the
-        summary is not known at once: the caller summarizes it as a dict."""
+        summary is not known at once: the caller summarizes it as a dict. ``passed_on``: the gradient goes
+        on to another call's node, whose hook may read it next (its text is kept until the next gradient)."""
         tls = self._tls
         tls.depth += 1  # the tool's own work, as ``_own`` (without an object per gradient)
         try:
             with self._quiet():
-                text = self._tensor_text(grad)
+                fast = self._grad_text
+                text = fast(grad, passed_on) if fast is not None else None
                 if text is None:
-                    return False
+                    text = self._tensor_text(grad)
+                    if text is None:
+                        return False
                 if rec.put_text_field(name, field, index, text, fields, arg, parent):
                     self._sync()
         except Exception as e:  # the tool must never break the user's backward
@@ -387,7 +427,8 @@ class CallRecords:
         if traced is not None:  # a compiled model: hooks its compiler traces (they replay into the two below)
             pre, post = traced
         else:
-            pre = self._opaque(self._hook_fn(self._module_pre, base, exclusive))
+            by_node = not exclusive and self._grads_by_node(module)
+            pre = self._opaque(self._hook_fn(self._module_pre, base, exclusive, by_node))
             post = self._opaque(self._hook_fn(self._module_post, base))
         handles = [module.register_forward_pre_hook(pre, with_kwargs=True),
                    module.register_forward_hook(post, with_kwargs=True)]
@@ -408,7 +449,7 @@ class CallRecords:
             fn = self._hook_fns[key] = partial(method, *args)
         return fn
 
-    def _module_pre(self, base: str, exclusive: bool, module: Any, args: tuple, kwargs: dict):
+    def _module_pre(self, base: str, exclusive: bool, by_node: bool, module: Any, args: tuple, kwargs: dict):
         if _thread_id() != self.service.dumping_thread:  # another thread's call: neither recorded nor in the stacks
             self._other_thread()
             return None
@@ -429,9 +470,10 @@ class CallRecords:
             state.counters[base] = n + 1
             name = f"{base}.forward.{n}"
             call = None
-            if self.selection.record(name):
+            if not self._filters or self.selection.record(name):
                 parent = state.module_stack[-1] if state.module_stack else None
                 call = self.begin(name, f"{base}.backward.{n}", args, kwargs, parent, self._own_parameters(module))
+                call.by_node = by_node
                 state.recorded_modules.add(base)
                 new_args, new_kwargs = self._call_inputs(call, args, kwargs, "")
             calls[-1] = call
@@ -463,7 +505,8 @@ class CallRecords:
                 self.step_state.module_stack.pop()
             if call is not None:
                 self._end(call, output)
-                self.selection.call_finished(call.name)
+                if self._filters:
+                    self.selection.call_finished(call.name)
         except Exception as e:
             self._error(base, e)
         finally:

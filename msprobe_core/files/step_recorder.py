@@ -56,6 +56,9 @@ def _record_text(v: Any) -> str:
     return v.text() if type(v) is TextFields else _encode(v)
 
 
+_FIELD_KEYS: dict[str, str] = {}  # a field name -> its JSON text and '": [' (a model's parameter names: 4,096 at most)
+
+
 class TextFields(dict):
     """A record filling in over time whose values are JSON texts already made (``put_text_field``): field ->
     its slots (each a summary's text, or None until it arrives). ``expected``: the slots that make it complete
@@ -70,8 +73,16 @@ class TextFields(dict):
 
     def text(self) -> str:
         """The record's JSON text, as ``encode`` writes the same record with its summaries as dicts."""
-        return "{" + ", ".join(f"{encode_string(k)}: [{', '.join('null' if t is None else t for t in v)}]"
-                               for k, v in self.items()) + "}"
+        parts = []
+        for k, v in self.items():
+            key = _FIELD_KEYS.get(k)
+            if key is None:
+                if len(_FIELD_KEYS) >= 4096:
+                    _FIELD_KEYS.clear()
+                key = _FIELD_KEYS[k] = encode_string(k) + ": ["
+            parts.append(key + (", ".join(v) if None not in v else ", ".join(["null" if t is None else t for t in v]))
+                         + "]")
+        return "{" + ", ".join(parts) + "}"
 
     def skeleton(self) -> dict[str, list]:
         """The record before any field arrived, for the journal (recovery starts from it)."""

@@ -21,6 +21,12 @@ sent along ``next_functions[i]``.
 - An output that *is* an input (``nn.Dropout`` in eval mode returns its input) passes that input's whole
   gradient on: such an input is reported through a tensor hook on it, as the gradient of that output.
 
+- The gradient of the call's one output (the backward record's ``input``) comes from the same post hook
+  when that output's ``grad_fn`` is the call's one node with edges to its inputs (``InputEdges.output``):
+  the node's ``grad_outputs`` are what the call receives, after every tensor hook on the output (a user's
+  hook that changes the gradient included), where a tensor hook of the tool's own would see it before the
+  hooks registered after it. One Python hook a call instead of two (its hook dict and partial less).
+
 No node is inserted and every hook returns None, so losses and gradients are bit-identical with the tool on
 (``register_full_backward_hook`` would insert identity nodes, which can reorder gradient sums). The hooks
 hold no tensor of the graph (no reference cycle through autograd); their handles go to the caller, who
@@ -35,7 +41,10 @@ from typing import Any, Callable, Optional, Union
 
 import torch
 
+from msprobe_core.stats.kernel import KERNEL
+
 _ACCUMULATE_GRAD = torch._C._functions.AccumulateGrad
+_walk_fast = getattr(KERNEL, "walk", None)  # ``_walk`` in C (None: the kernel is not built or is off)
 _sequence_nr = torch._C._autograd._get_sequence_nr
 _queue_callback = torch.autograd.Variable._execution_engine.queue_callback
 _no_torch_function = torch._C.DisableTorchFunction
@@ -54,6 +63,10 @@ Report = Callable[[Any, int, torch.Tensor], None]
 """``report(context, input index, gradient)``: one input's own gradient, for the backward record's ``output``
 (``context``: what the caller passed to ``capture``, one tuple per call instead of a partial)."""
 
+BothReport = Callable[[Any, int, torch.Tensor, torch.Tensor], bool]
+"""``report_both(context, input index, output's gradient, input's gradient)``: a call's two gradients at once;
+False when it took neither (they then go to ``report_output`` and ``report`` one by one)."""
+
 
 def _key(t: torch.Tensor) -> tuple[Key, Any]:
     """``t``'s gradient edge as a key, and the object whose id it holds (kept alive while the key is used)."""
@@ -66,13 +79,14 @@ def _key(t: torch.Tensor) -> tuple[Key, Any]:
 class InputEdges:
     """A call's inputs that require grad, noted at its start: their edge keys and the sequence number."""
 
-    __slots__ = ("begin", "slots", "alive", "leaf")
+    __slots__ = ("begin", "slots", "alive", "leaf", "output")
 
     def __init__(self, begin: int, slots: dict[Key, Indices], alive: list, leaf: bool):
         self.begin = begin
         self.slots = slots   # edge key -> the input indices that are that tensor
         self.alive = alive   # the grad_fns and leaves the keys' ids stand for
         self.leaf = leaf     # a leaf is among them (else an edge to an ``AccumulateGrad`` leads to no input)
+        self.output: Optional[torch.Tensor] = None  # the one output whose gradient ``capture`` delivers
 
     @classmethod
     def of(cls, tensors: list) -> Optional["InputEdges"]:
@@ -94,12 +108,20 @@ class InputEdges:
 
 
 def capture(edges: InputEdges, outputs: list, report: Report, fail: Callable[[Any, BaseException], None],
-            context: Any, keep: Callable[[Any], None]) -> None:
+            context: Any, keep: Callable[[Any], None], report_output: Optional[Report] = None,
+            hook_output: Optional[Callable[[Any, torch.Tensor], None]] = None,
+            hooks: Optional[dict] = None, report_both: Optional[BothReport] = None) -> None:
     """Hook the call's own nodes so that ``report`` gets each input's own gradient when backward runs;
     ``outputs`` are the call's output tensors, ``fail(context, exc)`` gets an exception raised in a hook (the
-    user's backward goes on), ``keep`` receives each hook handle."""
+    user's backward goes on), ``keep`` receives each hook handle. With ``edges.output`` set, the gradient of
+    that output goes to ``report_output(context, 0, grad)`` from the node that makes it, when that node is the
+    call's one node with edges to its inputs; otherwise ``hook_output(context, output)`` hooks it as a tensor.
+    ``hooks``: the hooks of single-edge calls, by what they hold (made once, not per call and step; one dict
+    per set of callbacks);
+    ``report_both``: a single-edge call's two gradients at once, where it takes them."""
     end = _sequence_nr()
     begin, slots = edges.begin, edges.slots
+    out, edges.output = edges.output, None
     roots = []
     passed: dict[Key, torch.Tensor] = {}  # input edge -> the output that is that tensor
     for t in outputs:
@@ -110,16 +132,27 @@ def capture(edges: InputEdges, outputs: list, report: Report, fail: Callable[[An
             passed.setdefault(key, t)
         elif fn is not t and begin <= fn._sequence_nr() < end:
             roots.append(fn)
-    hits, counts = _walk(roots, slots, passed, begin, end, edges.leaf)
+    hits, counts = _walk_fast(roots, slots, passed, begin, end, edges.leaf, _ACCUMULATE_GRAD) \
+        if _walk_fast is not None else _walk(roots, slots, passed, begin, end, edges.leaf)
+    out_nr = -1
+    if out is not None:
+        if len(hits) == 1 and not passed and len(roots) == 1 and hits[0][0] is roots[0] and out.grad_fn is roots[0]:
+            out_nr = out.output_nr
+        else:  # another shape of graph: a tensor hook on the output, registered before the hooks below
+            hook_output(context, out)
     if not hits and not passed:
         return
+    if len(hits) == 1 and len(hits[0][1]) == 1 and not passed:
+        node, ((key, edge_list),) = hits[0]
+        if len(edge_list) == 1 and type(slots[key]) is int:  # one edge to one input: reported as it comes
+            keep(node.register_hook(_single_edge(hooks, report, fail, context, slots[key], edge_list[0],
+                                                 report_output, out_nr, report_both)))
+            return
     state = _OwnGrads(slots, counts, report, fail, context)
-    if len(hits) == 1:  # the usual case: one node of the call sends to its inputs; the state is its hook
+    if len(hits) == 1:  # one node of the call sends to its inputs; the state is its hook
         node, state.node_hits = hits[0]
-        if len(state.node_hits) == 1 and not passed:
-            key, edge_list = state.node_hits[0]
-            if len(edge_list) == 1 and type(slots[key]) is int:  # one edge to one input: reported as it comes
-                state.single = edge_list[0]
+        if out_nr >= 0:
+            state.report_output, state.out_nr = report_output, out_nr
         keep(node.register_hook(state))
     else:
         for node, node_hits in hits:
@@ -127,6 +160,71 @@ def capture(edges: InputEdges, outputs: list, report: Report, fail: Callable[[An
     for key, t in passed.items():
         state.expected[key] = 1
         keep(t.register_hook(state.tensor_hook(key)))
+
+
+def _single_edge(hooks: Optional[dict], report: Report, fail: Callable, context: Any, index: int, edge: int,
+                 report_output: Optional[Report], out_nr: int, report_both: Optional[BothReport]) -> "_SingleEdge":
+    """The hook of a call whose one node sends one edge to one input: the one made for the same values
+    before (``hooks``), or a new one."""
+    key = (context, index, edge, out_nr)
+    hook = hooks.get(key) if hooks is not None else None
+    if hook is None:
+        hook = _SingleEdge(report, fail, context, index, edge, report_output, out_nr, report_both)
+        if hooks is not None:
+            if len(hooks) >= _MAX_HOOKS:
+                hooks.clear()
+            hooks[key] = hook
+    return hook
+
+
+_MAX_HOOKS = 1 << 16
+"""Single-edge hooks kept for reuse (a model's calls of a step, the same from step to step)."""
+
+
+class _SingleEdge:
+    """The post hook of a call's one node when it sends one edge to one input (most calls): the input's
+    gradient, and the output's (``out_nr`` >= 0) that the node received. It holds no state of a backward
+    pass, so the same object serves the same call in every step."""
+
+    __slots__ = ("report", "fail", "context", "index", "edge", "report_output", "out_nr", "report_both")
+
+    def __init__(self, report: Report, fail: Callable[[Any, BaseException], None], context: Any, index: int,
+                 edge: int, report_output: Optional[Report], out_nr: int, report_both: Optional[BothReport]):
+        self.report = report
+        self.fail = fail
+        self.context = context
+        self.index = index
+        self.edge = edge
+        self.report_output = report_output
+        self.out_nr = out_nr
+        self.report_both = report_both if out_nr >= 0 else None
+
+    def __call__(self, grad_inputs: tuple, grad_outputs: tuple) -> None:
+        grad = grad_inputs[self.edge]
+        if self.out_nr >= 0:
+            received = grad_outputs[self.out_nr]
+            if grad is not None and received is not None and self.report_both is not None:
+                try:
+                    if self.report_both(self.context, self.index, received, grad):
+                        return
+                except Exception as e:  # the tool never breaks the user's backward
+                    self.fail(self.context, e)
+                    return
+            _report_output(self, received)
+        if grad is not None:
+            try:
+                self.report(self.context, self.index, grad)
+            except Exception as e:  # the tool never breaks the user's backward
+                self.fail(self.context, e)
+
+
+def _report_output(hook: Any, grad: Optional[torch.Tensor]) -> None:
+    """The output's gradient a call's node received, to ``hook.report_output``."""
+    if grad is not None:
+        try:
+            hook.report_output(hook.context, 0, grad)
+        except Exception as e:  # the tool never breaks the user's backward
+            hook.fail(hook.context, e)
 
 
 def _walk(roots: list, slots: dict[Key, Indices], skip: dict, begin: int, end: int, leaf_inputs: bool):
@@ -170,7 +268,8 @@ def _walk(roots: list, slots: dict[Key, Indices], skip: dict, begin: int, end: i
 class _OwnGrads:
     """One call's input gradients as its nodes send them during a backward pass."""
 
-    __slots__ = ("slots", "expected", "report", "fail", "context", "partial", "queued", "node_hits", "single")
+    __slots__ = ("slots", "expected", "report", "fail", "context", "partial", "queued", "node_hits", "report_output",
+                 "out_nr")
 
     def __init__(self, slots: dict[Key, Indices], expected: dict[Key, int], report: Report,
                  fail: Callable[[Any, BaseException], None], context: Any):
@@ -182,20 +281,14 @@ class _OwnGrads:
         self.partial: dict[Key, list] = {}  # key -> [edges arrived, their sum] in the running backward pass
         self.queued = False
         self.node_hits: tuple = ()      # the hits of the one node that has the state itself as its hook
-        self.single = -1                # that node's one edge, when it is the call's only edge to its one input
+        self.report_output: Optional[Report] = None
+        self.out_nr = -1                # that node's output slot whose gradient goes to ``report_output``
 
     def __call__(self, grad_inputs: tuple, grad_outputs: tuple) -> None:
         """The post hook of the call's one node with edges to its inputs (no closure made per call)."""
-        edge = self.single
-        if edge < 0:
-            self._node_done(self.node_hits, grad_inputs)
-            return
-        grad = grad_inputs[edge]
-        if grad is not None:
-            try:
-                self.report(self.context, self.slots[self.node_hits[0][0]], grad)
-            except Exception as e:  # the tool never breaks the user's backward
-                self.fail(self.context, e)
+        if self.out_nr >= 0:
+            _report_output(self, grad_outputs[self.out_nr])
+        self._node_done(self.node_hits, grad_inputs)
 
     def _node_done(self, node_hits: tuple, grad_inputs: tuple) -> None:
         try:

@@ -155,7 +155,7 @@ class CompiledModuleRecords:
             value = self._stand_in(described, rows, grads)
             if kind == _PRE:
                 args, kwargs = value
-                records._module_pre(base, False, module, tuple(args), kwargs)
+                records._module_pre(base, False, False, module, tuple(args), kwargs)
                 calls = records.step_state.module_calls.get(id(module))
                 call = calls[-1] if calls else None
                 open_calls.setdefault(index, []).append((args, kwargs, call, count))

@@ -19,6 +19,7 @@ import os
 import sys
 import threading
 import weakref
+from functools import partial
 from typing import Any, Callable, Optional
 
 import torch
@@ -102,6 +103,9 @@ class DumpService(DumpServiceBase):
         self._fsdp1: dict[int, list[tuple[str, FlatSlot]]] = {}  # id(module) -> its original parameters in FSDP1 units
         self._own_grad_hook = self._on_own_grad  # bound once: a call's hook holds a context tuple, no new partial
         self._own_grad_error = self._on_own_grad_error
+        self._output_grad_hook = self._on_output_grad
+        self._both_grads_hook = self._on_both_grads
+        self._call_hooks: dict = {}  # the hooks of calls with one edge to one input, reused step after step
         self._step_hooks = StepHooks()  # torch hook handles of the step, removed with the step's other handles
         self._module_hooks = StepHooks()  # module hook handles, removed at stop() with the other forward handles
         self._plans: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # root -> its HookPlan (``_rehook``)
@@ -237,6 +241,18 @@ class DumpService(DumpServiceBase):
         plan.seal(root, modules)
         self._plans[root] = plan
 
+    def _grads_by_node(self, module: torch.nn.Module) -> bool:
+        # an eager model's plain modules (compiled models, FSDP1/FSDP2 units: tensor hooks, as before)
+        return not self._compiled and self._in_graph is None and id(module) not in self._fsdp1 \
+            and not hasattr(module, "_get_fsdp_state")
+
+    def _grad_by_node(self, call: Call, t: torch.Tensor) -> bool:
+        edges = call.edges
+        if edges is None or type(t) is not torch.Tensor or not t.requires_grad:
+            return False
+        edges.output = t  # ``capture`` hooks the node that makes it, or the tensor itself
+        return True
+
     def _own_parameters(self, module: torch.nn.Module) -> list[tuple[str, Any]]:
         return [(k, v) for k, v in module._parameters.items() if v is not None]  # without named_parameters' generator
 
@@ -371,11 +387,25 @@ class DumpService(DumpServiceBase):
         """The backward record's ``output``: each input's gradient from this call only (backward_capture)."""
         edges, call.edges = call.edges, None
         capture(edges, tensors_in(out), self._own_grad_hook, self._own_grad_error,
-                (call.backward, call.save, call.backward_parent()), self._keep_hook)
+                (call.backward, call.save, call.backward_parent()), self._keep_hook,
+                self._output_grad_hook, self._hook_output_grad, self._call_hooks, self._both_grads_hook)
 
     def _on_own_grad(self, context: tuple, index: int, grad) -> None:
         backward, save, parent = context
         self._on_grad(backward, "output", index, save, parent, grad)
+
+    def _on_output_grad(self, context: tuple, index: int, grad) -> None:
+        backward, save, parent = context
+        self._on_grad(backward, "input", index, save, parent, grad)
+
+    def _on_both_grads(self, context: tuple, index: int, received: torch.Tensor, sent: torch.Tensor) -> bool:
+        backward, save, parent = context
+        return self.records.on_call_grads(backward, save, parent, index, received, sent)
+
+    def _hook_output_grad(self, context: tuple, t: torch.Tensor) -> None:
+        """The gradient of a call's one output by a tensor hook (its node does not deliver it)."""
+        backward, save, parent = context
+        self._hook_tensor_grad(t, partial(self._on_grad, backward, "input", 0, save, parent))
 
     def _on_own_grad_error(self, context: tuple, exc: BaseException) -> None:
         self._error(context[0], exc)

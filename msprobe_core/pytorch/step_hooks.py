@@ -84,13 +84,30 @@ class StepHooks:
     def remove(self) -> None:
         """Remove every hook kept since the last ``remove``."""
         flat, self._flat = self._flat, []
-        i = 0
-        while i < len(flat):
+        i, end = 0, len(flat)
+        while i < end:
             key, n = flat[i], flat[i + 1]
-            for hooks in flat[i + 2:i + 2 + n]:
+            i += 2
+            if n == 1:  # the usual case (a tensor's or a node's hook): no slice made
+                hooks = flat[i]
                 if hooks is not None:
                     hooks.pop(key, None)
-            i += 2 + n
+            else:
+                for hooks in flat[i:i + n]:
+                    if hooks is not None:
+                        hooks.pop(key, None)
+            i += n
+
+
+def _same(mine: dict, kept: dict) -> bool:
+    """Does ``mine`` hold exactly ``kept``'s entries (the same objects)?"""
+    if len(mine) != len(kept):
+        return False
+    if mine:  # (a leaf module has no children, an activation no parameters: nothing to walk)
+        for k, v in mine.items():
+            if kept.get(k, mine) is not v:
+                return False
+    return True
 
 
 class HookPlan:
@@ -129,12 +146,8 @@ class HookPlan:
                 m = root
             if type(m) is not cls or getattr(m, "_compiled_call_impl", None) is not None:
                 return False
-            for mine, kept in ((m._modules, children), (m._parameters, params)):
-                if len(mine) != len(kept):
-                    return False
-                for k, v in mine.items():
-                    if kept.get(k, mine) is not v:
-                        return False
+            if not (_same(m._modules, children) and _same(m._parameters, params)):
+                return False
         return True
 
     def install(self, hooks: StepHooks) -> None:

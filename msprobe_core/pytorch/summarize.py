@@ -106,6 +106,10 @@ class Summarizer(SummarizerBase):
         """id(tensor) -> ((Max, Min, Mean, Norm, shards), shape) of the full tensor a DTensor or an FSDP1 piece
         belongs to (``sharded_grads``), while the piece is recorded."""
         self.record_text = self._record_text()
+        maker = getattr(KERNEL, "GradText", None)
+        self.grad_text = maker(self.record_text) if maker is not None and self.record_text is not None else None
+        """The kernel's ``GradText``: a gradient's text without a cache entry (``text(t, remember)``, None for
+        what it does not read: ``tensor_text`` then says); None without the kernel or with checksums."""
 
     def _record_text(self) -> Any:
         """The kernel's ``RecordText`` over this summarizer's caches (``tensor_text`` in C for the tensors it
@@ -120,6 +124,8 @@ class Summarizer(SummarizerBase):
     def reset(self) -> None:
         self._cache.clear()
         self._saved.clear()
+        if self.grad_text is not None:
+            self.grad_text.clear()
 
     def forget(self, t: torch.Tensor) -> None:
         """``t``'s memory was written without a version bump (c10d's in-place collectives): drop what is

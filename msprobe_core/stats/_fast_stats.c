@@ -978,7 +978,314 @@ static int add_record_text(PyObject *m) {
 }
 /* ==================================================================================== end of record text */
 
+/* ========================================================================================== gradient text
+ * The dump's gradients as JSON text without the per-version cache (``Summarizer.grad_text`` in
+ * ``pytorch/summarize.py``, used by ``dump/call_records.py`` at level L0): a gradient is read once or twice
+ * (as one call's input gradient, then as the next call's output gradient, in two successive hooks), so a
+ * cache entry and weak reference per gradient (objects the garbage collector tracks until the step ends)
+ * buy nothing. The last gradient read with ``remember`` is kept (a strong reference, until the next one or
+ * ``clear``): the next hook reading that same tensor, unchanged, takes its text as it is.
+ *
+ *   GradText(record_text)
+ *     .text(t, remember) -> RecordText's text of one plain dense CPU tensor of the kernel's dtypes, or None
+ *                           (anything else: the caller takes ``tensor_text``)
+ *     .clear()           -> forget the last gradient */
+
+typedef struct {
+    PyObject_HEAD
+    RecordTextObject *rt;
+    PyObject *last;           /* the last gradient read with remember (NULL: none) */
+    PyObject *body;           /* its text up to '"requires_grad": ' */
+    long long version;
+    unsigned long long ptr;
+} GradTextObject;
+
+static PyObject *gt_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    PyObject *rt;
+    if (!PyArg_ParseTuple(args, "O!:GradText", &RecordTextType, &rt)) return NULL;
+    GradTextObject *self = (GradTextObject *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    Py_INCREF(rt);
+    self->rt = (RecordTextObject *)rt;
+    self->last = self->body = NULL;
+    return (PyObject *)self;
+}
+
+/* The body of t (a new reference), Py_None when the Python route must say, NULL with an error. */
+static PyObject *gt_body(GradTextObject *self, PyObject *t, long long version, unsigned long long ptr) {
+    RecordTextObject *rt = self->rt;
+    int cpu = tensor_flag(rt, t, D_IS_CPU);
+    if (cpu <= 0) return cpu < 0 ? NULL : (Py_INCREF(Py_None), Py_None);
+    PyObject *layout = tensor_get(rt, t, D_LAYOUT);
+    if (layout == NULL) return NULL;
+    Py_DECREF(layout);
+    if (layout != rt->strided) Py_RETURN_NONE;
+    PyObject *dtype = tensor_get(rt, t, D_DTYPE);
+    if (dtype == NULL) return NULL;
+    PyObject *code_obj = PyDict_GetItemWithError(rt->codes, dtype);  /* borrowed */
+    int contiguous = code_obj != NULL ? tensor_flag(rt, t, D_IS_CONTIGUOUS) : 0;
+    long code = code_obj != NULL && contiguous > 0 ? PyLong_AsLong(code_obj) : -1;
+    if (contiguous < 0 || PyErr_Occurred()) { Py_DECREF(dtype); return NULL; }
+    if (code < 0 || code >= N_KERNELS) { Py_DECREF(dtype); Py_RETURN_NONE; }
+    EntryObject *e = entry_new(Py_None, version, ptr);  /* for make_body only: never cached */
+    PyObject *body = e == NULL ? NULL : make_body(rt, t, e, dtype, code);
+    Py_XDECREF(e);
+    Py_DECREF(dtype);
+    return body;
+}
+
+static PyObject *gt_text(GradTextObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "text(t, remember) takes 2 arguments");
+        return NULL;
+    }
+    PyObject *t = args[0];
+    int remember = PyObject_IsTrue(args[1]);
+    RecordTextObject *rt = self->rt;
+    if (remember < 0) return NULL;
+    if ((Py_TYPE(t) != (PyTypeObject *)rt->tensor && Py_TYPE(t) != (PyTypeObject *)rt->parameter)
+        || PyDict_GET_SIZE(rt->combined))
+        Py_RETURN_NONE;
+    PyObject *v = tensor_get(rt, t, D_VERSION);
+    PyObject *address = v ? tensor_get(rt, t, D_DATA_PTR) : NULL;
+    long long version = v ? PyLong_AsLongLong(v) : -1;
+    unsigned long long ptr = address ? PyLong_AsUnsignedLongLong(address) : 0;
+    Py_XDECREF(v);
+    Py_XDECREF(address);
+    if (address == NULL || PyErr_Occurred()) {  /* an inference tensor, a wrapper without storage */
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    PyObject *body;
+    if (t == self->last && version == self->version && ptr == self->ptr) {
+        body = self->body;
+        Py_INCREF(body);
+    } else {
+        body = gt_body(self, t, version, ptr);
+        if (body == NULL) {  /* torch refused a question: the Python route says why */
+            if (!PyErr_ExceptionMatches(PyExc_Exception)) return NULL;
+            PyErr_Clear();
+            Py_RETURN_NONE;
+        }
+        if (body == Py_None) return body;
+        if (remember) {
+            Py_INCREF(t);
+            Py_XSETREF(self->last, t);
+            Py_INCREF(body);
+            Py_XSETREF(self->body, body);
+            self->version = version;
+            self->ptr = ptr;
+        }
+    }
+    int grad = tensor_flag(rt, t, D_REQUIRES_GRAD);
+    if (grad < 0) { Py_DECREF(body); return NULL; }
+    text_t b;
+    text_init(&b);
+    int rc = text_put_str(&b, body);
+    Py_DECREF(body);
+    if (rc == 0) rc = grad ? PUT_LIT(&b, "true}") : PUT_LIT(&b, "false}");
+    return finish(&b, rc);
+}
+
+static int gt_clear(GradTextObject *self) {
+    Py_CLEAR(self->last);
+    Py_CLEAR(self->body);
+    return 0;
+}
+
+static PyObject *gt_forget(GradTextObject *self, PyObject *unused) {
+    gt_clear(self);
+    Py_RETURN_NONE;
+}
+
+static int gt_traverse(GradTextObject *self, visitproc visit, void *arg) {
+    Py_VISIT(self->rt);
+    Py_VISIT(self->last);
+    return 0;
+}
+
+static void gt_dealloc(GradTextObject *self) {
+    PyObject_GC_UnTrack(self);
+    gt_clear(self);
+    Py_CLEAR(self->rt);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMethodDef gt_methods[] = {
+    {"text", (PyCFunction)(void (*)(void))gt_text, METH_FASTCALL,
+     "text(t, remember) -> the JSON text of the gradient t's summary, or None (the caller's Python route)"},
+    {"clear", (PyCFunction)gt_forget, METH_NOARGS, "clear() -> forget the last gradient read"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject GradTextType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "msprobe_core.stats._fast_stats.GradText",
+    .tp_basicsize = sizeof(GradTextObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "The dump's gradient text in C, without the per-version cache (see summarize.py)",
+    .tp_new = gt_new,
+    .tp_dealloc = (destructor)gt_dealloc,
+    .tp_traverse = (traverseproc)gt_traverse,
+    .tp_clear = (inquiry)gt_clear,
+    .tp_methods = gt_methods,
+};
+
+static int add_grad_text(PyObject *m) {
+    if (PyType_Ready(&GradTextType) < 0) return -1;
+    Py_INCREF(&GradTextType);
+    if (PyModule_AddObject(m, "GradText", (PyObject *)&GradTextType) < 0) { Py_DECREF(&GradTextType); return -1; }
+    return 0;
+}
+/* =================================================================================== end of gradient text */
+
+/* ======================================================================================= autograd walk
+ * ``backward_capture._walk`` in C (same arguments, same answer; the Python one stays the fallback): a call's
+ * nodes with edges to its inputs, found from its output nodes through the nodes made during the call.
+ *
+ *   walk(roots, slots, skip, begin, end, leaf_inputs, accumulate_grad) -> (hits, counts) */
+
+/* id(obj) << 32 | low, as the Python walk makes its keys (a new reference). */
+static PyObject *edge_key(PyObject *obj, long low) {
+    PyObject *id = PyLong_FromVoidPtr(obj), *shift = PyLong_FromLong(32), *lo = PyLong_FromLong(low);
+    PyObject *high = id && shift ? PyNumber_Lshift(id, shift) : NULL;
+    PyObject *key = high && lo ? PyNumber_Or(high, lo) : NULL;
+    Py_XDECREF(id); Py_XDECREF(shift); Py_XDECREF(lo); Py_XDECREF(high);
+    return key;
+}
+
+/* Is node's sequence number within [begin, end)? 1, 0, or -1 with an error. */
+static int made_in_call(PyObject *node, long long begin, long long end) {
+    PyObject *nr = PyObject_CallMethod(node, "_sequence_nr", NULL);
+    if (nr == NULL) return -1;
+    long long n = PyLong_AsLongLong(nr);
+    Py_DECREF(nr);
+    if (n == -1 && PyErr_Occurred()) return -1;
+    return begin <= n && n < end;
+}
+
+/* One node's edges to the inputs, added to found (key -> [edges]) and counts; nodes of the call to visit next
+ * pushed on stack. 0, or -1 with an error. */
+static int walk_node(PyObject *node, PyObject *slots, PyObject *skip, long long begin, long long end, int leaf_inputs,
+                     PyObject *accumulate, PyObject *stack, PyObject *seen, PyObject *found, PyObject *counts) {
+    PyObject *next = PyObject_GetAttrString(node, "next_functions");
+    if (next == NULL) return -1;
+    PyObject *items = PySequence_Fast(next, "next_functions is no sequence");
+    Py_DECREF(next);
+    if (items == NULL) return -1;
+    int rc = 0;
+    for (Py_ssize_t edge = 0, n = PySequence_Fast_GET_SIZE(items); edge < n && rc == 0; edge++) {
+        PyObject *pair = PySequence_Fast_GET_ITEM(items, edge);
+        if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) { PyErr_SetString(PyExc_TypeError, "an edge is no pair"); rc = -1; break; }
+        PyObject *nxt = PyTuple_GET_ITEM(pair, 0);
+        if (nxt == Py_None) continue;
+        PyObject *key;
+        if ((PyObject *)Py_TYPE(nxt) == accumulate) {
+            if (!leaf_inputs) continue;
+            PyObject *var = PyObject_GetAttrString(nxt, "variable");
+            key = var == NULL ? NULL : edge_key(var, 0);
+            Py_XDECREF(var);
+            if (key == NULL) { rc = -1; break; }
+            int in = PyDict_Contains(slots, key);
+            if (in <= 0) { Py_DECREF(key); rc = in; continue; }
+        } else {
+            long nr = PyLong_AsLong(PyTuple_GET_ITEM(pair, 1));
+            if (nr == -1 && PyErr_Occurred()) { rc = -1; break; }
+            key = edge_key(nxt, nr + 1);
+            if (key == NULL) { rc = -1; break; }
+            int in = PyDict_Contains(slots, key);
+            if (in <= 0) {
+                Py_DECREF(key);
+                if (in < 0) { rc = -1; break; }
+                int known = PySet_Contains(seen, nxt);
+                int mine = known == 0 ? made_in_call(nxt, begin, end) : 0;
+                if (known < 0 || mine < 0) { rc = -1; break; }
+                if (mine && (PySet_Add(seen, nxt) < 0 || PyList_Append(stack, nxt) < 0)) rc = -1;
+                continue;
+            }
+        }
+        int skipped = PyDict_Contains(skip, key);
+        if (skipped != 0) { Py_DECREF(key); rc = skipped < 0 ? -1 : 0; continue; }
+        PyObject *edges = PyDict_GetItemWithError(found, key);  /* borrowed */
+        PyObject *index = PyLong_FromSsize_t(edge);
+        if (index == NULL || (edges == NULL && PyErr_Occurred())) { Py_XDECREF(index); Py_DECREF(key); rc = -1; break; }
+        if (edges == NULL) {
+            edges = PyList_New(0);
+            if (edges == NULL || PyDict_SetItem(found, key, edges) < 0) { Py_XDECREF(edges); Py_DECREF(index); Py_DECREF(key); rc = -1; break; }
+            Py_DECREF(edges);  /* found holds it */
+        }
+        PyObject *count = PyDict_GetItemWithError(counts, key);
+        long c = count == NULL ? 0 : PyLong_AsLong(count);
+        PyObject *c1 = PyErr_Occurred() ? NULL : PyLong_FromLong(c + 1);
+        if (PyList_Append(edges, index) < 0 || c1 == NULL || PyDict_SetItem(counts, key, c1) < 0) rc = -1;
+        Py_XDECREF(c1);
+        Py_DECREF(index);
+        Py_DECREF(key);
+    }
+    Py_DECREF(items);
+    return rc;
+}
+
+/* ((key, (edge, ...)), ...) of found, in its order (a new reference). */
+static PyObject *node_hits(PyObject *found) {
+    PyObject *out = PyTuple_New(PyDict_GET_SIZE(found));
+    Py_ssize_t pos = 0, i = 0;
+    PyObject *key, *edges;
+    while (out != NULL && PyDict_Next(found, &pos, &key, &edges)) {
+        PyObject *t = PyList_AsTuple(edges);
+        PyObject *pair = t == NULL ? NULL : PyTuple_Pack(2, key, t);
+        Py_XDECREF(t);
+        if (pair == NULL) { Py_CLEAR(out); break; }
+        PyTuple_SET_ITEM(out, i++, pair);
+    }
+    return out;
+}
+
+static PyObject *walk(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 7 || !PyList_Check(args[0]) || !PyDict_Check(args[1]) || !PyDict_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "walk(roots, slots, skip, begin, end, leaf_inputs, accumulate_grad)");
+        return NULL;
+    }
+    PyObject *slots = args[1], *skip = args[2], *accumulate = args[6];
+    long long begin = PyLong_AsLongLong(args[3]), end = PyLong_AsLongLong(args[4]);
+    int leaf_inputs = PyObject_IsTrue(args[5]);
+    if (PyErr_Occurred() || leaf_inputs < 0) return NULL;
+    PyObject *stack = PyList_New(0), *seen = PySet_New(NULL), *hits = PyList_New(0), *counts = PyDict_New();
+    PyObject *result = NULL;
+    if (stack == NULL || seen == NULL || hits == NULL || counts == NULL) goto done;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(args[0]); i++) {  /* outputs of one node share it: walked once */
+        PyObject *root = PyList_GET_ITEM(args[0], i);
+        int known = PySet_Contains(seen, root);
+        if (known < 0 || (!known && (PySet_Add(seen, root) < 0 || PyList_Append(stack, root) < 0))) goto done;
+    }
+    while (PyList_GET_SIZE(stack)) {
+        Py_ssize_t last = PyList_GET_SIZE(stack) - 1;
+        PyObject *node = PyList_GET_ITEM(stack, last);
+        Py_INCREF(node);
+        PyObject *found = PyDict_New();
+        int rc = found == NULL || PyList_SetSlice(stack, last, last + 1, NULL) < 0 ? -1
+                 : walk_node(node, slots, skip, begin, end, leaf_inputs, accumulate, stack, seen, found, counts);
+        if (rc == 0 && PyDict_GET_SIZE(found)) {
+            PyObject *nh = node_hits(found);
+            PyObject *hit = nh == NULL ? NULL : PyTuple_Pack(2, node, nh);
+            Py_XDECREF(nh);
+            if (hit == NULL || PyList_Append(hits, hit) < 0) rc = -1;
+            Py_XDECREF(hit);
+        }
+        Py_XDECREF(found);
+        Py_DECREF(node);
+        if (rc < 0) goto done;
+    }
+    result = PyTuple_Pack(2, hits, counts);
+done:
+    Py_XDECREF(stack); Py_XDECREF(seen); Py_XDECREF(hits); Py_XDECREF(counts);
+    return result;
+}
+/* ================================================================================== end of autograd walk */
+
 static PyMethodDef methods[] = {
+    {"walk", (PyCFunction)(void (*)(void))walk, METH_FASTCALL,
+     "walk(roots, slots, skip, begin, end, leaf_inputs, accumulate_grad) -> (hits, counts): backward_capture._walk"},
     {"stats_many", (PyCFunction)(void (*)(void))stats_many, METH_FASTCALL,
      "stats_many(addresses, numels, codes, eps, threads, out) -> None: stats(...) of many buffers into out"},
     {"frame_key", (PyCFunction)(void (*)(void))frame_key, METH_FASTCALL,
@@ -1002,7 +1309,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fast_stats", "One-p
 
 PyMODINIT_FUNC PyInit__fast_stats(void) {
     PyObject *m = PyModule_Create(&module);
-    if (m != NULL && add_record_text(m) < 0) Py_CLEAR(m);
+    if (m != NULL && (add_record_text(m) < 0 || add_grad_text(m) < 0)) Py_CLEAR(m);
     return m;
 }
 
