@@ -9,18 +9,16 @@ the count is computed with the rest (no host sync). Statistics of sharded tensor
 ``StatsEngine.append_row`` (one tensor) and ``StatsEngine.append_rows`` (a batch, one kernel call) are the
 monitor's path for CPU tensors the one-pass kernel reads: the kernel's host floats appended to the step's
 ``bytearray`` by the kernel itself, no tensor and no Python float made (the monitor calls them thousands of
-times a step); ``StatsEngine.columns`` turns a step's worth of them into the ``ops`` at once, a column at a
-time.
+times a step); ``StatsEngine.host_values`` turns a step's worth of them into the ``ops`` at once (the kernel's
+``raw_ops``).
 """
 
 from __future__ import annotations
 
-from array import array
-from itertools import repeat
-from operator import truediv
 from struct import Struct
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from msprobe_core.pytorch.tensor_stats import HOST_CODES, batched_stats, fast_cpu_stats, host_stats, raw_real_values
@@ -33,6 +31,9 @@ count."""
 _ROW = Struct(f"{RAW_WIDTH}d")
 _append_row = getattr(KERNEL, "append_row", None)
 _append_rows = getattr(KERNEL, "append_rows", None)
+_raw_ops = getattr(KERNEL, "raw_ops", None)
+_OP_CODES = {"min": 0, "max": 1, "norm": 2, "mean": 3, "zeros": 4, "nans": 5}
+"""``raw_ops``' code of each op."""
 _get_num_threads = torch.get_num_threads
 # the float types tensor_stats.host_stats hands the kernel without a conversion, with their dtype codes
 _KERNEL_FLOATS = {dtype: HOST_CODES[dtype] for dtype in (torch.float32, torch.float64, torch.bfloat16)}
@@ -49,12 +50,13 @@ class StatsEngine:
         self._nans_at = self.ops.index("nans") if "nans" in self.ops else -1
         self._proxy_cols = [self._other_ops.index(op) for op in _NAN_PROXIES if op in self._other_ops]
         self._count_eps = self.eps if "zeros" in self.ops else -1.0
-        self.host_rows = fast_cpu_stats() and _append_rows is not None
+        self._op_codes = [_OP_CODES[op] for op in self.ops]
+        self.host_rows = fast_cpu_stats() and _append_rows is not None and _raw_ops is not None
         """CPU tensors are summarised on the host by the one-pass kernel (``append_row``, ``append_rows``)."""
 
     def append_row(self, raw: bytearray, t: torch.Tensor) -> int | None:
         """Append the host row (``RAW_WIDTH`` doubles: max, min, sum, sum of squares, zeros, NaNs, element
-        count; ``columns`` makes the ``ops`` of them) of one non-empty CPU tensor to ``raw``; returns its
+        count; ``host_values`` makes the ``ops`` of them) of one non-empty CPU tensor to ``raw``; returns its
         index, or None, with nothing appended, where the kernel does not apply (no kernel, another device,
         a subclass, ...). A dense float CPU tensor goes straight to the kernel, anything else through
         ``host_stats``."""
@@ -79,27 +81,11 @@ class StatsEngine:
             return []
         return [i for i, t in enumerate(tensors) if self.append_row(raw, t) is None]
 
-    def columns(self, raw: bytearray) -> list[array]:
-        """The ``ops`` of the rows ``append_row``/``append_rows`` made, a float32 column per op in ``ops`` order
-        (the numbers ``compute`` gives)."""
-        rows = array("d")
-        rows.frombytes(raw)
-        numels = rows[RAW_WIDTH - 1::RAW_WIDTH]  # each row's last value
-        made = {}
-        for op in self.ops:
-            if op == "min":
-                made[op] = rows[1::RAW_WIDTH]
-            elif op == "max":
-                made[op] = rows[0::RAW_WIDTH]
-            elif op == "norm":
-                made[op] = map(pow, rows[3::RAW_WIDTH], repeat(0.5))
-            elif op == "mean":
-                made[op] = map(truediv, rows[2::RAW_WIDTH], numels)
-            elif op == "zeros":
-                made[op] = map(truediv, rows[4::RAW_WIDTH], numels)
-            else:
-                made[op] = rows[5::RAW_WIDTH]
-        return [array("f", made[op]) for op in self.ops]
+    def host_values(self, raw: bytearray) -> np.ndarray:
+        """The ``ops`` of the rows ``append_row``/``append_rows`` made, ``[rows, ops]`` float64 holding float32
+        values (the numbers ``compute`` gives), in one kernel call."""
+        out = np.frombuffer(_raw_ops(raw, self._op_codes), dtype=np.float64)
+        return out.reshape(-1, len(self.ops))
 
     @torch.no_grad()
     def compute(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor:

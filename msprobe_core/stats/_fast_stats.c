@@ -323,6 +323,7 @@ static PyObject *stats_many(PyObject *self, PyObject *const *args, Py_ssize_t na
 static PyObject *append_row(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 static PyObject *append_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 static PyObject *csv_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+static PyObject *raw_ops(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 
 static PyObject *frame_key(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 1) {
@@ -995,6 +996,8 @@ static PyMethodDef methods[] = {
      "append_rows(raw, addresses, numels, codes, eps, threads) -> first row index: append_row of many buffers"},
     {"csv_rows", (PyCFunction)(void (*)(void))csv_rows, METH_FASTCALL,
      "csv_rows(heads, middle, tails, values, width, ndigits) -> str: the monitor's csv lines, values as '%.{ndigits}g'"},
+    {"raw_ops", (PyCFunction)(void (*)(void))raw_ops, METH_FASTCALL,
+     "raw_ops(raw, ops) -> bytes: the ops of append_row's rows as doubles of float32 values, row after row"},
     {NULL, NULL, 0, NULL},
 };
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fast_stats", "One-pass CPU tensor statistics.", -1,
@@ -1176,9 +1179,20 @@ done:
 
 /* csv_rows(heads, middle, tails, values, width, ndigits) -> str: the monitor's csv lines of one kind at one
  * step, line i being heads[i] + middle + tails[i] (tails None: nothing) + ",v" for each of its `width`
- * floats of `values` (a flat list or tuple) + "\r\n". Each float as Python's "%.{ndigits}g" % v writes it
- * (the same PyOS_double_to_string call: the same bytes, inf, -inf and nan included), without Python's
- * format machinery per value (tens of thousands of values a step); the text grows in a ``text_t``. */
+ * floats of `values` (a flat list or tuple of floats, or a buffer of C doubles: the step's values as a numpy
+ * array, no Python float made) + "\r\n". Each float as Python's "%.{ndigits}g" % v writes it (the same
+ * PyOS_double_to_string call: the same bytes, inf, -inf and nan included; a zero, most of the zeros and nans
+ * columns, written directly), without Python's format machinery per value (tens of thousands of values a
+ * step); the text grows in a ``text_t``. */
+static int put_g(text_t *t, double x, long ndigits) {
+    if (x == 0.0) return signbit(x) ? PUT_LIT(t, ",-0") : PUT_LIT(t, ",0");
+    char *s = PyOS_double_to_string(x, 'g', (int)ndigits, 0, NULL);
+    if (s == NULL) return -1;
+    int bad = PUT_LIT(t, ",") < 0 || text_put(t, s, (Py_ssize_t)strlen(s)) < 0;
+    PyMem_Free(s);
+    return bad ? -1 : 0;
+}
+
 static PyObject *csv_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 6) {
         PyErr_SetString(PyExc_TypeError, "csv_rows(heads, middle, tails, values, width, ndigits) takes 6 arguments");
@@ -1187,30 +1201,37 @@ static PyObject *csv_rows(PyObject *self, PyObject *const *args, Py_ssize_t narg
     Py_ssize_t width = PyLong_AsSsize_t(args[4]);
     long ndigits = PyLong_AsLong(args[5]);
     if (PyErr_Occurred()) return NULL;
+    Py_buffer buf = {0};
+    int doubles = PyObject_CheckBuffer(args[3]);
+    if (doubles && PyObject_GetBuffer(args[3], &buf, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return NULL;
     PyObject *heads = PySequence_Fast(args[0], "heads must be a sequence");
     PyObject *tails = heads && args[2] != Py_None ? PySequence_Fast(args[2], "tails must be a sequence") : NULL;
-    PyObject *values = heads && (args[2] == Py_None || tails) ? PySequence_Fast(args[3], "values must be a sequence") : NULL;
+    PyObject *values = NULL;
+    if (heads && (args[2] == Py_None || tails) && !doubles)
+        values = PySequence_Fast(args[3], "values must be a sequence");
     PyObject *ret = NULL;
     text_t t;
     text_init(&t);
-    if (values == NULL) goto done;
+    if (heads == NULL || (args[2] != Py_None && tails == NULL) || (!doubles && values == NULL)) goto done;
     Py_ssize_t m = PySequence_Fast_GET_SIZE(heads);
-    if ((tails && PySequence_Fast_GET_SIZE(tails) != m) || width < 0 || PySequence_Fast_GET_SIZE(values) != m * width) {
+    if (doubles && (buf.itemsize != sizeof(double) || buf.format == NULL || strcmp(buf.format, "d") != 0)) {
+        PyErr_SetString(PyExc_TypeError, "csv_rows: a values buffer must hold C doubles");
+        goto done;
+    }
+    Py_ssize_t count = doubles ? buf.len / (Py_ssize_t)sizeof(double) : PySequence_Fast_GET_SIZE(values);
+    if ((tails && PySequence_Fast_GET_SIZE(tails) != m) || width < 0 || count != m * width) {
         PyErr_SetString(PyExc_ValueError, "csv_rows: heads, tails and values (width per line) disagree");
         goto done;
     }
-    PyObject **v = PySequence_Fast_ITEMS(values);
+    const double *d = doubles ? (const double *)buf.buf : NULL;
+    PyObject **v = doubles ? NULL : PySequence_Fast_ITEMS(values);
     for (Py_ssize_t i = 0; i < m; i++) {
         if (text_put_str(&t, PySequence_Fast_GET_ITEM(heads, i)) < 0 || text_put_str(&t, args[1]) < 0) goto done;
         if (tails && text_put_str(&t, PySequence_Fast_GET_ITEM(tails, i)) < 0) goto done;
         for (Py_ssize_t j = 0; j < width; j++) {
-            double x = PyFloat_AsDouble(v[i * width + j]);
-            if (x == -1.0 && PyErr_Occurred()) goto done;
-            char *s = PyOS_double_to_string(x, 'g', (int)ndigits, 0, NULL);
-            if (s == NULL) goto done;
-            int bad = PUT_LIT(&t, ",") < 0 || text_put(&t, s, (Py_ssize_t)strlen(s)) < 0;
-            PyMem_Free(s);
-            if (bad) goto done;
+            double x = d ? d[i * width + j] : PyFloat_AsDouble(v[i * width + j]);
+            if (!d && x == -1.0 && PyErr_Occurred()) goto done;
+            if (put_g(&t, x, ndigits) < 0) goto done;
         }
         if (PUT_LIT(&t, "\r\n") < 0) goto done;
     }
@@ -1218,8 +1239,64 @@ static PyObject *csv_rows(PyObject *self, PyObject *const *args, Py_ssize_t narg
     text_init(&t);
 done:
     text_free(&t);
+    if (doubles) PyBuffer_Release(&buf);
     Py_XDECREF(heads);
     Py_XDECREF(tails);
     Py_XDECREF(values);
     return ret;
 }
+
+/* ====================================================================== the monitor's step values (s10-mon)
+ *
+ *   raw_ops(raw, ops) -> bytes: the configured ops of each row of raw (append_row's rows of ROW_WIDTH doubles),
+ *                        row after row, each a C double holding the float32 rounding of the op, as the monitor's
+ *                        Python ``columns`` computes it (min: the row's min, max, norm: pow(sum of squares, 0.5)
+ *                        as Python's float pow, mean: sum / numel, zeros: zero count / numel, nans: the count).
+ *                        ops: a sequence of op codes 0 min, 1 max, 2 norm, 3 mean, 4 zeros, 5 nans.
+ * One call per step instead of a Python float per value. */
+static PyObject *raw_ops(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyByteArray_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "raw_ops(raw, ops) takes a bytearray and a sequence of op codes");
+        return NULL;
+    }
+    PyObject *ops = PySequence_Fast(args[1], "ops must be a sequence");
+    if (ops == NULL) return NULL;
+    Py_ssize_t k = PySequence_Fast_GET_SIZE(ops), row_bytes = ROW_WIDTH * (Py_ssize_t)sizeof(double);
+    Py_ssize_t size = PyByteArray_GET_SIZE(args[0]);
+    long code[16];
+    PyObject *ret = NULL;
+    if (k > 16 || size % row_bytes != 0) {
+        PyErr_SetString(PyExc_ValueError, "raw_ops: at most 16 ops, and raw must hold whole rows");
+        goto done;
+    }
+    for (Py_ssize_t j = 0; j < k; j++) {
+        code[j] = PyLong_AsLong(PySequence_Fast_GET_ITEM(ops, j));
+        if (code[j] < 0 || code[j] > 5) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "raw_ops: op codes are 0..5");
+            goto done;
+        }
+    }
+    Py_ssize_t n = size / row_bytes;
+    ret = PyBytes_FromStringAndSize(NULL, n * k * (Py_ssize_t)sizeof(double));
+    if (ret == NULL) goto done;
+    const double *r = (const double *)PyByteArray_AS_STRING(args[0]);
+    double *o = (double *)PyBytes_AS_STRING(ret);
+    for (Py_ssize_t i = 0; i < n; i++, r += ROW_WIDTH) {
+        for (Py_ssize_t j = 0; j < k; j++) {
+            double v;
+            switch (code[j]) {
+                case 0: v = r[1]; break;
+                case 1: v = r[0]; break;
+                case 2: v = isnan(r[3]) ? r[3] : pow(r[3], 0.5); break;  /* Python's float pow hands a NaN back */
+                case 3: v = r[2] / r[6]; break;
+                case 4: v = r[4] / r[6]; break;
+                default: v = r[5]; break;
+            }
+            *o++ = (double)(float)v;
+        }
+    }
+done:
+    Py_DECREF(ops);
+    return ret;
+}
+/* ================================================================== end of the monitor's step values */
