@@ -1114,9 +1114,58 @@ static int grow_rows(PyObject *raw, Py_ssize_t m, Py_ssize_t *first) {
     return 0;
 }
 
+/* The serial float kernels with the |x| <= eps count taken in the same pass (the monitor counts zeros of every
+ * tensor: SERIAL_FLOAT_KERNEL reads the buffer twice for it). The same loop of REDUCE_BLOCK with an int32 count
+ * per block beside it (32-bit lanes, as the floats': the same vectorisation, so the same sums, bit for bit, as
+ * SERIAL_FLOAT_KERNEL's); NaNs are counted as there, in a second pass only when the sums are not finite. */
+#define FUSED_FLOAT_KERNEL(NAME, T, TO_F)                                                        \
+    CLONES static void NAME(const T *p, Py_ssize_t n, double eps, acc_t *a) {                    \
+        float mx = -INFINITY, mn = INFINITY, e = (float)eps;                                     \
+        double s = 0.0, ss = 0.0;                                                                \
+        Py_ssize_t zeros = 0, nans = 0;                                                          \
+        for (Py_ssize_t lo = 0; lo < n; lo += BLOCK) {                                           \
+            Py_ssize_t hi = lo + BLOCK < n ? lo + BLOCK : n;                                     \
+            float bmx = -INFINITY, bmn = INFINITY, bs = 0.f, bss = 0.f;                          \
+            int32_t bz = 0;                                                                      \
+            _Pragma("omp simd reduction(max:bmx) reduction(min:bmn) reduction(+:bs,bss,bz)")     \
+            for (Py_ssize_t i = lo; i < hi; i++) {                                               \
+                float v = TO_F(p[i]);                                                            \
+                bmx = v > bmx ? v : bmx;                                                         \
+                bmn = v < bmn ? v : bmn;                                                         \
+                bs += v;                                                                         \
+                bss += v * v;                                                                    \
+                bz += fabsf(v) <= e;                                                             \
+            }                                                                                    \
+            mx = bmx > mx ? bmx : mx;                                                            \
+            mn = bmn < mn ? bmn : mn;                                                            \
+            s += bs;                                                                             \
+            ss += bss;                                                                           \
+            zeros += bz;                                                                         \
+        }                                                                                        \
+        if (!isfinite(s) || !isfinite(ss)) {                                                     \
+            zeros = 0;                                                                           \
+            for (Py_ssize_t lo = 0; lo < n; lo += BLOCK) {                                       \
+                Py_ssize_t hi = lo + BLOCK < n ? lo + BLOCK : n;                                 \
+                COUNT_BLOCK(p, lo, hi, TO_F, e, zeros, nans);                                    \
+            }                                                                                    \
+        }                                                                                        \
+        a->mx = mx; a->mn = mn; a->sum = s; a->sumsq = ss; a->zeros = (double)zeros; a->nans = (double)nans; \
+    }
+
+FUSED_FLOAT_KERNEL(fused_f32, float, f32_of)
+FUSED_FLOAT_KERNEL(fused_bf16, uint16_t, bf16_of)
+
+/* One row: stats() of a buffer with its element count; a float32 or bfloat16 buffer whose zeros are counted
+ * and that one thread reduces goes through the fused kernel. */
 static void reduce_row(const void *p, Py_ssize_t n, long code, double eps, int count, long threads, double *r) {
     acc_t a;
-    KERNELS[code](p, n, eps, count, n >= PARALLEL_MIN && threads > 1 ? (int)threads : 1, &a);
+    int serial = n < PARALLEL_MIN || threads <= 1;
+    if (count && serial && code == 0)
+        fused_f32((const float *)p, n, eps, &a);
+    else if (count && serial && code == 2)
+        fused_bf16((const uint16_t *)p, n, eps, &a);
+    else
+        KERNELS[code](p, n, eps, count, serial ? 1 : (int)threads, &a);
     put_row(a, count, r);
     r[6] = (double)n;
 }
@@ -1152,28 +1201,56 @@ static PyObject *append_rows(PyObject *self, PyObject *const *args, Py_ssize_t n
         PyErr_SetString(PyExc_TypeError, "append_rows(raw, addresses, numels, codes, eps, threads) takes 6 arguments");
         return NULL;
     }
-    PyObject *ns = PySequence_Fast(args[2], "numels must be a sequence");
-    if (ns == NULL) return NULL;
-    Py_ssize_t m = PySequence_Fast_GET_SIZE(ns);
-    /* stats_many's rows (it checks the arguments and reduces without the GIL) into out, then appended to raw
-     * with their element counts */
-    PyObject *ret = NULL, *done_many = NULL, *out = PyByteArray_FromStringAndSize(NULL, m * 6 * (Py_ssize_t)sizeof(double));
-    if (out == NULL) goto done;
-    PyObject *many_args[6] = {args[1], ns, args[3], args[4], args[5], out};
-    done_many = stats_many(self, many_args, 6);
-    Py_ssize_t first;
-    if (done_many == NULL || grow_rows(args[0], m, &first) < 0) goto done;
-    const double *o = (const double *)PyByteArray_AS_STRING(out);
-    double *r = (double *)PyByteArray_AS_STRING(args[0]) + first * ROW_WIDTH;
-    for (Py_ssize_t i = 0; i < m; i++) {
-        memcpy(r + ROW_WIDTH * i, o + 6 * i, 6 * sizeof(double));
-        r[ROW_WIDTH * i + 6] = (double)PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(ns, i));
+    double eps = PyFloat_AsDouble(args[4]);
+    long threads = PyLong_AsLong(args[5]);
+    if (PyErr_Occurred()) return NULL;
+    PyObject *ps = PySequence_Fast(args[1], "addresses must be a sequence");
+    PyObject *ns = ps ? PySequence_Fast(args[2], "numels must be a sequence") : NULL;
+    PyObject *cs = ns ? PySequence_Fast(args[3], "codes must be a sequence") : NULL;
+    PyObject *ret = NULL;
+    void **p = NULL;
+    Py_ssize_t *n = NULL;
+    long *code = NULL;
+    double *rows = NULL;
+    if (cs == NULL) goto done;
+    Py_ssize_t m = PySequence_Fast_GET_SIZE(ps);
+    if (PySequence_Fast_GET_SIZE(ns) != m || PySequence_Fast_GET_SIZE(cs) != m) {
+        PyErr_SetString(PyExc_ValueError, "addresses, numels and codes must have the same length");
+        goto done;
     }
+    p = PyMem_RawMalloc((size_t)(m ? m : 1) * sizeof(void *));
+    n = PyMem_RawMalloc((size_t)(m ? m : 1) * sizeof(Py_ssize_t));
+    code = PyMem_RawMalloc((size_t)(m ? m : 1) * sizeof(long));
+    rows = PyMem_RawMalloc((size_t)(m ? m : 1) * ROW_WIDTH * sizeof(double));
+    if (p == NULL || n == NULL || code == NULL || rows == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    int count = 0;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        double e = eps;
+        p[i] = PyLong_AsVoidPtr(PySequence_Fast_GET_ITEM(ps, i));
+        n[i] = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(ns, i));
+        code[i] = PyLong_AsLong(PySequence_Fast_GET_ITEM(cs, i));
+        if (parse_common(&code[i], &e, &count, p[i], n[i]) < 0) goto done;
+    }
+    if (!count) eps = 0.0;
+    /* reduced into rows of its own without the GIL, then appended to raw (which may not grow meanwhile) */
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < m; i++) reduce_row(p[i], n[i], code[i], eps, count, threads, rows + ROW_WIDTH * i);
+    Py_END_ALLOW_THREADS
+    Py_ssize_t first;
+    if (grow_rows(args[0], m, &first) < 0) goto done;
+    memcpy((double *)PyByteArray_AS_STRING(args[0]) + first * ROW_WIDTH, rows, (size_t)m * ROW_WIDTH * sizeof(double));
     ret = PyLong_FromSsize_t(first);
 done:
-    Py_XDECREF(done_many);
-    Py_XDECREF(out);
-    Py_DECREF(ns);
+    PyMem_RawFree(p);
+    PyMem_RawFree(n);
+    PyMem_RawFree(code);
+    PyMem_RawFree(rows);
+    Py_XDECREF(ps);
+    Py_XDECREF(ns);
+    Py_XDECREF(cs);
     return ret;
 }
 
