@@ -80,17 +80,15 @@ class StepCollector:
                 return row
         return self._device_slots([t])[0]
 
-    def compute(self, tensors: Sequence[torch.Tensor], numels: Sequence[int] | None = None) -> list[Slot]:
-        """Statistics of non-empty ``tensors`` (any devices; ``numels``: their element counts, when known);
-        returns the slot of each, in order. Those the kernel reads go through it in one call; the rest are
-        summarised together, one block per device."""
+    def compute(self, tensors: Sequence[torch.Tensor]) -> list[Slot]:
+        """Statistics of non-empty ``tensors`` (any devices); returns the slot of each, in order. Those the
+        kernel reads go through it in one call; the rest are summarised together, one block per device."""
         if not all(map(_PLAIN.__contains__, map(type, tensors))):
             tensors = [t if type(t) in _PLAIN else local_view(t) for t in tensors]
-            numels = None
         if not self.engine.host_rows:
             return self._device_slots(tensors)
         base = len(self._raw) // _ROW_BYTES
-        rest = self.engine.append_rows(self._raw, tensors, numels)
+        rest = self.engine.append_rows(self._raw, tensors)
         if not rest:
             return list(range(base, len(self._raw) // _ROW_BYTES))
         where: list[Slot] = []
@@ -165,7 +163,7 @@ class StepCollector:
             names, modules, tensors, numels = (list(compress(column, keep))
                                                for column in (names, modules, tensors, numels))
         if numels:
-            self.add_entries(kind, names, modules, micro_step, numels, self.compute(tensors, numels))
+            self.add_entries(kind, names, modules, micro_step, numels, self.compute(tensors))
 
     def _values(self, slots: Sequence[Slot], take: np.ndarray | None = None) -> np.ndarray:
         """The values of the rows at ``slots``, ``[rows, ops]`` float64 (each rounded to float32): the host rows

@@ -21,7 +21,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from msprobe_core.pytorch.tensor_stats import HOST_CODES, batched_stats, fast_cpu_stats, host_stats, raw_real_values
+from msprobe_core.pytorch.tensor_stats import HOST_CODES, batched_stats, fast_cpu_stats, host_stats
 from msprobe_core.stats.kernel import KERNEL
 
 _NAN_PROXIES = ("min", "max", "norm", "mean")
@@ -29,13 +29,12 @@ RAW_WIDTH = 7
 """Host floats per tensor row: the kernel's max, min, sum, sum of squares, zeros and NaNs, then the element
 count."""
 _ROW = Struct(f"{RAW_WIDTH}d")
-_append_row = getattr(KERNEL, "append_row", None)
-_append_rows = getattr(KERNEL, "append_rows", None)
 _raw_ops = getattr(KERNEL, "raw_ops", None)
+_TensorRows = getattr(KERNEL, "TensorRows", None)
 _OP_CODES = {"min": 0, "max": 1, "norm": 2, "mean": 3, "zeros": 4, "nans": 5}
 """``raw_ops``' code of each op."""
 _get_num_threads = torch.get_num_threads
-# the float types tensor_stats.host_stats hands the kernel without a conversion, with their dtype codes
+# the float types the kernel reads without a conversion (TensorRows), with their dtype codes
 _KERNEL_FLOATS = {dtype: HOST_CODES[dtype] for dtype in (torch.float32, torch.float64, torch.bfloat16)}
 
 
@@ -51,8 +50,11 @@ class StatsEngine:
         self._proxy_cols = [self._other_ops.index(op) for op in _NAN_PROXIES if op in self._other_ops]
         self._count_eps = self.eps if "zeros" in self.ops else -1.0
         self._op_codes = [_OP_CODES[op] for op in self.ops]
-        self.host_rows = fast_cpu_stats() and _append_rows is not None and _raw_ops is not None
+        self.host_rows = fast_cpu_stats() and None not in (_raw_ops, _TensorRows)
         """CPU tensors are summarised on the host by the one-pass kernel (``append_row``, ``append_rows``)."""
+        self._tensor_rows = _TensorRows(_KERNEL_FLOATS, torch.Tensor, torch.nn.Parameter, torch._C.TensorBase,
+                                        torch.strided) if self.host_rows else None
+        """The kernel's ``TensorRows``: plain dense float CPU tensors' rows with torch asked in C."""
 
     def append_row(self, raw: bytearray, t: torch.Tensor) -> int | None:
         """Append the host row (``RAW_WIDTH`` doubles: max, min, sum, sum of squares, zeros, NaNs, element
@@ -60,24 +62,19 @@ class StatsEngine:
         index, or None, with nothing appended, where the kernel does not apply (no kernel, another device,
         a subclass, ...). A dense float CPU tensor goes straight to the kernel, anything else through
         ``host_stats``."""
-        code = _KERNEL_FLOATS.get(t.dtype)
-        if code is not None and raw_real_values(t):  # float codes only: no conjugation
-            return _append_row(raw, t.data_ptr(), t.numel(), code, self._count_eps, _get_num_threads())
+        row = self._tensor_rows.row(raw, t, self._count_eps, _get_num_threads())  # the usual tensor, asked in C
+        if row is not None:
+            return row
         values = host_stats(t, self._count_eps)
         if values is None:
             return None
         raw += _ROW.pack(*values, t.numel())
         return len(raw) // _ROW.size - 1
 
-    def append_rows(self, raw: bytearray, tensors: Sequence[torch.Tensor], counts: Sequence[int] | None = None) -> list[int]:
+    def append_rows(self, raw: bytearray, tensors: Sequence[torch.Tensor]) -> list[int]:
         """``append_row`` of each of non-empty ``tensors`` the kernel reads, in order; returns the positions of
-        the others (for the device path). Dense float tensors all: one kernel call for the lot. ``counts``:
-        the tensors' element counts, when known."""
-        codes = [_KERNEL_FLOATS.get(t.dtype) for t in tensors]
-        if None not in codes and all(map(raw_real_values, tensors)):
-            if counts is None:
-                counts = [t.numel() for t in tensors]
-            _append_rows(raw, [t.data_ptr() for t in tensors], counts, codes, self._count_eps, _get_num_threads())
+        the others (for the device path). Dense float tensors all: one kernel call for the lot."""
+        if self._tensor_rows.rows(raw, tensors, self._count_eps, _get_num_threads()) is not None:
             return []
         return [i for i, t in enumerate(tensors) if self.append_row(raw, t) is None]
 

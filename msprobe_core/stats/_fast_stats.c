@@ -324,6 +324,7 @@ static PyObject *append_row(PyObject *self, PyObject *const *args, Py_ssize_t na
 static PyObject *append_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 static PyObject *csv_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 static PyObject *raw_ops(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+static int add_tensor_rows(PyObject *m);
 
 static PyObject *frame_key(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 1) {
@@ -1005,7 +1006,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fast_stats", "One-p
 
 PyMODINIT_FUNC PyInit__fast_stats(void) {
     PyObject *m = PyModule_Create(&module);
-    if (m != NULL && add_record_text(m) < 0) Py_CLEAR(m);
+    if (m != NULL && (add_record_text(m) < 0 || add_tensor_rows(m) < 0)) Py_CLEAR(m);
     return m;
 }
 
@@ -1375,5 +1376,229 @@ static PyObject *raw_ops(PyObject *self, PyObject *const *args, Py_ssize_t nargs
 done:
     Py_DECREF(ops);
     return ret;
+}
+
+/* TensorRows(codes, tensor, parameter, tensor_base, strided): the monitor's kernel rows of plain tensors asked of
+ * torch in C (the questions ``tensor_stats.raw_real_values`` asks, through the C base class's own descriptors,
+ * as RecordText asks them), with no Python frame per tensor:
+ *
+ *   row(raw, t, eps, threads)      -> append_row's row of t, or None (nothing appended) where the kernel does
+ *                                     not read t directly: a subclass, another device or layout, a dtype not in
+ *                                     codes ({dtype: kernel code}), a strided view, a lazy negation, a zero tensor
+ *   rows(raw, tensors, eps, threads) -> append_rows' first row of all of tensors, or None (nothing appended)
+ *                                     where row() would say None for one of them */
+enum { TR_IS_CPU, TR_LAYOUT, TR_DTYPE, TR_IS_CONTIGUOUS, TR_IS_NEG, TR_IS_ZERO, TR_DATA_PTR, TR_NUMEL, TR_N };
+static const char *TR_NAMES[TR_N] = {"is_cpu", "layout", "dtype", "is_contiguous", "is_neg", "_is_zerotensor",
+                                     "data_ptr", "numel"};
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *codes, *tensor, *parameter, *strided;
+    PyObject *descr[TR_N];
+} TensorRowsObject;
+
+static PyObject *tr_get(TensorRowsObject *self, PyObject *t, int i) {
+    PyObject *d = self->descr[i];
+    descrgetfunc get = Py_TYPE(d)->tp_descr_get;
+    if (Py_TYPE(d) == &PyMethodDescr_Type || get == NULL) return PyObject_Vectorcall(d, &t, 1, NULL);
+    return get(d, t, (PyObject *)Py_TYPE(t));
+}
+
+/* 1 with t's address, element count and kernel code where the kernel reads t as it is; 0 where it does not (or
+ * torch refused a question: the caller's Python route says why); -1 with an error. */
+static int tr_plain(TensorRowsObject *self, PyObject *t, void **p, Py_ssize_t *n, long *code) {
+    if ((PyObject *)Py_TYPE(t) != self->tensor && (PyObject *)Py_TYPE(t) != self->parameter) return 0;
+    PyObject *v[TR_N] = {NULL};
+    int ok = 0;
+    for (int i = 0; i < TR_N; i++) {
+        v[i] = tr_get(self, t, i);
+        if (v[i] == NULL) goto done;
+        int good = 1;
+        switch (i) {
+            case TR_IS_CPU: case TR_IS_CONTIGUOUS: good = v[i] == Py_True; break;
+            case TR_IS_NEG: case TR_IS_ZERO: good = v[i] == Py_False; break;
+            case TR_LAYOUT: good = v[i] == self->strided; break;
+            case TR_DTYPE: {
+                PyObject *c = PyDict_GetItemWithError(self->codes, v[i]);
+                if (c == NULL) goto done;
+                *code = PyLong_AsLong(c);
+                good = *code >= 0 && *code < N_KERNELS;
+                break;
+            }
+            default: break;
+        }
+        if (!good) goto done;
+    }
+    *p = PyLong_AsVoidPtr(v[TR_DATA_PTR]);
+    *n = PyLong_AsSsize_t(v[TR_NUMEL]);
+    ok = *p != NULL && *n > 0;
+done:
+    for (int i = 0; i < TR_N; i++) Py_XDECREF(v[i]);
+    if (PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_Exception)) return -1;
+        PyErr_Clear();
+        return 0;
+    }
+    return ok;
+}
+
+static int tr_args(PyObject *const *args, Py_ssize_t nargs, const char *name, double *eps, long *threads, int *count) {
+    if (nargs != 4) {
+        PyErr_Format(PyExc_TypeError, "%s(raw, tensor(s), eps, threads) takes 4 arguments", name);
+        return -1;
+    }
+    *eps = PyFloat_AsDouble(args[2]);
+    *threads = PyLong_AsLong(args[3]);
+    if (PyErr_Occurred()) return -1;
+    *count = *eps >= 0;
+    if (!*count) *eps = 0.0;
+    return 0;
+}
+
+static PyObject *tr_row(TensorRowsObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    double eps;
+    long threads, code = 0;
+    int count;
+    if (tr_args(args, nargs, "row", &eps, &threads, &count) < 0) return NULL;
+    void *p = NULL;
+    Py_ssize_t n = 0;
+    int plain = tr_plain(self, args[1], &p, &n, &code);
+    if (plain <= 0) return plain < 0 ? NULL : Py_NewRef(Py_None);
+    double r[ROW_WIDTH];
+    if (n >= PARALLEL_MIN) {
+        Py_BEGIN_ALLOW_THREADS
+        reduce_row(p, n, code, eps, count, threads, r);
+        Py_END_ALLOW_THREADS
+    } else {
+        reduce_row(p, n, code, eps, count, threads, r);
+    }
+    Py_ssize_t first;
+    if (grow_rows(args[0], 1, &first) < 0) return NULL;
+    memcpy((double *)PyByteArray_AS_STRING(args[0]) + first * ROW_WIDTH, r, sizeof(r));
+    return PyLong_FromSsize_t(first);
+}
+
+static PyObject *tr_rows(TensorRowsObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    double eps;
+    long threads;
+    int count;
+    if (tr_args(args, nargs, "rows", &eps, &threads, &count) < 0) return NULL;
+    PyObject *ts = PySequence_Fast(args[1], "tensors must be a sequence");
+    if (ts == NULL) return NULL;
+    Py_ssize_t m = PySequence_Fast_GET_SIZE(ts);
+    void **p = PyMem_RawMalloc((size_t)(m ? m : 1) * sizeof(void *));
+    Py_ssize_t *n = PyMem_RawMalloc((size_t)(m ? m : 1) * sizeof(Py_ssize_t));
+    long *code = PyMem_RawMalloc((size_t)(m ? m : 1) * sizeof(long));
+    double *rows = PyMem_RawMalloc((size_t)(m ? m : 1) * ROW_WIDTH * sizeof(double));
+    PyObject *ret = NULL;
+    if (p == NULL || n == NULL || code == NULL || rows == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < m; i++) {
+        int plain = tr_plain(self, PySequence_Fast_GET_ITEM(ts, i), &p[i], &n[i], &code[i]);
+        if (plain <= 0) {
+            if (plain == 0) ret = Py_NewRef(Py_None);
+            goto done;
+        }
+    }
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < m; i++) reduce_row(p[i], n[i], code[i], eps, count, threads, rows + ROW_WIDTH * i);
+    Py_END_ALLOW_THREADS
+    Py_ssize_t first;
+    if (grow_rows(args[0], m, &first) < 0) goto done;
+    memcpy((double *)PyByteArray_AS_STRING(args[0]) + first * ROW_WIDTH, rows, (size_t)m * ROW_WIDTH * sizeof(double));
+    ret = PyLong_FromSsize_t(first);
+done:
+    PyMem_RawFree(p);
+    PyMem_RawFree(n);
+    PyMem_RawFree(code);
+    PyMem_RawFree(rows);
+    Py_DECREF(ts);
+    return ret;
+}
+
+static PyObject *tr_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    static char *kw[] = {"codes", "tensor", "parameter", "tensor_base", "strided", NULL};
+    PyObject *codes, *tensor, *parameter, *base, *strided;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OOOO:TensorRows", kw, &PyDict_Type, &codes, &tensor, &parameter,
+                                     &base, &strided))
+        return NULL;
+    if (!PyType_Check(tensor) || !PyType_Check(parameter) || !PyType_Check(base)) {
+        PyErr_SetString(PyExc_TypeError, "tensor, parameter and tensor_base must be types");
+        return NULL;
+    }
+    TensorRowsObject *self = (TensorRowsObject *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    self->codes = Py_NewRef(codes);
+    self->tensor = Py_NewRef(tensor);
+    self->parameter = Py_NewRef(parameter);
+    self->strided = Py_NewRef(strided);
+    PyObject *dict = ((PyTypeObject *)base)->tp_dict;  /* the C base's own: never patched by the dump's wrappers */
+    for (int i = 0; i < TR_N; i++) {
+        PyObject *d = PyDict_GetItemString(dict, TR_NAMES[i]);
+        if (d == NULL) {
+            PyErr_Format(PyExc_AttributeError, "the tensor base class has no '%s'", TR_NAMES[i]);
+            Py_DECREF(self);
+            return NULL;
+        }
+        self->descr[i] = Py_NewRef(d);
+    }
+    return (PyObject *)self;
+}
+
+static int tr_traverse(TensorRowsObject *self, visitproc visit, void *arg) {
+    Py_VISIT(self->codes);
+    Py_VISIT(self->tensor);
+    Py_VISIT(self->parameter);
+    Py_VISIT(self->strided);
+    for (int i = 0; i < TR_N; i++) Py_VISIT(self->descr[i]);
+    return 0;
+}
+
+static int tr_clear(TensorRowsObject *self) {
+    Py_CLEAR(self->codes);
+    Py_CLEAR(self->tensor);
+    Py_CLEAR(self->parameter);
+    Py_CLEAR(self->strided);
+    for (int i = 0; i < TR_N; i++) Py_CLEAR(self->descr[i]);
+    return 0;
+}
+
+static void tr_dealloc(TensorRowsObject *self) {
+    PyObject_GC_UnTrack(self);
+    tr_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMethodDef tr_methods[] = {
+    {"row", (PyCFunction)(void (*)(void))tr_row, METH_FASTCALL,
+     "row(raw, t, eps, threads) -> the index of t's row appended to raw, or None where the kernel does not read t"},
+    {"rows", (PyCFunction)(void (*)(void))tr_rows, METH_FASTCALL,
+     "rows(raw, tensors, eps, threads) -> the index of the first of their rows, or None (nothing appended)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject TensorRowsType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "msprobe_core.stats._fast_stats.TensorRows",
+    .tp_basicsize = sizeof(TensorRowsObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "TensorRows(codes, tensor, parameter, tensor_base, strided): the monitor's kernel rows of plain tensors",
+    .tp_new = tr_new,
+    .tp_traverse = (traverseproc)tr_traverse,
+    .tp_clear = (inquiry)tr_clear,
+    .tp_dealloc = (destructor)tr_dealloc,
+    .tp_methods = tr_methods,
+};
+
+static int add_tensor_rows(PyObject *m) {
+    if (PyType_Ready(&TensorRowsType) < 0) return -1;
+    Py_INCREF(&TensorRowsType);
+    if (PyModule_AddObject(m, "TensorRows", (PyObject *)&TensorRowsType) < 0) {
+        Py_DECREF(&TensorRowsType);
+        return -1;
+    }
+    return 0;
 }
 /* ================================================================== end of the monitor's step values */
