@@ -42,6 +42,12 @@ Slot = Union[int, "tuple[torch.device, int]"]
 """Where a computed row is: an index into the step's host rows, or (device, row of that device's blocks)."""
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
+_get_num_threads = torch.get_num_threads
+
+
+def is_float_tensor(x: object) -> bool:
+    """A non-empty floating-point (or complex) tensor: what the monitor summarises."""
+    return isinstance(x, torch.Tensor) and (x.is_floating_point() or x.is_complex()) and x.numel() > 0
 _FIELDS = len(MetricRow._fields) - 1  # an entry: MetricRow's fields less call_id
 _SLOT = 5  # where an entry's slot (in place of MetricRow.values) is
 _ROW_BYTES = RAW_WIDTH * 8  # a host row in StepCollector._raw
@@ -138,6 +144,24 @@ class StepCollector:
             alias = key in self._named
             self._named.add(key)
         self._entries.extend((kind, name, module, micro_step, numel, where, alias, external))
+
+    def record_named(self, kind: str, names: Sequence[tuple[str, str]], micro_step: int | None, t: torch.Tensor,
+                     external: bool = False) -> Slot | None:
+        """Statistics of one tensor named ``names`` ((row name, module) pairs, the first not an alias, the others
+        its aliases); returns its slot, or None (nothing recorded) for an empty or not floating-point tensor. The
+        hooks' one call per tensor: a plain CPU float tensor the kernel reads goes to it directly (asking torch
+        nothing else), anything else through ``slot``."""
+        rows = self.engine.tensor_rows
+        where = rows.row(self._raw, t, self.engine.count_eps, _get_num_threads()) if rows is not None else None
+        if where is None:
+            if not is_float_tensor(t):
+                return None
+            where = self.slot(t)
+        numel, alias = t.numel(), False
+        for name, module in names:
+            self._entries.extend((kind, name, module, micro_step, numel, where, alias, external))
+            alias = True
+        return where
 
     def add_entries(self, kind: str, names: Sequence[str], modules: Sequence[str], micro_step: int | None,
                     numels: Sequence[int], where: Sequence[Slot]) -> None:

@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from torch import nn
 
-from msprobe_core.monitor.collector import Slot, StepCollector
+from msprobe_core.monitor.collector import Slot, StepCollector, is_float_tensor
 from msprobe_core.monitor.config import IOSpec
 from msprobe_core.monitor.records import ACTV, ACTV_GRAD
 from msprobe_core.monitor.step_state import StepState
@@ -45,8 +45,7 @@ def in_backward() -> bool:
     return _graph_task_id is not None and _graph_task_id() != -1
 
 
-def _is_float(x: Any) -> bool:
-    return isinstance(x, torch.Tensor) and (x.is_floating_point() or x.is_complex()) and x.numel() > 0
+_is_float = is_float_tensor
 
 
 def tensor_leaves(obj: Any, prefix: str = "", depth: int = 0) -> list[tuple[str, torch.Tensor]]:
@@ -281,11 +280,10 @@ class ActivationHooks(HookSet):
                     known = seen[key] = _Activation(weakref.ref(t), self)
                 requires_grad = t.requires_grad
                 if fwd_name is not None:
-                    where = known.slot
-                    alias = where is not None
-                    if not alias:
-                        where = known.slot = collector.slot(t)
-                    collector.add_entry(ACTV, fwd_name, name, micro, t.numel(), where, not requires_grad, alias)
+                    if known.slot is None:
+                        known.slot = collector.record_named(ACTV, ((fwd_name, name),), micro, t, not requires_grad)
+                    else:
+                        collector.add_entry(ACTV, fwd_name, name, micro, t.numel(), known.slot, not requires_grad, True)
                 if bwd_name is not None and requires_grad:
                     if known.names:
                         known.names += ((bwd_name, name),)
@@ -323,16 +321,11 @@ class _Activation:
 
     def __call__(self, grad: torch.Tensor) -> None:
         hooks = self.hooks
-        if hooks.state is not self.state or not self.state.collecting or not _is_float(grad):
+        if hooks.state is not self.state or not self.state.collecting:
             return None
         TOOL.depth += 1  # tool_work, inlined
         try:
-            collector = hooks.collector
-            where = collector.slot(grad)
-            numel, micro, alias = grad.numel(), self.micro, False
-            for full, module in self.names:
-                collector.add_entry(ACTV_GRAD, full, module, micro, numel, where, False, alias)
-                alias = True
+            hooks.collector.record_named(ACTV_GRAD, self.names, self.micro, grad)  # not a float tensor: nothing
         except Exception:  # never break the backward pass
             if not hooks._failed:
                 hooks._failed = True

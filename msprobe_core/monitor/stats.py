@@ -48,13 +48,15 @@ class StatsEngine:
         self._other_ops = tuple(op for op in self.ops if op != "nans")
         self._nans_at = self.ops.index("nans") if "nans" in self.ops else -1
         self._proxy_cols = [self._other_ops.index(op) for op in _NAN_PROXIES if op in self._other_ops]
-        self._count_eps = self.eps if "zeros" in self.ops else -1.0
+        self.count_eps = self.eps if "zeros" in self.ops else -1.0
+        """The kernel's eps: the zero count's, or -1 (no zero count) without ``zeros`` in ``ops``."""
         self._op_codes = [_OP_CODES[op] for op in self.ops]
         self.host_rows = fast_cpu_stats() and None not in (_raw_ops, _TensorRows)
         """CPU tensors are summarised on the host by the one-pass kernel (``append_row``, ``append_rows``)."""
-        self._tensor_rows = _TensorRows(_KERNEL_FLOATS, torch.Tensor, torch.nn.Parameter, torch._C.TensorBase,
+        self.tensor_rows = _TensorRows(_KERNEL_FLOATS, torch.Tensor, torch.nn.Parameter, torch._C.TensorBase,
                                         torch.strided) if self.host_rows else None
-        """The kernel's ``TensorRows``: plain dense float CPU tensors' rows with torch asked in C."""
+        """The kernel's ``TensorRows`` (None without host rows): plain dense float CPU tensors' rows, torch asked
+        in C."""
 
     def append_row(self, raw: bytearray, t: torch.Tensor) -> int | None:
         """Append the host row (``RAW_WIDTH`` doubles: max, min, sum, sum of squares, zeros, NaNs, element
@@ -62,10 +64,10 @@ class StatsEngine:
         index, or None, with nothing appended, where the kernel does not apply (no kernel, another device,
         a subclass, ...). A dense float CPU tensor goes straight to the kernel, anything else through
         ``host_stats``."""
-        row = self._tensor_rows.row(raw, t, self._count_eps, _get_num_threads())  # the usual tensor, asked in C
+        row = self.tensor_rows.row(raw, t, self.count_eps, _get_num_threads())  # the usual tensor, asked in C
         if row is not None:
             return row
-        values = host_stats(t, self._count_eps)
+        values = host_stats(t, self.count_eps)
         if values is None:
             return None
         raw += _ROW.pack(*values, t.numel())
@@ -74,7 +76,7 @@ class StatsEngine:
     def append_rows(self, raw: bytearray, tensors: Sequence[torch.Tensor]) -> list[int]:
         """``append_row`` of each of non-empty ``tensors`` the kernel reads, in order; returns the positions of
         the others (for the device path). Dense float tensors all: one kernel call for the lot."""
-        if self._tensor_rows.rows(raw, tensors, self._count_eps, _get_num_threads()) is not None:
+        if self.tensor_rows.rows(raw, tensors, self.count_eps, _get_num_threads()) is not None:
             return []
         return [i for i, t in enumerate(tensors) if self.append_row(raw, t) is None]
 

@@ -78,7 +78,7 @@ def test_csv_rows_from_a_buffer_of_doubles_writes_what_it_writes_from_floats():
 @needs_kernel
 def test_tensor_rows_take_plain_dense_float_tensors_only_and_all_or_none():
     engine = StatsEngine(OPS, 1e-8)
-    rows = engine._tensor_rows
+    rows = engine.tensor_rows
     plain = [torch.randn(3, 4), torch.nn.Parameter(torch.randn(5)), torch.randn(6, dtype=torch.float64),
              torch.randn(7).to(torch.bfloat16)]
     odd = [torch.randn(4, 3).t(), torch.randn(4).to(torch.float16), torch.randn(4).to(torch.int32),
