@@ -1303,14 +1303,30 @@ static PyObject *csv_rows(PyObject *self, PyObject *const *args, Py_ssize_t narg
     }
     const double *d = doubles ? (const double *)buf.buf : NULL;
     PyObject **v = doubles ? NULL : PySequence_Fast_ITEMS(values);
+    Py_ssize_t last_start = 0, last_len = -1;  /* the previous line's values' text (from doubles) */
     for (Py_ssize_t i = 0; i < m; i++) {
         if (text_put_str(&t, PySequence_Fast_GET_ITEM(heads, i)) < 0 || text_put_str(&t, args[1]) < 0) goto done;
         if (tails && text_put_str(&t, PySequence_Fast_GET_ITEM(tails, i)) < 0) goto done;
+        if (d && last_len >= 0 && memcmp(d + i * width, d + (i - 1) * width, (size_t)width * sizeof(double)) == 0) {
+            /* the same values as the line before (an alias: the tensor seen twice): the same text */
+            Py_ssize_t start = t.len;
+            char small[512], *copy = last_len <= (Py_ssize_t)sizeof(small) ? small : PyMem_Malloc((size_t)last_len);
+            if (copy == NULL) { PyErr_NoMemory(); goto done; }
+            memcpy(copy, t.p + last_start, (size_t)last_len);  /* text_put may move the text */
+            int bad = text_put(&t, copy, last_len) < 0;
+            if (copy != small) PyMem_Free(copy);
+            if (bad) goto done;
+            last_start = start;
+            if (PUT_LIT(&t, "\r\n") < 0) goto done;
+            continue;
+        }
+        last_start = t.len;
         for (Py_ssize_t j = 0; j < width; j++) {
             double x = d ? d[i * width + j] : PyFloat_AsDouble(v[i * width + j]);
             if (!d && x == -1.0 && PyErr_Occurred()) goto done;
             if (put_g(&t, x, ndigits) < 0) goto done;
         }
+        last_len = t.len - last_start;
         if (PUT_LIT(&t, "\r\n") < 0) goto done;
     }
     ret = text_finish(&t);  /* frees the text */

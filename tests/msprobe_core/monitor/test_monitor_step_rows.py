@@ -69,6 +69,13 @@ def test_csv_rows_from_a_buffer_of_doubles_writes_what_it_writes_from_floats():
     want = KERNEL.csv_rows(heads, "9", tails, values, 6, 5)
     assert KERNEL.csv_rows(heads, "9", tails, np.array(values), 6, 5) == want
     assert KERNEL.csv_rows(heads, "9", tails, array("d", values), 6, 5) == want
+    # a line with the values of the line before (an alias) reuses its text, also past the text's first buffer
+    for width in (3, 60):
+        line = [1.0 / 3.0 * 10.0 ** (i % 30 - 15) for i in range(width)]
+        rows = line * 3 + [-x for x in line] + line * 40
+        many = [f"r{i}," for i in range(len(rows) // width)]
+        assert KERNEL.csv_rows(many, "2", None, np.array(rows), width, 6) == KERNEL.csv_rows(many, "2", None, rows,
+                                                                                              width, 6)
     with pytest.raises(TypeError, match="doubles"):
         KERNEL.csv_rows(heads, "9", tails, np.array(values, dtype=np.float32), 6, 5)
     with pytest.raises(ValueError, match="disagree"):
