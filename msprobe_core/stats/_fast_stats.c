@@ -1262,8 +1262,85 @@ done:
  * PyOS_double_to_string call: the same bytes, inf, -inf and nan included; a zero, most of the zeros and nans
  * columns, written directly), without Python's format machinery per value (tens of thousands of values a
  * step); the text grows in a ``text_t``. */
+#if defined(__SIZEOF_INT128__)
+/* "%.{p}g" of a float32 value x (nonzero, finite, 1e-20 <= |x| <= 1e20, 1 <= p <= 9: the monitor's values) into
+ * out, as PyOS_double_to_string writes it, in integer arithmetic: x = m 2^e exactly (m < 2^24), its p significant
+ * digits N = x 10^(p-1-k) rounded half to even from the exact quotient (unsigned 128-bit integers hold it in
+ * this range), then Python's layout of them (fixed for -4 <= k < p, else d.ddde+XX; trailing zeros dropped).
+ * Returns the length written, or 0 where x is outside that range (the caller asks Python). */
+static int g_float32(double x, int p, char *out) {
+    typedef unsigned __int128 u128;
+    double ax = fabs(x);
+    if (p < 1 || p > 9 || !(ax >= 1e-20 && ax <= 1e20) || (double)(float)x != x) return 0;
+    int E;
+    double f = frexp(ax, &E);           /* ax = f 2^E, 0.5 <= f < 1 */
+    u128 m = (u128)ldexp(f, 24);         /* exact: a float32 has 24 significant bits */
+    int e = E - 24;
+    int k = (int)floor((E - 1) * 0.30102999566398120);  /* log10(2^(E-1)) <= log10(ax): k or one below it */
+    static u128 p10[40];
+    if (p10[0] == 0) {
+        p10[0] = 1;
+        for (int i = 1; i < 40; i++) p10[i] = p10[i - 1] * 10;
+    }
+    u128 q = 0, r = 0, den = 1;
+    for (int tries = 0; tries < 3; tries++) {
+        int sh = p - 1 - k;
+        u128 num = m, d = 1;
+        if (sh >= 0) num *= p10[sh]; else d = p10[-sh];
+        if (e >= 0) num <<= e; else d <<= -e;
+        if (sh >= 0 && e < 0) {  /* a power of two below: shifts, no division */
+            q = num >> -e; r = num & (d - 1);
+        } else {
+            q = num / d; r = num % d;
+        }
+        den = d;
+        if (q >= p10[p]) k++;
+        else if (q < p10[p - 1]) k--;
+        else break;
+    }
+    if (q < p10[p - 1] || q >= p10[p]) return 0;
+    if (2 * r > den || (2 * r == den && (q & 1))) q++;
+    if (q == p10[p]) { q = p10[p - 1]; k++; }
+    char dig[16];
+    int L = p;
+    uint64_t d64 = (uint64_t)q;  /* below 10^9 */
+    for (int i = p - 1; i >= 0; i--) { dig[i] = (char)('0' + (int)(d64 % 10)); d64 /= 10; }
+    while (L > 1 && dig[L - 1] == '0') L--;
+    int n = 0;
+    if (x < 0) out[n++] = '-';
+    if (k >= -4 && k < p) {
+        if (k >= 0) {
+            for (int i = 0; i <= k; i++) out[n++] = i < L ? dig[i] : '0';
+            if (L > k + 1) { out[n++] = '.'; for (int i = k + 1; i < L; i++) out[n++] = dig[i]; }
+        } else {
+            out[n++] = '0'; out[n++] = '.';
+            for (int i = 0; i < -k - 1; i++) out[n++] = '0';
+            for (int i = 0; i < L; i++) out[n++] = dig[i];
+        }
+    } else {
+        out[n++] = dig[0];
+        if (L > 1) { out[n++] = '.'; for (int i = 1; i < L; i++) out[n++] = dig[i]; }
+        out[n++] = 'e';
+        out[n++] = k < 0 ? '-' : '+';
+        int ak = k < 0 ? -k : k;
+        if (ak >= 10) out[n++] = (char)('0' + ak / 10);
+        else out[n++] = '0';
+        out[n++] = (char)('0' + ak % 10);
+    }
+    return n;
+}
+#else
+static int g_float32(double x, int p, char *out) { return 0; }
+#endif
+
 static int put_g(text_t *t, double x, long ndigits) {
     if (x == 0.0) return signbit(x) ? PUT_LIT(t, ",-0") : PUT_LIT(t, ",0");
+    char fast[40];
+    int n = g_float32(x, (int)ndigits, fast + 1);
+    if (n > 0) {
+        fast[0] = ',';
+        return text_put(t, fast, n + 1);
+    }
     char *s = PyOS_double_to_string(x, 'g', (int)ndigits, 0, NULL);
     if (s == NULL) return -1;
     int bad = PUT_LIT(t, ",") < 0 || text_put(t, s, (Py_ssize_t)strlen(s)) < 0;

@@ -83,6 +83,21 @@ def test_csv_rows_from_a_buffer_of_doubles_writes_what_it_writes_from_floats():
 
 
 @needs_kernel
+@pytest.mark.parametrize("ndigits", [1, 3, 5, 6, 9, 12])
+def test_csv_rows_write_float32_values_as_percent_g_does(ndigits):
+    """float32 values (the monitor's) are written in integer arithmetic: the bytes Python's %g writes, across
+    every exponent, halfway cases and powers of ten included."""
+    rng = np.random.default_rng(ndigits)
+    bits = rng.integers(0, 2 ** 32, size=20000, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    edges = [s * m * 10.0 ** i for i in range(-25, 25) for m in (1.0, 2.5, 5.0, 9.9999995) for s in (1, -1)]
+    v = np.concatenate([bits[np.isfinite(bits)], np.float32(rng.standard_normal(20000)) * np.float32(10.0) **
+                        rng.integers(-22, 22, 20000).astype(np.float32), np.float32(edges)]).astype(np.float64)
+    v = v[np.isfinite(v)]
+    want = "".join(",%.*g\r\n" % (ndigits, x) for x in v.tolist())
+    assert KERNEL.csv_rows([""] * len(v), "", None, v, 1, ndigits) == want
+
+
+@needs_kernel
 def test_tensor_rows_take_plain_dense_float_tensors_only_and_all_or_none():
     engine = StatsEngine(OPS, 1e-8)
     rows = engine.tensor_rows
