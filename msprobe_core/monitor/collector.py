@@ -1,4 +1,4 @@
-"""One step's statistics, kept until the step ends, then handed over as ``MetricRow``s in call order.
+"""One step's statistics, kept until the step ends, then handed over as ``StepRows`` (columns) in call order.
 
 Hooks and readers call ``record`` (or ``slot``/``compute`` and ``add_entry``/``add_entries``); statistics
 are computed right away (so an in-place change made later in the step cannot alter them). Each computed
@@ -15,8 +15,8 @@ row lives in a *slot*:
 
 Every value is rounded to float32 at ``finalize`` (the blocks are float32), so the numbers do not depend
 on the path a tensor took. A named row waits as ``MetricRow``'s fields in one flat list, with its slot in
-place of ``values``, until ``finalize`` puts the values in and makes the ``MetricRow``s (a column at a
-time, sliced out of the list).
+place of ``values``, until ``finalize`` hands the step over as ``StepRows``: its ``RowLayout`` (the fields
+as columns, made again only when the list differs from the last step's) and its values, one array.
 
 Hooks call in here thousands of times a step while the model's activations are alive, so nothing here
 makes an object Python's garbage collector tracks: host values go into one ``bytearray`` and entries' fields
@@ -27,14 +27,14 @@ the whole heap.)
 
 from __future__ import annotations
 
-from functools import partial
 from itertools import chain, compress, repeat
-from math import isfinite
 from typing import Iterable, Sequence, Union
 
+import numpy as np
 import torch
 
 from msprobe_core.monitor.records import MetricRow, stage_of
+from msprobe_core.monitor.step_rows import RowLayout, StepRows
 from msprobe_core.monitor.stats import RAW_WIDTH, StatsEngine
 from msprobe_core.pytorch.native_shards import local_view
 
@@ -42,14 +42,19 @@ Slot = Union[int, "tuple[torch.device, int]"]
 """Where a computed row is: an index into the step's host rows, or (device, row of that device's blocks)."""
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
-_make_row = partial(tuple.__new__, MetricRow)
+_get_num_threads = torch.get_num_threads
+
+
+def is_float_tensor(x: object) -> bool:
+    """A non-empty floating-point (or complex) tensor: what the monitor summarises."""
+    return isinstance(x, torch.Tensor) and (x.is_floating_point() or x.is_complex()) and x.numel() > 0
 _FIELDS = len(MetricRow._fields) - 1  # an entry: MetricRow's fields less call_id
 _SLOT = 5  # where an entry's slot (in place of MetricRow.values) is
 _ROW_BYTES = RAW_WIDTH * 8  # a host row in StepCollector._raw
 
 
 class StepCollector:
-    """Accumulates one step's statistics and names; ``finalize`` returns them as ``MetricRow``s."""
+    """Accumulates one step's statistics and names; ``finalize`` returns them as ``StepRows``."""
 
     def __init__(self, engine: StatsEngine):
         """``engine``: the statistics (at least one op, as the config requires)."""
@@ -62,6 +67,11 @@ class StepCollector:
         """``MetricRow``'s fields one entry after the other (all but ``call_id``, its position), the slot in
         place of ``values``."""
         self._named: set[tuple[str, Slot]] = set()
+        self._last: list = []
+        """The entries of the last step finalized, and its layout and host row of each row (made again only
+        when the entries change)."""
+        self._layout = RowLayout((), (), (), (), (), (), (), ())
+        self._take: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self._entries) // _FIELDS
@@ -76,17 +86,15 @@ class StepCollector:
                 return row
         return self._device_slots([t])[0]
 
-    def compute(self, tensors: Sequence[torch.Tensor], numels: Sequence[int] | None = None) -> list[Slot]:
-        """Statistics of non-empty ``tensors`` (any devices; ``numels``: their element counts, when known);
-        returns the slot of each, in order. Those the kernel reads go through it in one call; the rest are
-        summarised together, one block per device."""
+    def compute(self, tensors: Sequence[torch.Tensor]) -> list[Slot]:
+        """Statistics of non-empty ``tensors`` (any devices); returns the slot of each, in order. Those the
+        kernel reads go through it in one call; the rest are summarised together, one block per device."""
         if not all(map(_PLAIN.__contains__, map(type, tensors))):
             tensors = [t if type(t) in _PLAIN else local_view(t) for t in tensors]
-            numels = None
         if not self.engine.host_rows:
             return self._device_slots(tensors)
         base = len(self._raw) // _ROW_BYTES
-        rest = self.engine.append_rows(self._raw, tensors, numels)
+        rest = self.engine.append_rows(self._raw, tensors)
         if not rest:
             return list(range(base, len(self._raw) // _ROW_BYTES))
         where: list[Slot] = []
@@ -137,6 +145,24 @@ class StepCollector:
             self._named.add(key)
         self._entries.extend((kind, name, module, micro_step, numel, where, alias, external))
 
+    def record_named(self, kind: str, names: Sequence[tuple[str, str]], micro_step: int | None, t: torch.Tensor,
+                     external: bool = False) -> Slot | None:
+        """Statistics of one tensor named ``names`` ((row name, module) pairs, the first not an alias, the others
+        its aliases); returns its slot, or None (nothing recorded) for an empty or not floating-point tensor. The
+        hooks' one call per tensor: a plain CPU float tensor the kernel reads goes to it directly (asking torch
+        nothing else), anything else through ``slot``."""
+        rows = self.engine.tensor_rows
+        where = rows.row(self._raw, t, self.engine.count_eps, _get_num_threads()) if rows is not None else None
+        if where is None:
+            if not is_float_tensor(t):
+                return None
+            where = self.slot(t)
+        numel, alias = t.numel(), False
+        for name, module in names:
+            self._entries.extend((kind, name, module, micro_step, numel, where, alias, external))
+            alias = True
+        return where
+
     def add_entries(self, kind: str, names: Sequence[str], modules: Sequence[str], micro_step: int | None,
                     numels: Sequence[int], where: Sequence[Slot]) -> None:
         """Name many computed rows of one kind at once, none of them an alias or external."""
@@ -161,31 +187,36 @@ class StepCollector:
             names, modules, tensors, numels = (list(compress(column, keep))
                                                for column in (names, modules, tensors, numels))
         if numels:
-            self.add_entries(kind, names, modules, micro_step, numels, self.compute(tensors, numels))
+            self.add_entries(kind, names, modules, micro_step, numels, self.compute(tensors))
 
-    def _values(self) -> tuple[list[tuple[float, ...]], dict[torch.device, list[tuple[float, ...]]]]:
-        """Every host row in ``ops`` order rounded to float32, and every device block copied to the host (one
-        copy per device); rows as tuples of floats (which the garbage collector stops tracking)."""
-        host = list(zip(*self.engine.columns(self._raw))) if self._raw else []
+    def _values(self, slots: Sequence[Slot], take: np.ndarray | None = None) -> np.ndarray:
+        """The values of the rows at ``slots``, ``[rows, ops]`` float64 (each rounded to float32): the host rows
+        through ``StatsEngine.host_values`` at once, every device block copied to the host (one copy per
+        device). ``take``: ``slots`` as an array, when known (host rows only)."""
         width = len(self.engine.ops)
-        devices: dict[torch.device, list[tuple[float, ...]]] = {}
-        for device, blocks in self._blocks.items():
-            stacked = blocks[0] if len(blocks) == 1 else torch.cat(blocks)
-            devices[device] = _rows_of(stacked.detach().cpu().flatten().tolist(), width)
-        return host, devices
+        host = self.engine.host_values(self._raw) if self._raw else np.empty((0, width))
+        if not self._blocks:
+            return host[take if take is not None else np.fromiter(slots, dtype=np.int64, count=len(slots))]
+        devices = {device: (blocks[0] if len(blocks) == 1 else torch.cat(blocks)).detach().cpu().double().numpy()
+                   for device, blocks in self._blocks.items()}
+        out = np.empty((len(slots), width))
+        for i, w in enumerate(slots):
+            out[i] = host[w] if w.__class__ is int else devices[w[0]][w[1]]
+        return out
 
-    def finalize(self) -> list[MetricRow]:
-        """All rows of the step, in call order, with their values; then reset."""
-        host, devices = self._values()
+    def finalize(self) -> StepRows:
+        """All rows of the step, in call order, with their values (``StepRows``: columns); then reset."""
         entries = self._entries
+        if entries != self._last:  # names, kinds, slots: the same every step, as a rule
+            n = len(entries) // _FIELDS
+            self._layout = RowLayout(entries[0::_FIELDS], entries[1::_FIELDS], entries[2::_FIELDS],
+                                     entries[3::_FIELDS], range(n), entries[4::_FIELDS], entries[6::_FIELDS],
+                                     entries[7::_FIELDS])
+            self._last, self._take = list(entries), None
         slots = entries[_SLOT::_FIELDS]
-        if devices:
-            values = [host[w] if w.__class__ is int else devices[w[0]][w[1]] for w in slots]
-        else:
-            values = list(map(host.__getitem__, slots))
-        rows = list(map(_make_row, zip(entries[0::_FIELDS], entries[1::_FIELDS], entries[2::_FIELDS],
-                                       entries[3::_FIELDS], range(len(slots)), entries[4::_FIELDS], values,
-                                       entries[6::_FIELDS], entries[7::_FIELDS])))
+        if self._take is None and not self._blocks:
+            self._take = np.fromiter(slots, dtype=np.int64, count=len(slots))
+        rows = StepRows(self._layout, self._values(slots, self._take if not self._blocks else None))
         self.reset()
         return rows
 
@@ -202,13 +233,11 @@ class StepCollector:
         slots = [w for kind, w in zip(entries[0::_FIELDS], entries[_SLOT::_FIELDS]) if stage_of(kind) in wanted]
         if not slots:
             return False
-        host, devices = self._values()
-        nans = self.engine.ops.index("nans") if "nans" in self.engine.ops else None
-        for w in slots:
-            values = host[w] if w.__class__ is int else devices[w[0]][w[1]]
-            if not all(map(isfinite, values)) or (nans is not None and values[nans] > 0):
-                return True
-        return False
+        values = self._values(slots)
+        if not np.isfinite(values).all():
+            return True
+        ops = self.engine.ops
+        return "nans" in ops and bool((values[:, ops.index("nans")] > 0).any())
 
     def reset(self) -> None:
         del self._raw[:]
@@ -217,7 +246,3 @@ class StepCollector:
         self._entries.clear()
         self._named.clear()
 
-
-def _rows_of(flat: list[float], width: int) -> list[tuple[float, ...]]:
-    """``flat`` cut into tuples of ``width``."""
-    return list(zip(*[iter(flat)] * width))

@@ -20,10 +20,10 @@ overflow does not go away by scaling: training has stalled).
 from __future__ import annotations
 
 import math
-from itertools import chain, compress
-from operator import attrgetter, not_
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
+
+import numpy as np
 
 from msprobe_core.monitor.anomaly import LR_KIND, NAN_RULE, TURBULENCE_RULE, Anomaly, order_key
 from msprobe_core.monitor.config import AlertConfig
@@ -33,10 +33,10 @@ from msprobe_core.monitor.records import (ACTV_GRAD, GRAD, STAGE_BACKWARD, STAGE
 from msprobe_core.monitor.rules.learning_rate import LearningRateRule
 from msprobe_core.monitor.rules.nonfinite import NonFiniteRule
 from msprobe_core.monitor.rules.turbulence import TurbulenceRule
+from msprobe_core.monitor.step_rows import StepRows
 
 BACKWARD_STAGES = (STAGE_BACKWARD, STAGE_GRADIENT)
-_ALIAS = attrgetter("alias")
-_VALUES = attrgetter("values")
+_BACKWARD = frozenset(BACKWARD_STAGES)
 
 
 SKIP_STREAK_ALARM = 10
@@ -102,28 +102,35 @@ class AnomalyDetector:
         verdict = StepVerdict(step)
         if not self.alert.enabled:
             return verdict
-        rows = list(rows)
+        rows = StepRows.of(rows)
         found: list[Anomaly] = []
         if skipped:
             verdict.skipped, alarm = self._skip(rank, step, rows, overflow)
             if alarm is not None:
                 found.append(alarm)
-            rows = [r for r in rows if r.stage not in BACKWARD_STAGES]
+            rows = rows.where(~rows.layout.mask("stage_in", _BACKWARD))
         else:
             self._skip_streak = 0
-        written, rows = rows, list(compress(rows, map(not_, map(_ALIAS, rows))))
+        written, rows = rows, rows.where(~rows.layout.mask("alias"))
         bad: set[tuple[str, str]] = set()
-        good: list[MetricRow] = rows if self._all_finite(rows) else []  # then none is bad, checked at once
-        for row in rows if not good else ():
-            finding = self._nan.check(row)
-            key = (row.kind, row.name)
-            if finding is None:
-                good.append(row)
-                continue
-            if key not in self._bad and key not in bad:
-                found.append(self._make(rank, step, row, finding.metric, finding.value, finding.limit, NAN_RULE))
-            bad.add(key)
-        self._bad = (self._bad - {(r.kind, r.name) for r in good}) | bad if self._bad else bad  # usually none
+        if self._all_finite(rows):  # then none is bad, checked at once
+            good = rows
+        else:  # a row (object) each, judged one by one
+            keep = []
+            for i, row in enumerate(rows):
+                finding = self._nan.check(row)
+                key = (row.kind, row.name)
+                if finding is None:
+                    keep.append(i)
+                    continue
+                if key not in self._bad and key not in bad:
+                    found.append(self._make(rank, step, row, finding.metric, finding.value, finding.limit, NAN_RULE))
+                bad.add(key)
+            good = rows.take(np.array(keep, dtype=np.int64))
+        if self._bad:  # usually none
+            self._bad = (self._bad - set(zip(good.layout.kinds, good.layout.names))) | bad
+        else:
+            self._bad = bad
         followed: set[tuple[str, str]] = set()  # series that jumped after a cascade's origin: they join its event
         if self._turbulence is not None:
             judged = self._turbulence.judged(good)
@@ -141,22 +148,22 @@ class AnomalyDetector:
         verdict.opened, verdict.grew = self._events.add(step, found, bad, followed)
         return verdict
 
-    def _all_finite(self, rows: Sequence[MetricRow]) -> bool:
+    def _all_finite(self, rows: StepRows) -> bool:
         """Whether ``NonFiniteRule`` finds nothing in any of ``rows`` for sure: every value is finite (a
-        NaN count above 0 makes min, max, norm and mean NaN, so it shows in their sum) and no threshold is
-        set. One sum over all values; False (judge row by row) when it overflows."""
-        if self.alert.nan.threshold is not None or not rows:
+        NaN count above 0 makes min, max, norm and mean NaN, so it shows in them) and no threshold is set."""
+        if self.alert.nan.threshold is not None or not len(rows):
             return False
-        if not math.isfinite(sum(chain.from_iterable(map(_VALUES, rows)))):
+        if not np.isfinite(rows.values).all():
             return False
         col = self._nans_col
-        return self._nans_shown or col is None or not any(row.values[col] for row in rows)
+        return self._nans_shown or col is None or not rows.values[:, col].any()
 
-    def _skip(self, rank: int, step: int, rows: list[MetricRow],
+    def _skip(self, rank: int, step: int, rows: StepRows,
               overflow: Sequence[str]) -> tuple[SkippedStep, Anomaly | None]:
         """Record a skipped update; the anomaly when the skips reach ``SKIP_STREAK_ALARM`` in a row."""
         if not overflow:
-            bad = sorted((r for r in rows if r.stage in BACKWARD_STAGES and self._nan.check(r) is not None),
+            backward = rows.where(rows.layout.mask("stage_in", _BACKWARD))
+            bad = sorted((r for r in backward if self._nan.check(r) is not None),
                          key=lambda r: r.call_id)
             overflow = list(dict.fromkeys(r.name for r in bad))
         skip = SkippedStep(rank, step, tuple(overflow))

@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from torch import nn
 
-from msprobe_core.monitor.collector import Slot, StepCollector
+from msprobe_core.monitor.collector import Slot, StepCollector, is_float_tensor
 from msprobe_core.monitor.config import IOSpec
 from msprobe_core.monitor.records import ACTV, ACTV_GRAD
 from msprobe_core.monitor.step_state import StepState
@@ -45,8 +45,7 @@ def in_backward() -> bool:
     return _graph_task_id is not None and _graph_task_id() != -1
 
 
-def _is_float(x: Any) -> bool:
-    return isinstance(x, torch.Tensor) and (x.is_floating_point() or x.is_complex()) and x.numel() > 0
+_is_float = is_float_tensor
 
 
 def tensor_leaves(obj: Any, prefix: str = "", depth: int = 0) -> list[tuple[str, torch.Tensor]]:
@@ -250,11 +249,48 @@ class ActivationHooks(HookSet):
                 self._seen.clear()
 
     def _on_forward(self, site: _Site, module: nn.Module, args: Any, kwargs: Any, output: Any) -> None:
-        if not module.training or not self.state.collecting or in_backward():
-            return
+        # called for every module call: one frame, the usual call (one float tensor in, one out) decided inline
+        if not module.training or not self.state.collecting or (_graph_task_id is not None and _graph_task_id() != -1):
+            return  # in_backward(): activation recomputation
         TOOL.depth += 1  # the monitor's own tensor work never shows up in an L1 dump (tool_work, inlined)
         try:
-            self._capture(site, args, kwargs, output)
+            if site.generation == self._generation:
+                count = site.calls
+                site.calls = count + 1
+            else:
+                site.generation, site.calls, count = self._generation, 1, 0
+            micro = self._micro[site.chunk]
+            if micro < 0:
+                micro = 0
+            if (not count and not kwargs and len(args) == 1 and type(args[0]) in _PLAIN and type(output) in _PLAIN
+                    and _is_float(args[0]) and _is_float(output)):
+                plan, tensors = site.usual, (args[0], output)
+            else:
+                in_paths, tensors = _input_leaves(args, kwargs)
+                out_paths, outs = _output_leaves(output)
+                tensors += outs
+                plan = site.plan(count, in_paths, out_paths)
+            name = site.name
+            collector, seen = self.collector, self._seen
+            for i, fwd_name, bwd_name in plan:
+                t = tensors[i]
+                key = _identity(t)
+                known = seen.get(key)
+                if known is None or known.ref() is not t:  # new (a dead tensor's identity may be reused)
+                    known = seen[key] = _Activation(weakref.ref(t), self)
+                requires_grad = t.requires_grad
+                if fwd_name is not None:
+                    if known.slot is None:
+                        known.slot = collector.record_named(ACTV, ((fwd_name, name),), micro, t, not requires_grad)
+                    else:
+                        collector.add_entry(ACTV, fwd_name, name, micro, t.numel(), known.slot, not requires_grad, True)
+                if bwd_name is not None and requires_grad:
+                    if known.names:
+                        known.names += ((bwd_name, name),)
+                    else:
+                        known.micro, known.state, known.names = micro, self.state, ((bwd_name, name),)
+                        if add_tensor_hook(t, known) is None:  # a subclass: torch's own way
+                            t.register_hook(known)
         except Exception:  # never break the training step
             if not self._failed:
                 self._failed = True
@@ -262,50 +298,6 @@ class ActivationHooks(HookSet):
                                  site.name)
         finally:
             TOOL.depth -= 1
-
-    def _capture(self, site: _Site, args: Any, kwargs: Any, output: Any) -> None:
-        if site.generation == self._generation:
-            count = site.calls
-            site.calls = count + 1
-        else:
-            site.generation, site.calls, count = self._generation, 1, 0
-        micro = self._micro[site.chunk]
-        if micro < 0:
-            micro = 0
-        if (not count and not kwargs and len(args) == 1 and type(args[0]) in _PLAIN and type(output) in _PLAIN
-                and _is_float(args[0]) and _is_float(output)):
-            plan, tensors = site.usual, (args[0], output)
-        else:
-            in_paths, tensors = _input_leaves(args, kwargs)
-            out_paths, outs = _output_leaves(output)
-            tensors += outs
-            plan = site.plan(count, in_paths, out_paths)
-        name = site.name
-        collector, seen = self.collector, self._seen
-        for i, fwd_name, bwd_name in plan:
-            t = tensors[i]
-            key = _identity(t)
-            known = seen.get(key)
-            if known is None or known.ref() is not t:  # new (a dead tensor's identity may be reused)
-                known = seen[key] = _Activation(weakref.ref(t), self)
-            requires_grad = t.requires_grad
-            if fwd_name is not None:
-                where = known.slot
-                alias = where is not None
-                if not alias:
-                    where = known.slot = collector.slot(t)
-                collector.add_entry(ACTV, fwd_name, name, micro, t.numel(), where, not requires_grad, alias)
-            if bwd_name is not None and requires_grad:
-                if known.names:
-                    known.names += ((bwd_name, name),)
-                else:
-                    known.hook_up(t, micro, self.state, ((bwd_name, name),))
-
-
-def _register_grad_hook(t: torch.Tensor, hook: Callable[[torch.Tensor], None]) -> None:
-    """``t.register_hook(hook)`` without its removable handle (the hook goes with the tensor)."""
-    if add_tensor_hook(t, hook) is None:
-        t.register_hook(hook)
 
 
 class _Activation:
@@ -327,23 +319,13 @@ class _Activation:
         self.names: tuple[tuple[str, str], ...] = ()
         """(row name, module) pairs of its gradient (a tuple of strings: nothing for the garbage collector)."""
 
-    def hook_up(self, t: torch.Tensor, micro: int, state: StepState, names: tuple[tuple[str, str], ...]) -> None:
-        """Register this object as ``t``'s gradient hook, recording under ``names``."""
-        self.micro, self.state, self.names = micro, state, names
-        _register_grad_hook(t, self)
-
     def __call__(self, grad: torch.Tensor) -> None:
         hooks = self.hooks
-        if hooks.state is not self.state or not self.state.collecting or not _is_float(grad):
+        if hooks.state is not self.state or not self.state.collecting:
             return None
         TOOL.depth += 1  # tool_work, inlined
         try:
-            collector = hooks.collector
-            where = collector.slot(grad)
-            numel, micro, alias = grad.numel(), self.micro, False
-            for full, module in self.names:
-                collector.add_entry(ACTV_GRAD, full, module, micro, numel, where, False, alias)
-                alias = True
+            hooks.collector.record_named(ACTV_GRAD, self.names, self.micro, grad)  # not a float tensor: nothing
         except Exception:  # never break the backward pass
             if not hooks._failed:
                 hooks._failed = True

@@ -9,21 +9,19 @@ the count is computed with the rest (no host sync). Statistics of sharded tensor
 ``StatsEngine.append_row`` (one tensor) and ``StatsEngine.append_rows`` (a batch, one kernel call) are the
 monitor's path for CPU tensors the one-pass kernel reads: the kernel's host floats appended to the step's
 ``bytearray`` by the kernel itself, no tensor and no Python float made (the monitor calls them thousands of
-times a step); ``StatsEngine.columns`` turns a step's worth of them into the ``ops`` at once, a column at a
-time.
+times a step); ``StatsEngine.host_values`` turns a step's worth of them into the ``ops`` at once (the kernel's
+``raw_ops``).
 """
 
 from __future__ import annotations
 
-from array import array
-from itertools import repeat
-from operator import truediv
 from struct import Struct
 from typing import Sequence
 
+import numpy as np
 import torch
 
-from msprobe_core.pytorch.tensor_stats import HOST_CODES, batched_stats, fast_cpu_stats, host_stats, raw_real_values
+from msprobe_core.pytorch.tensor_stats import HOST_CODES, batched_stats, fast_cpu_stats, host_stats
 from msprobe_core.stats.kernel import KERNEL
 
 _NAN_PROXIES = ("min", "max", "norm", "mean")
@@ -31,10 +29,12 @@ RAW_WIDTH = 7
 """Host floats per tensor row: the kernel's max, min, sum, sum of squares, zeros and NaNs, then the element
 count."""
 _ROW = Struct(f"{RAW_WIDTH}d")
-_append_row = getattr(KERNEL, "append_row", None)
-_append_rows = getattr(KERNEL, "append_rows", None)
+_raw_ops = getattr(KERNEL, "raw_ops", None)
+_TensorRows = getattr(KERNEL, "TensorRows", None)
+_OP_CODES = {"min": 0, "max": 1, "norm": 2, "mean": 3, "zeros": 4, "nans": 5}
+"""``raw_ops``' code of each op."""
 _get_num_threads = torch.get_num_threads
-# the float types tensor_stats.host_stats hands the kernel without a conversion, with their dtype codes
+# the float types the kernel reads without a conversion (TensorRows), with their dtype codes
 _KERNEL_FLOATS = {dtype: HOST_CODES[dtype] for dtype in (torch.float32, torch.float64, torch.bfloat16)}
 
 
@@ -48,58 +48,43 @@ class StatsEngine:
         self._other_ops = tuple(op for op in self.ops if op != "nans")
         self._nans_at = self.ops.index("nans") if "nans" in self.ops else -1
         self._proxy_cols = [self._other_ops.index(op) for op in _NAN_PROXIES if op in self._other_ops]
-        self._count_eps = self.eps if "zeros" in self.ops else -1.0
-        self.host_rows = fast_cpu_stats() and _append_rows is not None
+        self.count_eps = self.eps if "zeros" in self.ops else -1.0
+        """The kernel's eps: the zero count's, or -1 (no zero count) without ``zeros`` in ``ops``."""
+        self._op_codes = [_OP_CODES[op] for op in self.ops]
+        self.host_rows = fast_cpu_stats() and None not in (_raw_ops, _TensorRows)
         """CPU tensors are summarised on the host by the one-pass kernel (``append_row``, ``append_rows``)."""
+        self.tensor_rows = _TensorRows(_KERNEL_FLOATS, torch.Tensor, torch.nn.Parameter, torch._C.TensorBase,
+                                        torch.strided) if self.host_rows else None
+        """The kernel's ``TensorRows`` (None without host rows): plain dense float CPU tensors' rows, torch asked
+        in C."""
 
     def append_row(self, raw: bytearray, t: torch.Tensor) -> int | None:
         """Append the host row (``RAW_WIDTH`` doubles: max, min, sum, sum of squares, zeros, NaNs, element
-        count; ``columns`` makes the ``ops`` of them) of one non-empty CPU tensor to ``raw``; returns its
+        count; ``host_values`` makes the ``ops`` of them) of one non-empty CPU tensor to ``raw``; returns its
         index, or None, with nothing appended, where the kernel does not apply (no kernel, another device,
         a subclass, ...). A dense float CPU tensor goes straight to the kernel, anything else through
         ``host_stats``."""
-        code = _KERNEL_FLOATS.get(t.dtype)
-        if code is not None and raw_real_values(t):  # float codes only: no conjugation
-            return _append_row(raw, t.data_ptr(), t.numel(), code, self._count_eps, _get_num_threads())
-        values = host_stats(t, self._count_eps)
+        row = self.tensor_rows.row(raw, t, self.count_eps, _get_num_threads())  # the usual tensor, asked in C
+        if row is not None:
+            return row
+        values = host_stats(t, self.count_eps)
         if values is None:
             return None
         raw += _ROW.pack(*values, t.numel())
         return len(raw) // _ROW.size - 1
 
-    def append_rows(self, raw: bytearray, tensors: Sequence[torch.Tensor], counts: Sequence[int] | None = None) -> list[int]:
+    def append_rows(self, raw: bytearray, tensors: Sequence[torch.Tensor]) -> list[int]:
         """``append_row`` of each of non-empty ``tensors`` the kernel reads, in order; returns the positions of
-        the others (for the device path). Dense float tensors all: one kernel call for the lot. ``counts``:
-        the tensors' element counts, when known."""
-        codes = [_KERNEL_FLOATS.get(t.dtype) for t in tensors]
-        if None not in codes and all(map(raw_real_values, tensors)):
-            if counts is None:
-                counts = [t.numel() for t in tensors]
-            _append_rows(raw, [t.data_ptr() for t in tensors], counts, codes, self._count_eps, _get_num_threads())
+        the others (for the device path). Dense float tensors all: one kernel call for the lot."""
+        if self.tensor_rows.rows(raw, tensors, self.count_eps, _get_num_threads()) is not None:
             return []
         return [i for i, t in enumerate(tensors) if self.append_row(raw, t) is None]
 
-    def columns(self, raw: bytearray) -> list[array]:
-        """The ``ops`` of the rows ``append_row``/``append_rows`` made, a float32 column per op in ``ops`` order
-        (the numbers ``compute`` gives)."""
-        rows = array("d")
-        rows.frombytes(raw)
-        numels = rows[RAW_WIDTH - 1::RAW_WIDTH]  # each row's last value
-        made = {}
-        for op in self.ops:
-            if op == "min":
-                made[op] = rows[1::RAW_WIDTH]
-            elif op == "max":
-                made[op] = rows[0::RAW_WIDTH]
-            elif op == "norm":
-                made[op] = map(pow, rows[3::RAW_WIDTH], repeat(0.5))
-            elif op == "mean":
-                made[op] = map(truediv, rows[2::RAW_WIDTH], numels)
-            elif op == "zeros":
-                made[op] = map(truediv, rows[4::RAW_WIDTH], numels)
-            else:
-                made[op] = rows[5::RAW_WIDTH]
-        return [array("f", made[op]) for op in self.ops]
+    def host_values(self, raw: bytearray) -> np.ndarray:
+        """The ``ops`` of the rows ``append_row``/``append_rows`` made, ``[rows, ops]`` float64 holding float32
+        values (the numbers ``compute`` gives), in one kernel call."""
+        out = np.frombuffer(_raw_ops(raw, self._op_codes), dtype=np.float64)
+        return out.reshape(-1, len(self.ops))
 
     @torch.no_grad()
     def compute(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor:

@@ -323,6 +323,8 @@ static PyObject *stats_many(PyObject *self, PyObject *const *args, Py_ssize_t na
 static PyObject *append_row(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 static PyObject *append_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 static PyObject *csv_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+static PyObject *raw_ops(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+static int add_tensor_rows(PyObject *m);
 
 static PyObject *frame_key(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 1) {
@@ -1302,6 +1304,8 @@ static PyMethodDef methods[] = {
      "append_rows(raw, addresses, numels, codes, eps, threads) -> first row index: append_row of many buffers"},
     {"csv_rows", (PyCFunction)(void (*)(void))csv_rows, METH_FASTCALL,
      "csv_rows(heads, middle, tails, values, width, ndigits) -> str: the monitor's csv lines, values as '%.{ndigits}g'"},
+    {"raw_ops", (PyCFunction)(void (*)(void))raw_ops, METH_FASTCALL,
+     "raw_ops(raw, ops) -> bytes: the ops of append_row's rows as doubles of float32 values, row after row"},
     {NULL, NULL, 0, NULL},
 };
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fast_stats", "One-pass CPU tensor statistics.", -1,
@@ -1309,7 +1313,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fast_stats", "One-p
 
 PyMODINIT_FUNC PyInit__fast_stats(void) {
     PyObject *m = PyModule_Create(&module);
-    if (m != NULL && (add_record_text(m) < 0 || add_grad_text(m) < 0)) Py_CLEAR(m);
+    if (m != NULL && (add_record_text(m) < 0 || add_grad_text(m) < 0 || add_tensor_rows(m) < 0)) Py_CLEAR(m);
     return m;
 }
 
@@ -1418,9 +1422,58 @@ static int grow_rows(PyObject *raw, Py_ssize_t m, Py_ssize_t *first) {
     return 0;
 }
 
+/* The serial float kernels with the |x| <= eps count taken in the same pass (the monitor counts zeros of every
+ * tensor: SERIAL_FLOAT_KERNEL reads the buffer twice for it). The same loop of REDUCE_BLOCK with an int32 count
+ * per block beside it (32-bit lanes, as the floats': the same vectorisation, so the same sums, bit for bit, as
+ * SERIAL_FLOAT_KERNEL's); NaNs are counted as there, in a second pass only when the sums are not finite. */
+#define FUSED_FLOAT_KERNEL(NAME, T, TO_F)                                                        \
+    CLONES static void NAME(const T *p, Py_ssize_t n, double eps, acc_t *a) {                    \
+        float mx = -INFINITY, mn = INFINITY, e = (float)eps;                                     \
+        double s = 0.0, ss = 0.0;                                                                \
+        Py_ssize_t zeros = 0, nans = 0;                                                          \
+        for (Py_ssize_t lo = 0; lo < n; lo += BLOCK) {                                           \
+            Py_ssize_t hi = lo + BLOCK < n ? lo + BLOCK : n;                                     \
+            float bmx = -INFINITY, bmn = INFINITY, bs = 0.f, bss = 0.f;                          \
+            int32_t bz = 0;                                                                      \
+            _Pragma("omp simd reduction(max:bmx) reduction(min:bmn) reduction(+:bs,bss,bz)")     \
+            for (Py_ssize_t i = lo; i < hi; i++) {                                               \
+                float v = TO_F(p[i]);                                                            \
+                bmx = v > bmx ? v : bmx;                                                         \
+                bmn = v < bmn ? v : bmn;                                                         \
+                bs += v;                                                                         \
+                bss += v * v;                                                                    \
+                bz += fabsf(v) <= e;                                                             \
+            }                                                                                    \
+            mx = bmx > mx ? bmx : mx;                                                            \
+            mn = bmn < mn ? bmn : mn;                                                            \
+            s += bs;                                                                             \
+            ss += bss;                                                                           \
+            zeros += bz;                                                                         \
+        }                                                                                        \
+        if (!isfinite(s) || !isfinite(ss)) {                                                     \
+            zeros = 0;                                                                           \
+            for (Py_ssize_t lo = 0; lo < n; lo += BLOCK) {                                       \
+                Py_ssize_t hi = lo + BLOCK < n ? lo + BLOCK : n;                                 \
+                COUNT_BLOCK(p, lo, hi, TO_F, e, zeros, nans);                                    \
+            }                                                                                    \
+        }                                                                                        \
+        a->mx = mx; a->mn = mn; a->sum = s; a->sumsq = ss; a->zeros = (double)zeros; a->nans = (double)nans; \
+    }
+
+FUSED_FLOAT_KERNEL(fused_f32, float, f32_of)
+FUSED_FLOAT_KERNEL(fused_bf16, uint16_t, bf16_of)
+
+/* One row: stats() of a buffer with its element count; a float32 or bfloat16 buffer whose zeros are counted
+ * and that one thread reduces goes through the fused kernel. */
 static void reduce_row(const void *p, Py_ssize_t n, long code, double eps, int count, long threads, double *r) {
     acc_t a;
-    KERNELS[code](p, n, eps, count, n >= PARALLEL_MIN && threads > 1 ? (int)threads : 1, &a);
+    int serial = n < PARALLEL_MIN || threads <= 1;
+    if (count && serial && code == 0)
+        fused_f32((const float *)p, n, eps, &a);
+    else if (count && serial && code == 2)
+        fused_bf16((const uint16_t *)p, n, eps, &a);
+    else
+        KERNELS[code](p, n, eps, count, serial ? 1 : (int)threads, &a);
     put_row(a, count, r);
     r[6] = (double)n;
 }
@@ -1456,36 +1509,152 @@ static PyObject *append_rows(PyObject *self, PyObject *const *args, Py_ssize_t n
         PyErr_SetString(PyExc_TypeError, "append_rows(raw, addresses, numels, codes, eps, threads) takes 6 arguments");
         return NULL;
     }
-    PyObject *ns = PySequence_Fast(args[2], "numels must be a sequence");
-    if (ns == NULL) return NULL;
-    Py_ssize_t m = PySequence_Fast_GET_SIZE(ns);
-    /* stats_many's rows (it checks the arguments and reduces without the GIL) into out, then appended to raw
-     * with their element counts */
-    PyObject *ret = NULL, *done_many = NULL, *out = PyByteArray_FromStringAndSize(NULL, m * 6 * (Py_ssize_t)sizeof(double));
-    if (out == NULL) goto done;
-    PyObject *many_args[6] = {args[1], ns, args[3], args[4], args[5], out};
-    done_many = stats_many(self, many_args, 6);
-    Py_ssize_t first;
-    if (done_many == NULL || grow_rows(args[0], m, &first) < 0) goto done;
-    const double *o = (const double *)PyByteArray_AS_STRING(out);
-    double *r = (double *)PyByteArray_AS_STRING(args[0]) + first * ROW_WIDTH;
-    for (Py_ssize_t i = 0; i < m; i++) {
-        memcpy(r + ROW_WIDTH * i, o + 6 * i, 6 * sizeof(double));
-        r[ROW_WIDTH * i + 6] = (double)PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(ns, i));
+    double eps = PyFloat_AsDouble(args[4]);
+    long threads = PyLong_AsLong(args[5]);
+    if (PyErr_Occurred()) return NULL;
+    PyObject *ps = PySequence_Fast(args[1], "addresses must be a sequence");
+    PyObject *ns = ps ? PySequence_Fast(args[2], "numels must be a sequence") : NULL;
+    PyObject *cs = ns ? PySequence_Fast(args[3], "codes must be a sequence") : NULL;
+    PyObject *ret = NULL;
+    void **p = NULL;
+    Py_ssize_t *n = NULL;
+    long *code = NULL;
+    double *rows = NULL;
+    if (cs == NULL) goto done;
+    Py_ssize_t m = PySequence_Fast_GET_SIZE(ps);
+    if (PySequence_Fast_GET_SIZE(ns) != m || PySequence_Fast_GET_SIZE(cs) != m) {
+        PyErr_SetString(PyExc_ValueError, "addresses, numels and codes must have the same length");
+        goto done;
     }
+    p = PyMem_RawMalloc((size_t)(m ? m : 1) * sizeof(void *));
+    n = PyMem_RawMalloc((size_t)(m ? m : 1) * sizeof(Py_ssize_t));
+    code = PyMem_RawMalloc((size_t)(m ? m : 1) * sizeof(long));
+    rows = PyMem_RawMalloc((size_t)(m ? m : 1) * ROW_WIDTH * sizeof(double));
+    if (p == NULL || n == NULL || code == NULL || rows == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    int count = 0;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        double e = eps;
+        p[i] = PyLong_AsVoidPtr(PySequence_Fast_GET_ITEM(ps, i));
+        n[i] = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(ns, i));
+        code[i] = PyLong_AsLong(PySequence_Fast_GET_ITEM(cs, i));
+        if (parse_common(&code[i], &e, &count, p[i], n[i]) < 0) goto done;
+    }
+    if (!count) eps = 0.0;
+    /* reduced into rows of its own without the GIL, then appended to raw (which may not grow meanwhile) */
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < m; i++) reduce_row(p[i], n[i], code[i], eps, count, threads, rows + ROW_WIDTH * i);
+    Py_END_ALLOW_THREADS
+    Py_ssize_t first;
+    if (grow_rows(args[0], m, &first) < 0) goto done;
+    memcpy((double *)PyByteArray_AS_STRING(args[0]) + first * ROW_WIDTH, rows, (size_t)m * ROW_WIDTH * sizeof(double));
     ret = PyLong_FromSsize_t(first);
 done:
-    Py_XDECREF(done_many);
-    Py_XDECREF(out);
-    Py_DECREF(ns);
+    PyMem_RawFree(p);
+    PyMem_RawFree(n);
+    PyMem_RawFree(code);
+    PyMem_RawFree(rows);
+    Py_XDECREF(ps);
+    Py_XDECREF(ns);
+    Py_XDECREF(cs);
     return ret;
 }
 
 /* csv_rows(heads, middle, tails, values, width, ndigits) -> str: the monitor's csv lines of one kind at one
  * step, line i being heads[i] + middle + tails[i] (tails None: nothing) + ",v" for each of its `width`
- * floats of `values` (a flat list or tuple) + "\r\n". Each float as Python's "%.{ndigits}g" % v writes it
- * (the same PyOS_double_to_string call: the same bytes, inf, -inf and nan included), without Python's
- * format machinery per value (tens of thousands of values a step); the text grows in a ``text_t``. */
+ * floats of `values` (a flat list or tuple of floats, or a buffer of C doubles: the step's values as a numpy
+ * array, no Python float made) + "\r\n". Each float as Python's "%.{ndigits}g" % v writes it (the same
+ * PyOS_double_to_string call: the same bytes, inf, -inf and nan included; a zero, most of the zeros and nans
+ * columns, written directly), without Python's format machinery per value (tens of thousands of values a
+ * step); the text grows in a ``text_t``. */
+#if defined(__SIZEOF_INT128__)
+/* "%.{p}g" of a float32 value x (nonzero, finite, 1e-20 <= |x| <= 1e20, 1 <= p <= 9: the monitor's values) into
+ * out, as PyOS_double_to_string writes it, in integer arithmetic: x = m 2^e exactly (m < 2^24), its p significant
+ * digits N = x 10^(p-1-k) rounded half to even from the exact quotient (unsigned 128-bit integers hold it in
+ * this range), then Python's layout of them (fixed for -4 <= k < p, else d.ddde+XX; trailing zeros dropped).
+ * Returns the length written, or 0 where x is outside that range (the caller asks Python). */
+static int g_float32(double x, int p, char *out) {
+    typedef unsigned __int128 u128;
+    double ax = fabs(x);
+    if (p < 1 || p > 9 || !(ax >= 1e-20 && ax <= 1e20) || (double)(float)x != x) return 0;
+    int E;
+    double f = frexp(ax, &E);           /* ax = f 2^E, 0.5 <= f < 1 */
+    u128 m = (u128)ldexp(f, 24);         /* exact: a float32 has 24 significant bits */
+    int e = E - 24;
+    int k = (int)floor((E - 1) * 0.30102999566398120);  /* log10(2^(E-1)) <= log10(ax): k or one below it */
+    static u128 p10[40];
+    if (p10[0] == 0) {
+        p10[0] = 1;
+        for (int i = 1; i < 40; i++) p10[i] = p10[i - 1] * 10;
+    }
+    u128 q = 0, r = 0, den = 1;
+    for (int tries = 0; tries < 3; tries++) {
+        int sh = p - 1 - k;
+        u128 num = m, d = 1;
+        if (sh >= 0) num *= p10[sh]; else d = p10[-sh];
+        if (e >= 0) num <<= e; else d <<= -e;
+        if (sh >= 0 && e < 0) {  /* a power of two below: shifts, no division */
+            q = num >> -e; r = num & (d - 1);
+        } else {
+            q = num / d; r = num % d;
+        }
+        den = d;
+        if (q >= p10[p]) k++;
+        else if (q < p10[p - 1]) k--;
+        else break;
+    }
+    if (q < p10[p - 1] || q >= p10[p]) return 0;
+    if (2 * r > den || (2 * r == den && (q & 1))) q++;
+    if (q == p10[p]) { q = p10[p - 1]; k++; }
+    char dig[16];
+    int L = p;
+    uint64_t d64 = (uint64_t)q;  /* below 10^9 */
+    for (int i = p - 1; i >= 0; i--) { dig[i] = (char)('0' + (int)(d64 % 10)); d64 /= 10; }
+    while (L > 1 && dig[L - 1] == '0') L--;
+    int n = 0;
+    if (x < 0) out[n++] = '-';
+    if (k >= -4 && k < p) {
+        if (k >= 0) {
+            for (int i = 0; i <= k; i++) out[n++] = i < L ? dig[i] : '0';
+            if (L > k + 1) { out[n++] = '.'; for (int i = k + 1; i < L; i++) out[n++] = dig[i]; }
+        } else {
+            out[n++] = '0'; out[n++] = '.';
+            for (int i = 0; i < -k - 1; i++) out[n++] = '0';
+            for (int i = 0; i < L; i++) out[n++] = dig[i];
+        }
+    } else {
+        out[n++] = dig[0];
+        if (L > 1) { out[n++] = '.'; for (int i = 1; i < L; i++) out[n++] = dig[i]; }
+        out[n++] = 'e';
+        out[n++] = k < 0 ? '-' : '+';
+        int ak = k < 0 ? -k : k;
+        if (ak >= 10) out[n++] = (char)('0' + ak / 10);
+        else out[n++] = '0';
+        out[n++] = (char)('0' + ak % 10);
+    }
+    return n;
+}
+#else
+static int g_float32(double x, int p, char *out) { return 0; }
+#endif
+
+static int put_g(text_t *t, double x, long ndigits) {
+    if (x == 0.0) return signbit(x) ? PUT_LIT(t, ",-0") : PUT_LIT(t, ",0");
+    char fast[40];
+    int n = g_float32(x, (int)ndigits, fast + 1);
+    if (n > 0) {
+        fast[0] = ',';
+        return text_put(t, fast, n + 1);
+    }
+    char *s = PyOS_double_to_string(x, 'g', (int)ndigits, 0, NULL);
+    if (s == NULL) return -1;
+    int bad = PUT_LIT(t, ",") < 0 || text_put(t, s, (Py_ssize_t)strlen(s)) < 0;
+    PyMem_Free(s);
+    return bad ? -1 : 0;
+}
+
 static PyObject *csv_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 6) {
         PyErr_SetString(PyExc_TypeError, "csv_rows(heads, middle, tails, values, width, ndigits) takes 6 arguments");
@@ -1494,39 +1663,342 @@ static PyObject *csv_rows(PyObject *self, PyObject *const *args, Py_ssize_t narg
     Py_ssize_t width = PyLong_AsSsize_t(args[4]);
     long ndigits = PyLong_AsLong(args[5]);
     if (PyErr_Occurred()) return NULL;
+    Py_buffer buf = {0};
+    int doubles = PyObject_CheckBuffer(args[3]);
+    if (doubles && PyObject_GetBuffer(args[3], &buf, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return NULL;
     PyObject *heads = PySequence_Fast(args[0], "heads must be a sequence");
     PyObject *tails = heads && args[2] != Py_None ? PySequence_Fast(args[2], "tails must be a sequence") : NULL;
-    PyObject *values = heads && (args[2] == Py_None || tails) ? PySequence_Fast(args[3], "values must be a sequence") : NULL;
+    PyObject *values = NULL;
+    if (heads && (args[2] == Py_None || tails) && !doubles)
+        values = PySequence_Fast(args[3], "values must be a sequence");
     PyObject *ret = NULL;
     text_t t;
     text_init(&t);
-    if (values == NULL) goto done;
+    if (heads == NULL || (args[2] != Py_None && tails == NULL) || (!doubles && values == NULL)) goto done;
     Py_ssize_t m = PySequence_Fast_GET_SIZE(heads);
-    if ((tails && PySequence_Fast_GET_SIZE(tails) != m) || width < 0 || PySequence_Fast_GET_SIZE(values) != m * width) {
+    if (doubles && (buf.itemsize != sizeof(double) || buf.format == NULL || strcmp(buf.format, "d") != 0)) {
+        PyErr_SetString(PyExc_TypeError, "csv_rows: a values buffer must hold C doubles");
+        goto done;
+    }
+    Py_ssize_t count = doubles ? buf.len / (Py_ssize_t)sizeof(double) : PySequence_Fast_GET_SIZE(values);
+    if ((tails && PySequence_Fast_GET_SIZE(tails) != m) || width < 0 || count != m * width) {
         PyErr_SetString(PyExc_ValueError, "csv_rows: heads, tails and values (width per line) disagree");
         goto done;
     }
-    PyObject **v = PySequence_Fast_ITEMS(values);
+    const double *d = doubles ? (const double *)buf.buf : NULL;
+    PyObject **v = doubles ? NULL : PySequence_Fast_ITEMS(values);
+    Py_ssize_t last_start = 0, last_len = -1;  /* the previous line's values' text (from doubles) */
     for (Py_ssize_t i = 0; i < m; i++) {
         if (text_put_str(&t, PySequence_Fast_GET_ITEM(heads, i)) < 0 || text_put_str(&t, args[1]) < 0) goto done;
         if (tails && text_put_str(&t, PySequence_Fast_GET_ITEM(tails, i)) < 0) goto done;
-        for (Py_ssize_t j = 0; j < width; j++) {
-            double x = PyFloat_AsDouble(v[i * width + j]);
-            if (x == -1.0 && PyErr_Occurred()) goto done;
-            char *s = PyOS_double_to_string(x, 'g', (int)ndigits, 0, NULL);
-            if (s == NULL) goto done;
-            int bad = PUT_LIT(&t, ",") < 0 || text_put(&t, s, (Py_ssize_t)strlen(s)) < 0;
-            PyMem_Free(s);
+        if (d && last_len >= 0 && memcmp(d + i * width, d + (i - 1) * width, (size_t)width * sizeof(double)) == 0) {
+            /* the same values as the line before (an alias: the tensor seen twice): the same text */
+            Py_ssize_t start = t.len;
+            char small[512], *copy = last_len <= (Py_ssize_t)sizeof(small) ? small : PyMem_Malloc((size_t)last_len);
+            if (copy == NULL) { PyErr_NoMemory(); goto done; }
+            memcpy(copy, t.p + last_start, (size_t)last_len);  /* text_put may move the text */
+            int bad = text_put(&t, copy, last_len) < 0;
+            if (copy != small) PyMem_Free(copy);
             if (bad) goto done;
+            last_start = start;
+            if (PUT_LIT(&t, "\r\n") < 0) goto done;
+            continue;
         }
+        last_start = t.len;
+        for (Py_ssize_t j = 0; j < width; j++) {
+            double x = d ? d[i * width + j] : PyFloat_AsDouble(v[i * width + j]);
+            if (!d && x == -1.0 && PyErr_Occurred()) goto done;
+            if (put_g(&t, x, ndigits) < 0) goto done;
+        }
+        last_len = t.len - last_start;
         if (PUT_LIT(&t, "\r\n") < 0) goto done;
     }
     ret = text_finish(&t);  /* frees the text */
     text_init(&t);
 done:
     text_free(&t);
+    if (doubles) PyBuffer_Release(&buf);
     Py_XDECREF(heads);
     Py_XDECREF(tails);
     Py_XDECREF(values);
     return ret;
 }
+
+/* ====================================================================== the monitor's step values (s10-mon)
+ *
+ *   raw_ops(raw, ops) -> bytes: the configured ops of each row of raw (append_row's rows of ROW_WIDTH doubles),
+ *                        row after row, each a C double holding the float32 rounding of the op, as the monitor's
+ *                        Python ``columns`` computes it (min: the row's min, max, norm: pow(sum of squares, 0.5)
+ *                        as Python's float pow, mean: sum / numel, zeros: zero count / numel, nans: the count).
+ *                        ops: a sequence of op codes 0 min, 1 max, 2 norm, 3 mean, 4 zeros, 5 nans.
+ * One call per step instead of a Python float per value. */
+static PyObject *raw_ops(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyByteArray_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "raw_ops(raw, ops) takes a bytearray and a sequence of op codes");
+        return NULL;
+    }
+    PyObject *ops = PySequence_Fast(args[1], "ops must be a sequence");
+    if (ops == NULL) return NULL;
+    Py_ssize_t k = PySequence_Fast_GET_SIZE(ops), row_bytes = ROW_WIDTH * (Py_ssize_t)sizeof(double);
+    Py_ssize_t size = PyByteArray_GET_SIZE(args[0]);
+    long code[16];
+    PyObject *ret = NULL;
+    if (k > 16 || size % row_bytes != 0) {
+        PyErr_SetString(PyExc_ValueError, "raw_ops: at most 16 ops, and raw must hold whole rows");
+        goto done;
+    }
+    for (Py_ssize_t j = 0; j < k; j++) {
+        code[j] = PyLong_AsLong(PySequence_Fast_GET_ITEM(ops, j));
+        if (code[j] < 0 || code[j] > 5) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "raw_ops: op codes are 0..5");
+            goto done;
+        }
+    }
+    Py_ssize_t n = size / row_bytes;
+    ret = PyBytes_FromStringAndSize(NULL, n * k * (Py_ssize_t)sizeof(double));
+    if (ret == NULL) goto done;
+    const double *r = (const double *)PyByteArray_AS_STRING(args[0]);
+    double *o = (double *)PyBytes_AS_STRING(ret);
+    for (Py_ssize_t i = 0; i < n; i++, r += ROW_WIDTH) {
+        for (Py_ssize_t j = 0; j < k; j++) {
+            double v;
+            switch (code[j]) {
+                case 0: v = r[1]; break;
+                case 1: v = r[0]; break;
+                case 2: v = isnan(r[3]) ? r[3] : pow(r[3], 0.5); break;  /* Python's float pow hands a NaN back */
+                case 3: v = r[2] / r[6]; break;
+                case 4: v = r[4] / r[6]; break;
+                default: v = r[5]; break;
+            }
+            *o++ = (double)(float)v;
+        }
+    }
+done:
+    Py_DECREF(ops);
+    return ret;
+}
+
+/* TensorRows(codes, tensor, parameter, tensor_base, strided): the monitor's kernel rows of plain tensors asked of
+ * torch in C (the questions ``tensor_stats.raw_real_values`` asks, through the C base class's own descriptors,
+ * as RecordText asks them), with no Python frame per tensor:
+ *
+ *   row(raw, t, eps, threads)      -> append_row's row of t, or None (nothing appended) where the kernel does
+ *                                     not read t directly: a subclass, another device or layout, a dtype not in
+ *                                     codes ({dtype: kernel code}), a strided view, a lazy negation, a zero tensor
+ *   rows(raw, tensors, eps, threads) -> append_rows' first row of all of tensors, or None (nothing appended)
+ *                                     where row() would say None for one of them */
+enum { TR_IS_CPU, TR_LAYOUT, TR_DTYPE, TR_IS_CONTIGUOUS, TR_IS_NEG, TR_IS_ZERO, TR_DATA_PTR, TR_NUMEL, TR_N };
+static const char *TR_NAMES[TR_N] = {"is_cpu", "layout", "dtype", "is_contiguous", "is_neg", "_is_zerotensor",
+                                     "data_ptr", "numel"};
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *codes, *tensor, *parameter, *strided;
+    PyObject *descr[TR_N];
+} TensorRowsObject;
+
+static PyObject *tr_get(TensorRowsObject *self, PyObject *t, int i) {
+    PyObject *d = self->descr[i];
+    descrgetfunc get = Py_TYPE(d)->tp_descr_get;
+    if (Py_TYPE(d) == &PyMethodDescr_Type || get == NULL) return PyObject_Vectorcall(d, &t, 1, NULL);
+    return get(d, t, (PyObject *)Py_TYPE(t));
+}
+
+/* 1 with t's address, element count and kernel code where the kernel reads t as it is; 0 where it does not (or
+ * torch refused a question: the caller's Python route says why); -1 with an error. */
+static int tr_plain(TensorRowsObject *self, PyObject *t, void **p, Py_ssize_t *n, long *code) {
+    if ((PyObject *)Py_TYPE(t) != self->tensor && (PyObject *)Py_TYPE(t) != self->parameter) return 0;
+    PyObject *v[TR_N] = {NULL};
+    int ok = 0;
+    for (int i = 0; i < TR_N; i++) {
+        v[i] = tr_get(self, t, i);
+        if (v[i] == NULL) goto done;
+        int good = 1;
+        switch (i) {
+            case TR_IS_CPU: case TR_IS_CONTIGUOUS: good = v[i] == Py_True; break;
+            case TR_IS_NEG: case TR_IS_ZERO: good = v[i] == Py_False; break;
+            case TR_LAYOUT: good = v[i] == self->strided; break;
+            case TR_DTYPE: {
+                PyObject *c = PyDict_GetItemWithError(self->codes, v[i]);
+                if (c == NULL) goto done;
+                *code = PyLong_AsLong(c);
+                good = *code >= 0 && *code < N_KERNELS;
+                break;
+            }
+            default: break;
+        }
+        if (!good) goto done;
+    }
+    *p = PyLong_AsVoidPtr(v[TR_DATA_PTR]);
+    *n = PyLong_AsSsize_t(v[TR_NUMEL]);
+    ok = *p != NULL && *n > 0;
+done:
+    for (int i = 0; i < TR_N; i++) Py_XDECREF(v[i]);
+    if (PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_Exception)) return -1;
+        PyErr_Clear();
+        return 0;
+    }
+    return ok;
+}
+
+static int tr_args(PyObject *const *args, Py_ssize_t nargs, const char *name, double *eps, long *threads, int *count) {
+    if (nargs != 4) {
+        PyErr_Format(PyExc_TypeError, "%s(raw, tensor(s), eps, threads) takes 4 arguments", name);
+        return -1;
+    }
+    *eps = PyFloat_AsDouble(args[2]);
+    *threads = PyLong_AsLong(args[3]);
+    if (PyErr_Occurred()) return -1;
+    *count = *eps >= 0;
+    if (!*count) *eps = 0.0;
+    return 0;
+}
+
+static PyObject *tr_row(TensorRowsObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    double eps;
+    long threads, code = 0;
+    int count;
+    if (tr_args(args, nargs, "row", &eps, &threads, &count) < 0) return NULL;
+    void *p = NULL;
+    Py_ssize_t n = 0;
+    int plain = tr_plain(self, args[1], &p, &n, &code);
+    if (plain <= 0) return plain < 0 ? NULL : Py_NewRef(Py_None);
+    double r[ROW_WIDTH];
+    if (n >= PARALLEL_MIN) {
+        Py_BEGIN_ALLOW_THREADS
+        reduce_row(p, n, code, eps, count, threads, r);
+        Py_END_ALLOW_THREADS
+    } else {
+        reduce_row(p, n, code, eps, count, threads, r);
+    }
+    Py_ssize_t first;
+    if (grow_rows(args[0], 1, &first) < 0) return NULL;
+    memcpy((double *)PyByteArray_AS_STRING(args[0]) + first * ROW_WIDTH, r, sizeof(r));
+    return PyLong_FromSsize_t(first);
+}
+
+static PyObject *tr_rows(TensorRowsObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    double eps;
+    long threads;
+    int count;
+    if (tr_args(args, nargs, "rows", &eps, &threads, &count) < 0) return NULL;
+    PyObject *ts = PySequence_Fast(args[1], "tensors must be a sequence");
+    if (ts == NULL) return NULL;
+    Py_ssize_t m = PySequence_Fast_GET_SIZE(ts);
+    void **p = PyMem_RawMalloc((size_t)(m ? m : 1) * sizeof(void *));
+    Py_ssize_t *n = PyMem_RawMalloc((size_t)(m ? m : 1) * sizeof(Py_ssize_t));
+    long *code = PyMem_RawMalloc((size_t)(m ? m : 1) * sizeof(long));
+    double *rows = PyMem_RawMalloc((size_t)(m ? m : 1) * ROW_WIDTH * sizeof(double));
+    PyObject *ret = NULL;
+    if (p == NULL || n == NULL || code == NULL || rows == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < m; i++) {
+        int plain = tr_plain(self, PySequence_Fast_GET_ITEM(ts, i), &p[i], &n[i], &code[i]);
+        if (plain <= 0) {
+            if (plain == 0) ret = Py_NewRef(Py_None);
+            goto done;
+        }
+    }
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < m; i++) reduce_row(p[i], n[i], code[i], eps, count, threads, rows + ROW_WIDTH * i);
+    Py_END_ALLOW_THREADS
+    Py_ssize_t first;
+    if (grow_rows(args[0], m, &first) < 0) goto done;
+    memcpy((double *)PyByteArray_AS_STRING(args[0]) + first * ROW_WIDTH, rows, (size_t)m * ROW_WIDTH * sizeof(double));
+    ret = PyLong_FromSsize_t(first);
+done:
+    PyMem_RawFree(p);
+    PyMem_RawFree(n);
+    PyMem_RawFree(code);
+    PyMem_RawFree(rows);
+    Py_DECREF(ts);
+    return ret;
+}
+
+static PyObject *tr_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    static char *kw[] = {"codes", "tensor", "parameter", "tensor_base", "strided", NULL};
+    PyObject *codes, *tensor, *parameter, *base, *strided;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OOOO:TensorRows", kw, &PyDict_Type, &codes, &tensor, &parameter,
+                                     &base, &strided))
+        return NULL;
+    if (!PyType_Check(tensor) || !PyType_Check(parameter) || !PyType_Check(base)) {
+        PyErr_SetString(PyExc_TypeError, "tensor, parameter and tensor_base must be types");
+        return NULL;
+    }
+    TensorRowsObject *self = (TensorRowsObject *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    self->codes = Py_NewRef(codes);
+    self->tensor = Py_NewRef(tensor);
+    self->parameter = Py_NewRef(parameter);
+    self->strided = Py_NewRef(strided);
+    PyObject *dict = ((PyTypeObject *)base)->tp_dict;  /* the C base's own: never patched by the dump's wrappers */
+    for (int i = 0; i < TR_N; i++) {
+        PyObject *d = PyDict_GetItemString(dict, TR_NAMES[i]);
+        if (d == NULL) {
+            PyErr_Format(PyExc_AttributeError, "the tensor base class has no '%s'", TR_NAMES[i]);
+            Py_DECREF(self);
+            return NULL;
+        }
+        self->descr[i] = Py_NewRef(d);
+    }
+    return (PyObject *)self;
+}
+
+static int tr_traverse(TensorRowsObject *self, visitproc visit, void *arg) {
+    Py_VISIT(self->codes);
+    Py_VISIT(self->tensor);
+    Py_VISIT(self->parameter);
+    Py_VISIT(self->strided);
+    for (int i = 0; i < TR_N; i++) Py_VISIT(self->descr[i]);
+    return 0;
+}
+
+static int tr_clear(TensorRowsObject *self) {
+    Py_CLEAR(self->codes);
+    Py_CLEAR(self->tensor);
+    Py_CLEAR(self->parameter);
+    Py_CLEAR(self->strided);
+    for (int i = 0; i < TR_N; i++) Py_CLEAR(self->descr[i]);
+    return 0;
+}
+
+static void tr_dealloc(TensorRowsObject *self) {
+    PyObject_GC_UnTrack(self);
+    tr_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMethodDef tr_methods[] = {
+    {"row", (PyCFunction)(void (*)(void))tr_row, METH_FASTCALL,
+     "row(raw, t, eps, threads) -> the index of t's row appended to raw, or None where the kernel does not read t"},
+    {"rows", (PyCFunction)(void (*)(void))tr_rows, METH_FASTCALL,
+     "rows(raw, tensors, eps, threads) -> the index of the first of their rows, or None (nothing appended)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject TensorRowsType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "msprobe_core.stats._fast_stats.TensorRows",
+    .tp_basicsize = sizeof(TensorRowsObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "TensorRows(codes, tensor, parameter, tensor_base, strided): the monitor's kernel rows of plain tensors",
+    .tp_new = tr_new,
+    .tp_traverse = (traverseproc)tr_traverse,
+    .tp_clear = (inquiry)tr_clear,
+    .tp_dealloc = (destructor)tr_dealloc,
+    .tp_methods = tr_methods,
+};
+
+static int add_tensor_rows(PyObject *m) {
+    if (PyType_Ready(&TensorRowsType) < 0) return -1;
+    Py_INCREF(&TensorRowsType);
+    if (PyModule_AddObject(m, "TensorRows", (PyObject *)&TensorRowsType) < 0) {
+        Py_DECREF(&TensorRowsType);
+        return -1;
+    }
+    return 0;
+}
+/* ================================================================== end of the monitor's step values */

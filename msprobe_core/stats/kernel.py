@@ -11,7 +11,10 @@ Its functions (see ``_fast_stats.c``):
   threads)`` -> one or many tensors' statistics and element counts appended to the ``bytearray`` ``raw`` (the
   monitor's rows of a step, as doubles); the index of the first row appended;
 - ``csv_rows(heads, middle, tails, values, width, ndigits)`` -> a kind's CSV lines, each float written as
-  Python's ``"%.{ndigits}g"`` writes it (``monitor/writers/csv_writer.py``);
+  Python's ``"%.{ndigits}g"`` writes it, ``values`` a sequence of floats or a buffer of doubles
+  (``monitor/writers/csv_writer.py``);
+- ``raw_ops(raw, ops)`` -> the ops of ``append_row``'s rows, as doubles of float32 values (``monitor/stats.py``);
+- ``TensorRows``: ``append_row``/``append_rows`` of plain dense float tensors, torch asked in C (``monitor/stats.py``);
 - ``frame_key(depth)`` -> the bytes naming the calling stack (code objects and offsets; ``files/call_stack.py``);
 - ``buffer(address, nbytes)`` -> a read-only memoryview of the bytes;
 - ``Entry`` and ``RecordText``: the dump's per-version tensor entries and its forward records' JSON text in C

@@ -57,8 +57,6 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from itertools import chain, compress
-from operator import attrgetter
 from typing import Sequence
 
 import numpy as np
@@ -66,10 +64,7 @@ import numpy as np
 from msprobe_core.monitor.config import TurbulenceRuleConfig
 from msprobe_core.monitor.records import ACTV, ACTV_GRAD, GRAD, MetricRow
 from msprobe_core.monitor.rules.windows import Windows, row_medians, sorted_quantile
-
-_KIND = attrgetter("kind")
-_VALUES = attrgetter("values")
-_LAYOUT = attrgetter("kind", "name", "micro_step", "numel", "call_id")
+from msprobe_core.monitor.step_rows import RowLayout, StepRows
 
 OWN_SIGMAS = 8.0
 """A jump must exceed this many of the series' own robust standard deviations."""
@@ -166,20 +161,27 @@ class TurbulenceRule:
         self._kinds_judged = frozenset(cfg.kinds)
         self._kinds: dict[str, _Kind] = {}
         self._layout: list[tuple] = []
+        self._layout_seen: RowLayout | None = None
+        """The ``RowLayout`` ``_layout`` was last found in (the plans hold for it without a comparison)."""
         self._plans: list[_Plan] = []
 
-    def judged(self, rows: Sequence[MetricRow]) -> list[MetricRow]:
+    def judged(self, rows: Sequence[MetricRow]) -> StepRows:
         """The rows of ``rows`` of the kinds this rule judges, in order."""
-        return list(compress(rows, map(self._kinds_judged.__contains__, map(_KIND, rows))))
+        rows = StepRows.of(rows)
+        return rows.where(rows.layout.mask("kind_in", self._kinds_judged))
 
     def check(self, rows: Sequence[MetricRow]) -> list[Jump]:
         """Judge one step's (or one skipped iteration's) good rows of the judged kinds, then learn from them."""
-        if self._norm is None or not rows:
+        rows = StepRows.of(rows)
+        if self._norm is None or not len(rows):
             return []
-        layout = list(map(_LAYOUT, rows))
-        if layout != self._layout:  # the same tensors every step, as a rule: plan once
-            self._layout, self._plans = layout, self._plan(layout)
-        values = np.fromiter(chain.from_iterable(map(_VALUES, rows)), dtype=np.float64).reshape(len(rows), -1)
+        if rows.layout is not self._layout_seen:  # the same tensors every step, as a rule: plan once
+            lay = rows.layout
+            layout = list(zip(lay.kinds, lay.names, lay.micros, lay.numels, lay.call_ids))
+            if layout != self._layout:
+                self._layout, self._plans = layout, self._plan(layout)
+            self._layout_seen = lay
+        values = rows.values
         norms = values[:, self._norm]
         found: list[Jump] = []
         for plan in self._plans:

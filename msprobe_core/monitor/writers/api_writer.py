@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from msprobe_core.monitor.records import MetricRow, display_name
+from msprobe_core.monitor.step_rows import StepRows
 from msprobe_core.monitor.writers.base import MetricWriter, WriterContext
 
 
@@ -16,9 +17,9 @@ class ApiWriter(MetricWriter):
         self.latest: dict[str, Any] = {}
 
     def write(self, step: int, rows: Sequence[MetricRow]) -> None:
-        ops = self.context.ops
+        rows = StepRows.of(rows)
+        ops, lay, with_micro = self.context.ops, rows.layout, self.context.with_micro
         metrics: dict[str, dict[str, dict[str, float]]] = {}
-        for row in rows:
-            name = display_name(row.name, row.micro_step, self.context.with_micro)
-            metrics.setdefault(row.kind, {})[name] = dict(zip(ops, row.values))
+        for kind, name, micro, values in zip(lay.kinds, lay.names, lay.micros, rows.values.tolist()):
+            metrics.setdefault(kind, {})[display_name(name, micro, with_micro)] = dict(zip(ops, values))
         self.latest = {"step": step, "metrics": metrics}

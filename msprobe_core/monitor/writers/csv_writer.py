@@ -11,11 +11,12 @@ from __future__ import annotations
 import csv
 import io
 from dataclasses import dataclass
-from itertools import chain, groupby
-from operator import attrgetter
 from typing import IO, Sequence
 
+import numpy as np
+
 from msprobe_core.monitor.records import MetricRow
+from msprobe_core.monitor.step_rows import RowLayout, StepRows
 from msprobe_core.monitor.writers.base import MetricWriter, WriterContext
 from msprobe_core.stats.kernel import KERNEL
 
@@ -24,10 +25,6 @@ _csv_rows = getattr(KERNEL, "csv_rows", None)
 
 _STEP = "\0"
 """Where a template holds the step."""
-_kind_of = attrgetter("kind")
-_name_of = attrgetter("name")
-_micro_of = attrgetter("micro_step")
-_values_of = attrgetter("values")
 
 
 @dataclass
@@ -48,9 +45,9 @@ class CsvWriter(MetricWriter):
         self._fmt = f"%.{context.ndigits}g"
         self._fields: dict[str, str] = {}
         """Names as csv fields, ``%`` doubled (for templates)."""
-        self._templates: dict[str, tuple[tuple, str | None]] = {}
-        """Per kind: the key (names, micro-steps, widths) of its last lines and their template (None: made
-        per step)."""
+        self._templates: dict[str, tuple[tuple, tuple, str | None]] = {}
+        """Per kind: the key (layout, rows, micro column) of its last lines, their names, micro-steps and width,
+        and their template (None: made per step)."""
         self._heads: dict[str, tuple[tuple, list[str], list[str] | None]] = {}
         """Per kind, for the kernel's ``csv_rows``: the key of its last lines, their starts (the name field
         and a comma) and what follows the step (the micro_step column, or None)."""
@@ -58,45 +55,46 @@ class CsvWriter(MetricWriter):
     def write(self, step: int, rows: Sequence[MetricRow]) -> None:
         # A kind's lines are one %-format of all its values ("%.Ng" is "{:.Ng}" for every float, nan and inf
         # included) with a template made once for its names (the same every step): the bytes csv.writer
-        # would write, without a Python round per row.
-        by_kind: dict[str, list[MetricRow]] = {}
-        for kind, run in groupby(rows, _kind_of):
-            got = by_kind.get(kind)
-            if got is None:
-                by_kind[kind] = list(run)
-            else:
-                got.extend(run)
-        for kind, kind_rows in by_kind.items():
-            f = self._file(kind, step, kind_rows[0].micro_step is not None)
-            f.handle.write(self._lines(kind, step, kind_rows, f.with_micro))
+        # would write, without a Python round per row. Which rows each kind has is worked out once per layout.
+        rows = StepRows.of(rows)
+        kinds = rows.layout.plans.get(self)
+        if kinds is None:
+            kinds = rows.layout.plans[self] = _kinds_of(rows.layout)
+        for kind, at in kinds:
+            first = at[0]
+            f = self._file(kind, step, rows.layout.micros[first] is not None)
+            f.handle.write(self._lines(kind, step, rows, at, f.with_micro))
         self.flush()
 
-    def _lines(self, kind: str, step: int, rows: list[MetricRow], with_micro: bool) -> str:
-        """The lines of one kind's rows at ``step``."""
-        values = list(map(_values_of, rows))
-        key = (tuple(map(_name_of, rows)), tuple(map(_micro_of, rows)) if with_micro else None,
-               tuple(map(len, values)))
-        if _csv_rows is not None and len(set(key[2])) == 1:  # every row as wide: the kernel writes the lot
+    def _lines(self, kind: str, step: int, rows: StepRows, at: np.ndarray, with_micro: bool) -> str:
+        """The lines of one kind's rows (at positions ``at`` of ``rows``) at ``step``."""
+        layout = rows.layout
+        values = np.ascontiguousarray(rows.values[at] if len(at) != len(rows) else rows.values)
+        key = (layout, at.tobytes(), with_micro)
+        if _csv_rows is not None:  # the kernel writes the lot, from the values' buffer
             heads = self._heads.get(kind)
             if heads is None or heads[0] != key:
-                heads = self._heads[kind] = (key, [_field(name) + "," for name in key[0]],
-                                             None if key[1] is None else [f",{-1 if m is None else m}" for m in key[1]])
-            return _csv_rows(heads[1], str(step), heads[2], list(chain.from_iterable(values)), key[2][0],
-                             self.context.ndigits)
+                names, micros = [layout.names[i] for i in at.tolist()], [layout.micros[i] for i in at.tolist()]
+                heads = self._heads[kind] = (key, [_field(name) + "," for name in names],
+                                             [f",{-1 if m is None else m}" for m in micros] if with_micro else None)
+            return _csv_rows(heads[1], str(step), heads[2], values, values.shape[1], self.context.ndigits)
         made = self._templates.get(kind)
         if made is None or made[0] != key:
-            steady = not any(_STEP in name for name in key[0])  # else a name holds the step mark (a NUL)
-            made = self._templates[kind] = (key, self._template(*key) if steady else None)
-        template = made[1].replace(_STEP, str(step)) if made[1] is not None else self._template(*key, step=str(step))
-        return template % tuple(chain.from_iterable(values))
+            names = tuple(layout.names[i] for i in at.tolist())
+            micros = tuple(layout.micros[i] for i in at.tolist()) if with_micro else None
+            steady = not any(_STEP in name for name in names)  # else a name holds the step mark (a NUL)
+            made = self._templates[kind] = (key, (names, micros, values.shape[1]),
+                                            self._template(names, micros, values.shape[1]) if steady else None)
+        template = made[2].replace(_STEP, str(step)) if made[2] is not None else self._template(*made[1], step=str(step))
+        return template % tuple(values.ravel().tolist())
 
-    def _template(self, names: tuple[str, ...], micros: tuple[int | None, ...] | None, widths: tuple[int, ...],
+    def _template(self, names: tuple[str, ...], micros: tuple[int | None, ...] | None, n: int,
                   step: str = _STEP) -> str:
-        """A %-format of rows' lines with these names (micro-steps: the micro_step column), ``widths``
-        values each, the step written as ``step``."""
+        """A %-format of rows' lines with these names (micro-steps: the micro_step column), ``n`` values each,
+        the step written as ``step``."""
         fields = self._fields
         lines = []
-        for i, (name, n) in enumerate(zip(names, widths)):
+        for i, name in enumerate(names):
             field = fields.get(name)
             if field is None:
                 field = fields[name] = _field(name).replace("%", "%%")
@@ -145,3 +143,11 @@ def _field(name: str) -> str:
     out = io.StringIO()
     csv.writer(out).writerow([name])
     return out.getvalue()[:-2]  # less the "\r\n" line end
+
+
+def _kinds_of(layout: RowLayout) -> list[tuple[str, np.ndarray]]:
+    """Each kind of ``layout``'s rows (in order of first appearance) and the positions of its rows."""
+    positions: dict[str, list[int]] = {}
+    for i, kind in enumerate(layout.kinds):
+        positions.setdefault(kind, []).append(i)
+    return [(kind, np.array(at, dtype=np.int64)) for kind, at in positions.items()]

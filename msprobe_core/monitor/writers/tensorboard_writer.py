@@ -11,6 +11,7 @@ from typing import Sequence
 
 from msprobe_core.errors import MsprobeError
 from msprobe_core.monitor.records import MetricRow, display_name
+from msprobe_core.monitor.step_rows import RowLayout, StepRows
 from msprobe_core.monitor.writers.base import MetricWriter, WriterContext
 from msprobe_core.monitor.writers.tensorboard_tags import tensorboard_tag
 
@@ -37,20 +38,26 @@ class TensorBoardWriter(MetricWriter):
         self._file_writer = self._writer._get_file_writer()
         self._tags: dict[tuple[str, str, int | None], list[str]] = {}
 
-    def _tags_of(self, row: MetricRow) -> list[str]:
-        key = (row.kind, row.name, row.micro_step)
-        tags = self._tags.get(key)
+    def _tags_of(self, layout: RowLayout) -> list[str]:
+        """Every tag of the rows of ``layout``, row after row, an op after the other (made once per layout)."""
+        tags = layout.plans.get(self)
         if tags is None:
-            name = display_name(row.name, row.micro_step, self.context.with_micro)
-            tags = self._tags[key] = [tensorboard_tag(name, row.kind, op) for op in self.context.ops]
+            made = self._tags
+            tags = []
+            for key in zip(layout.kinds, layout.names, layout.micros):
+                row_tags = made.get(key)
+                if row_tags is None:
+                    name = display_name(key[1], key[2], self.context.with_micro)
+                    row_tags = made[key] = [tensorboard_tag(name, key[0], op) for op in self.context.ops]
+                tags += row_tags
+            layout.plans[self] = tags
         return tags
 
     def write(self, step: int, rows: Sequence[MetricRow]) -> None:
+        rows = StepRows.of(rows)
         value = self._summary.Value
-        values = []
-        for row in rows:
-            for tag, v in zip(self._tags_of(row), row.values):
-                values.append(value(tag=tag, simple_value=v))
+        values = [value(tag=tag, simple_value=v)
+                  for tag, v in zip(self._tags_of(rows.layout), rows.values.ravel().tolist())]
         if values:
             self._file_writer.add_summary(self._summary(value=values), step)
 
