@@ -288,11 +288,16 @@ class StepRecorder:
         self.data[name] = record
         self._append(("R", name, seq, record))
 
-    def put_text(self, name: str, text: str, seq: int, stack: Optional[CallStack] = None,
+    def put_text(self, name: str, text: str, seq: Optional[int], stack: Optional[CallStack] = None,
                  parent: Any = NO_PARENT) -> None:
         """Store a complete record given as its JSON ``text`` (nothing in it waits for statistics), with its
         ``stack`` and construct.json ``parent`` (``NO_PARENT``: none kept), and journal all of it now in one
-        frame (after any fragments still queued, in order)."""
+        frame (after any fragments still queued, in order). ``seq`` None: the record takes its place in
+        execution order now (``reserve`` and ``put_text`` in one, for a call nothing was recorded during)."""
+        if seq is None:
+            if not self._dir_ready:
+                self.ensure_dir()
+            seq = next(self._seq)
         self.data[name] = text
         if parent is not NO_PARENT:
             self.construct[name] = parent

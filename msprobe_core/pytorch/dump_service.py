@@ -26,6 +26,7 @@ import torch
 from msprobe_core.dump.config import DumpConfig
 from msprobe_core.dump.service import Call, DumpServiceBase, saves_files
 from msprobe_core.files.call_stack import StackCapture
+from msprobe_core.pytorch.api_fast import fast_wrapper_maker
 from msprobe_core.pytorch.api_patch import ApiPatcher
 from msprobe_core.pytorch.backward_capture import InputEdges, capture
 from msprobe_core.pytorch.step_hooks import HookPlan, StepHooks
@@ -94,8 +95,8 @@ class DumpService(DumpServiceBase):
         # the record when torch.compile traces an API call: made once Dynamo is loaded (importing it costs a second)
         self._api_opaque: Optional[Callable] = None
         self._prepare_for_compiler()
-        self.set_patcher(ApiPatcher(self._api_entry, self.should_record, wrap_list,
-                                    silence=self._silenced) if self._uses_l1 else None)
+        self.set_patcher(ApiPatcher(self._api_entry, self.should_record, wrap_list, silence=self._silenced,
+                                    fast=fast_wrapper_maker(self)) if self._uses_l1 else None)
         self._compiled = False
         self._in_graph: Optional[CompiledModuleRecords] = None  # the model being hooked: records in its graph
         self._compiled_records: Optional[CompiledModuleRecords] = None
