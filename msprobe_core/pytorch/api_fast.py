@@ -16,6 +16,7 @@ on, Dynamo tracing, an argument or output the C text does not read, an error) go
 from __future__ import annotations
 
 import threading
+from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
@@ -58,7 +59,8 @@ class FastApi:
         on_api_call = svc._on_api_call
         inputs = records._fast_text.inputs
         text_of = records._fast_text.record
-        capture = svc._capture_stack if svc.cfg.extra_info else None
+        # the caller's stack (frames of the toolkit left out), without a method call on the way
+        capture = partial(svc.stacks.capture, 1) if svc.cfg.extra_info else None
         construct = records._construct
         key = f"{prefix}.{api}"
 

@@ -87,6 +87,7 @@ class DumpService(DumpServiceBase):
     framework = "pytorch"
     model_kind = "a torch.nn.Module"
     same_values = _SAME_VALUES
+    stacks = _STACKS  # the records' stack capture (``_capture_stack``; ``api_fast`` calls it directly)
 
     def __init__(self, cfg: DumpConfig, wrap_list: Optional[str] = None):
         files = TensorFiles() if saves_files(cfg) else None
