@@ -181,7 +181,7 @@ class ApiPatcher:
             if slot.owner is torch.Tensor and slot.wrapper.__wrapped__ in self._dunders:
                 self._dunders.setdefault(slot.wrapper, self._dunders[slot.wrapper.__wrapped__])
         for func, (prefix, name) in self._dunders.items():
-            self._dunders[func] = (prefix, name, self._dunder_route(func, prefix, name))
+            self._dunders[func] = (prefix, name, self._fast_route(func, prefix, name))
         if self._silence is not None:
             for owner_name, name in SILENT:
                 owner = getattr(torch, owner_name)
@@ -193,14 +193,17 @@ class ApiPatcher:
     def _wrapper(self, original: Callable, prefix: str, api: str) -> Callable:
         """The wrapper standing for ``original`` while patched: the fast route's where it has one."""
         plain = make_wrapper(original, prefix, api, self._handler, self._should_record)
-        fast = self._fast(original, prefix, api, plain) if self._fast is not None else None
+        fast = self._fast_route(original, prefix, api, plain)
         return plain if fast is None else api_wrap.as_wrapper(fast, original)
 
-    def _dunder_route(self, func: Callable, prefix: str, api: str) -> Optional[Callable]:
-        """The fast route of an operator the mode sees, or None (the mode records it through the handler)."""
+    def _fast_route(self, original: Callable, prefix: str, api: str, plain: Optional[Callable] = None
+                    ) -> Optional[Callable]:
+        """The fast route's wrapper of ``original`` (``plain``: the usual one, which it runs while Dynamo
+        traces), or None: that API, or an operator the mode sees, is recorded through the handler."""
         if self._fast is None:
             return None
-        return self._fast(func, prefix, api, make_wrapper(func, prefix, api, self._handler, self._should_record))
+        return self._fast(original, prefix, api,
+                          plain or make_wrapper(original, prefix, api, self._handler, self._should_record))
 
     def patch(self) -> None:
         if self.patched:
