@@ -53,11 +53,17 @@ def make_wrapper(original: Callable, prefix: str, api: str, handler: ApiHandler,
             return handler(original, prefix, api, args, kwargs)
         return original(*args, **kwargs)
 
+    return as_wrapper(wrapper, original)
+
+
+def as_wrapper(fn: Callable, original: Callable) -> Callable:
+    """``fn``, made to stand for ``original`` (its name, doc and ``__wrapped__``) and marked as an API wrapper
+    (``is_api_wrapper``): a framework's own wrapper of one API (e.g. a faster route) passes for ``make_wrapper``'s."""
     try:
-        functools.update_wrapper(wrapper, original)
+        functools.update_wrapper(fn, original)
     except (AttributeError, TypeError):
         pass
-    return mark(wrapper, "api", original)
+    return mark(fn, "api", original)
 
 
 def is_api_wrapper(fn: Any) -> bool:

@@ -299,33 +299,38 @@ class StepRecorder:
         self.data[name] = record
         self._append(("R", name, seq, record))
 
-    def put_text(self, name: str, text: str, seq: int, stack: Optional[CallStack] = None,
+    def put_text(self, name: str, text: str, seq: Optional[int], stack: Optional[CallStack] = None,
                  parent: Any = NO_PARENT) -> None:
         """Store a complete record given as its JSON ``text`` (nothing in it waits for statistics), with its
         ``stack`` and construct.json ``parent`` (``NO_PARENT``: none kept), and journal all of it now in one
-        frame (after any fragments still queued, in order)."""
+        frame (after any fragments still queued, in order). ``seq`` None: the record takes its place in
+        execution order now (``reserve`` and ``put_text`` in one, for a call nothing was recorded during)."""
+        if seq is None:
+            if not self._dir_ready:
+                self.ensure_dir()
+            seq = next(self._seq)
         self.data[name] = text
         if parent is not NO_PARENT:
             self.construct[name] = parent
         self._changes += 1
         sid = -1
-        entries: list[tuple] = []
+        new_stack = None
         if stack is not None:
             self.stack[name] = stack
             sid = stack.sid
             if sid not in self._journaled_stacks and self._journal is not None:
                 self._journaled_stacks.add(sid)
-                entries.append(("S", sid, list(stack.frames)))
+                new_stack = ("S", sid, list(stack.frames))
         if self._journal is None:
             return
         record = ("J", name, seq, text, sid, parent)
         body = _marshal(record)
         frame = _pack_len(len(body)) + body
-        if entries:  # the stack's frame first (once per distinct stack)
-            head = _marshal(entries[0])
-            frame = _pack_len(len(head)) + head + frame
-        entries.append(record)
-        self._journal_now(entries, frame)
+        if new_stack is None:
+            self._journal_now((record,), frame)
+        else:  # the stack's frame first (once per distinct stack)
+            head = _marshal(new_stack)
+            self._journal_now((new_stack, record), _pack_len(len(head)) + head + frame)
 
     def put_field(self, name: str, path: Sequence[Any], value: Any, skeleton: Callable[[], Any]) -> Any:
         """Set one field of a record that fills in over time (backward grads, parameter grads); returns the

@@ -49,6 +49,8 @@ _stack_pop = torch._C._pop_torch_function_stack
 _stack_push = torch._C._push_on_torch_function_stack
 
 ApiHandler = api_wrap.ApiHandler
+# (original, prefix, api, the usual wrapper) -> a faster wrapper for that API, or None (``api_fast``)
+FastWrapper = Callable[[Callable, str, str, Callable], Optional[Callable]]
 
 
 @dataclass
@@ -98,7 +100,8 @@ def _probe_dunder(name: str) -> Optional[Callable]:
 
 
 class _DunderMode(TorchFunctionMode):
-    """Sees the inherited operator dunders of the plan (``funcs``: mode func -> (prefix, dunder name)).
+    """Sees the inherited operator dunders of the plan (``funcs``: mode func -> (prefix, dunder name, the fast
+    route's wrapper or None)).
 
     Invisible to ``torch.compile`` (``never_traced``): a function compiled while the mode is on (vLLM compiles
     ``get_masked_input_and_mask`` even in eager mode) would otherwise have Dynamo trace the mode's lookups and
@@ -115,6 +118,8 @@ class _DunderMode(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         entry = self.funcs.get(func)
+        if entry is not None and entry[2] is not None:  # it decides itself whether to record
+            return entry[2](*args, **kwargs)
         if entry is not None and self.should_record():
             return self.handler(func, entry[0], entry[1], args, kwargs)
         return func(*args, **kwargs)
@@ -127,8 +132,9 @@ class ApiPatcher:
     """Builds the patch plan from a wrap list and applies/restores it."""
 
     def __init__(self, handler: ApiHandler, should_record: Callable[[], bool], wrap_list: Optional[str] = None,
-                 silence: Optional[Callable[[Callable], Callable]] = None):
+                 silence: Optional[Callable[[Callable], Callable]] = None, fast: Optional[FastWrapper] = None):
         self._handler = handler
+        self._fast = fast  # the dump's fast route, asked once per API when the plan is built
         self._silence = silence
         self._should_record = should_record
         self._wrap_list = wrap_list
@@ -168,12 +174,14 @@ class ApiPatcher:
                 if not callable(original) or api_wrap.is_api_wrapper(original):
                     continue
                 slots.append(PatchSlot(owner, name, own_dict.get(name, original), name in own_dict,
-                                       make_wrapper(original, prefix, name, self._handler, self._should_record)))
+                                       self._wrapper(original, prefix, name)))
         # An operator reaches the mode as the *current* torch.Tensor attribute of the method it dispatches to:
         # our wrapper when that method is patched too (``a + b`` -> the ``add`` wrapper), so key it as well.
         for slot in slots:
             if slot.owner is torch.Tensor and slot.wrapper.__wrapped__ in self._dunders:
                 self._dunders.setdefault(slot.wrapper, self._dunders[slot.wrapper.__wrapped__])
+        for func, (prefix, name) in self._dunders.items():
+            self._dunders[func] = (prefix, name, self._fast_route(func, prefix, name))
         if self._silence is not None:
             for owner_name, name in SILENT:
                 owner = getattr(torch, owner_name)
@@ -181,6 +189,21 @@ class ApiPatcher:
                 slots.append(PatchSlot(owner, name, original, True, self._silence(original)))
         self._slots = slots
         return slots
+
+    def _wrapper(self, original: Callable, prefix: str, api: str) -> Callable:
+        """The wrapper standing for ``original`` while patched: the fast route's where it has one."""
+        plain = make_wrapper(original, prefix, api, self._handler, self._should_record)
+        fast = self._fast_route(original, prefix, api, plain)
+        return plain if fast is None else api_wrap.as_wrapper(fast, original)
+
+    def _fast_route(self, original: Callable, prefix: str, api: str, plain: Optional[Callable] = None
+                    ) -> Optional[Callable]:
+        """The fast route's wrapper of ``original`` (``plain``: the usual one, which it runs while Dynamo
+        traces), or None: that API, or an operator the mode sees, is recorded through the handler."""
+        if self._fast is None:
+            return None
+        return self._fast(original, prefix, api,
+                          plain or make_wrapper(original, prefix, api, self._handler, self._should_record))
 
     def patch(self) -> None:
         if self.patched:

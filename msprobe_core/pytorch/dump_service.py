@@ -27,6 +27,7 @@ import torch
 from msprobe_core.dump.config import DumpConfig
 from msprobe_core.dump.service import Call, DumpServiceBase, saves_files
 from msprobe_core.files.call_stack import StackCapture
+from msprobe_core.pytorch.api_fast import fast_wrapper_maker
 from msprobe_core.pytorch.api_patch import ApiPatcher
 from msprobe_core.pytorch.backward_capture import InputEdges, capture
 from msprobe_core.pytorch.step_hooks import HookPlan, StepHooks
@@ -87,6 +88,7 @@ class DumpService(DumpServiceBase):
     framework = "pytorch"
     model_kind = "a torch.nn.Module"
     same_values = _SAME_VALUES
+    stacks = _STACKS  # the records' stack capture (``_capture_stack``; ``api_fast`` calls it directly)
 
     def __init__(self, cfg: DumpConfig, wrap_list: Optional[str] = None):
         files = TensorFiles() if saves_files(cfg) else None
@@ -95,8 +97,8 @@ class DumpService(DumpServiceBase):
         # the record when torch.compile traces an API call: made once Dynamo is loaded (importing it costs a second)
         self._api_opaque: Optional[Callable] = None
         self._prepare_for_compiler()
-        self.set_patcher(ApiPatcher(self._api_entry, self.should_record, wrap_list,
-                                    silence=self._silenced) if self._uses_l1 else None)
+        self.set_patcher(ApiPatcher(self._api_entry, self.should_record, wrap_list, silence=self._silenced,
+                                    fast=fast_wrapper_maker(self)) if self._uses_l1 else None)
         self._compiled = False
         self._in_graph: Optional[CompiledModuleRecords] = None  # the model being hooked: records in its graph
         self._compiled_records: Optional[CompiledModuleRecords] = None

@@ -1,0 +1,138 @@
+"""The L1 dump's fast route for the usual API call: autograd off (an optimizer's in-place updates, anything
+under ``torch.no_grad()``), its record kept as JSON text, with the least Python work per call.
+
+Whether the route exists at all is decided once, when the patch plan is built (``FastApi.usable``): the
+record text made in C (``SummarizerBase.record_text``: statistics or structure without checksums, the kernel
+built and not turned off), no tensor file, no overflow check, no scope or list filter, inputs and outputs
+both kept. Per API, the record's ``{prefix}.{api}`` key is made once; collectives (``Distributed``, whose
+record shows what they wrote) and the APIs whose output only rearranges their input (``same_values``, whose
+statistics are shared) keep the usual route.
+
+A call takes the route when it is recorded and autograd is off; its record is then exactly what
+``CallRecords.on_api_call`` writes (the same text, stack, parent and journal frame). Anything else (autograd
+on, Dynamo tracing, an argument or output the C text does not read, an error) goes through
+``on_api_call`` as before."""
+
+from __future__ import annotations
+
+import threading
+from functools import partial
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+import torch
+
+from msprobe_core.dump.call import Call
+from msprobe_core.files.step_recorder import NO_PARENT
+
+if TYPE_CHECKING:
+    from msprobe_core.pytorch.dump_service import DumpService
+
+_graph_task_id = torch._C._current_graph_task_id
+_is_grad_enabled = torch._C.is_grad_enabled
+_no_torch_function = torch._C.DisableTorchFunction  # the tool's own tensor reads skip every TorchFunctionMode
+_is_compiling = torch.compiler.is_compiling
+_thread_id = threading.get_ident
+
+
+class FastApi:
+    """Makes the wrappers of the fast route for one dump service (``wrapper``), when it can have one."""
+
+    def __init__(self, service: DumpService):
+        self.service = service
+        records = service.records
+        self.usable = (records._fast_text is not None and records._as_text and not records._saves
+                       and not records._tensor_list and not records._filters and records._keep_in
+                       and records._keep_out)
+        """Can any call take the route under this configuration (decided once)?"""
+
+    def wants(self, prefix: str, api: str) -> bool:
+        """Does ``{prefix}.{api}`` take the route (its record needs nothing the usual route alone does)?"""
+        return self.usable and prefix != "Distributed" and api not in self.service.same_values
+
+    def wrapper(self, original: Callable, prefix: str, api: str, plain: Callable) -> Callable:
+        """The function standing for ``original`` while patched: the fast route for a recorded call with
+        autograd off, ``plain`` (the usual wrapper) while Dynamo traces, the usual record otherwise."""
+        svc = self.service
+        records = svc.records
+        tls = svc._tls
+        patcher = svc.patcher
+        on_api_call = svc._on_api_call
+        inputs = records._fast_text.inputs
+        text_of = records._fast_text.record
+        # the caller's stack (frames of the toolkit left out), without a method call on the way
+        capture = partial(svc.stacks.capture, 1) if svc.cfg.extra_info else None
+        construct = records._construct
+        key = f"{prefix}.{api}"
+
+        def api_call(*args: Any, **kwargs: Any) -> Any:
+            if _is_compiling():  # Dynamo traces what it traced before: the usual wrapper
+                return plain(*args, **kwargs)
+            if not svc._recording or tls.depth or _graph_task_id() != -1:
+                return original(*args, **kwargs)
+            if svc.dumping_thread != _thread_id():
+                svc._other_thread()
+                return original(*args, **kwargs)
+            if _is_grad_enabled():
+                return on_api_call(original, prefix, api, args, kwargs)
+            tls.depth += 1  # the tool's own work, as in ``on_api_call``
+            try:
+                with _no_torch_function():
+                    head = inputs(args, kwargs)
+            except Exception:  # the usual route says what went wrong
+                head = None
+            except BaseException:
+                tls.depth -= 1
+                raise
+            if head is None:  # an argument the C text does not read: the usual record, from its start
+                tls.depth -= 1
+                return on_api_call(original, prefix, api, args, kwargs)
+            try:
+                state = records.step_state
+                counters = state.counters
+                n = counters.get(key, 0)
+                counters[key] = n + 1
+                name = f"{key}.{n}.forward"
+                try:
+                    rec = svc.recorder or svc._open_step()
+                    stack = capture() if capture is not None else None
+                    parent = (state.module_stack[-1] if state.module_stack else None) if construct else NO_PARENT
+                except Exception as e:  # the tool must never break the user's call
+                    svc._error(name, e)
+                    head = None
+                try:
+                    out = patcher.call(original, args, kwargs)
+                except BaseException:  # what the usual route leaves of a call that raised: its place and stack
+                    if head is not None:
+                        try:
+                            rec.reserve(name, stack)
+                        except Exception as e:
+                            svc._error(name, e)
+                    raise
+                if head is not None:
+                    try:
+                        with _no_torch_function():
+                            text = text_of(head, out)
+                        if text is not None:  # nothing was recorded during the call: its place is taken now
+                            rec.put_text(name, text, None, stack, parent)
+                        else:  # an output the C text does not read: the usual end makes it a dict
+                            call = Call(name, f"{key}.{n}.backward", rec.reserve(name, stack), head, False,
+                                        None if parent is NO_PARENT else parent)
+                            call.stack = stack
+                            svc._end(call, out)
+                    except Exception as e:
+                        svc._error(name, e)
+                return out
+            finally:
+                tls.depth -= 1
+
+        return api_call
+
+
+def fast_wrapper_maker(service: DumpService) -> Optional[Callable[[Callable, str, str, Callable], Optional[Callable]]]:
+    """``ApiPatcher``'s ``fast``: (original, prefix, api, plain wrapper) -> the fast route's wrapper, or None where
+    that API keeps the usual one; None when no call can take the route."""
+    fast = FastApi(service)
+    if not fast.usable:
+        return None
+    return lambda original, prefix, api, plain: fast.wrapper(original, prefix, api, plain) \
+        if fast.wants(prefix, api) else None

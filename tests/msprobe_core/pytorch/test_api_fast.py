@@ -1,0 +1,154 @@
+"""The L1 dump's fast route for API calls with autograd off (``pytorch/api_fast.py``): the same dump.json,
+stack.json and construct.json as the usual route, byte for byte (optimizer updates, odd tensors that fall back,
+a call that raises), decided once per configuration, and no record lost by a process killed mid-step."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from msprobe_core.pytorch import PrecisionDebugger, api_fast
+from msprobe_core.stats.kernel import KERNEL
+
+ROOT = Path(__file__).resolve().parents[3]
+needs_kernel = pytest.mark.skipif(KERNEL is None, reason="the kernel is not built (or MSPROBE_FAST_STATS=0)")
+
+SCRIPT = textwrap.dedent("""
+    import os, signal, torch
+    from torch import nn
+    if not {fast}:  # the usual route for every API
+        from msprobe_core.pytorch import dump_service
+        dump_service.fast_wrapper_maker = lambda service: None
+    from msprobe_core.pytorch import PrecisionDebugger
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.GELU(), nn.Linear(8, 4))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
+    dbg = PrecisionDebugger({{"dump_path": {out!r}, "level": {level!r}, "task": "statistics"}})
+    for step in range(3):
+        dbg.start(model)
+        loss = model(torch.randn(2, 8)).sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        with torch.no_grad():
+            x = torch.randn(4, 3)
+            (x.t() + 1).half().mul(2)                       # a strided view, float16
+            torch.view_as_complex(torch.randn(3, 2)).mul(2)  # complex inputs: the usual route
+            torch.polar(torch.ones(2), torch.zeros(2))       # a complex output: the usual end
+            x.reshape(12)                                    # same values: the usual route
+            try:
+                torch.ones(2).add_(torch.ones(3))            # raises: no record, its place and stack kept
+            except RuntimeError:
+                pass
+            torch.nn.functional.relu(x, inplace=False).sum()
+        if step == 1 and {kill}:
+            os.kill(os.getpid(), signal.SIGKILL)  # mid-step, after the optimizer's records
+        dbg.stop()
+        dbg.step()
+""")
+
+
+def _run(out: Path, level: str, fast: bool, kill: bool = False) -> subprocess.CompletedProcess:
+    script = SCRIPT.format(out=str(out), level=level, fast=fast, kill=kill)
+    return subprocess.run([sys.executable, "-c", script], env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                          capture_output=True, text=True, timeout=600, cwd=out.parent)
+
+
+def _step_dir(out: Path, step: int) -> Path:
+    return next((out / f"step{step}").iterdir())
+
+
+@needs_kernel
+@pytest.mark.parametrize("level", ["L1", "mix"])
+def test_the_fast_route_writes_what_the_usual_route_writes(tmp_path, level):
+    outs = {}
+    for fast in (True, False):
+        out = tmp_path / f"fast{fast}" / "dump"
+        out.parent.mkdir()
+        proc = _run(out, level, fast)
+        assert proc.returncode == 0, proc.stderr
+        outs[fast] = out
+    for step in range(3):
+        a, b = (_step_dir(outs[f], step) for f in (True, False))
+        for name in ("dump.json", "stack.json", "construct.json"):
+            assert (a / name).read_bytes() == (b / name).read_bytes(), (step, name)
+    data = json.loads((_step_dir(outs[True], 1) / "dump.json").read_text())["data"]
+    assert "Tensor.lerp_.0.forward" in data and "Tensor.addcdiv_.0.forward" in data  # the optimizer's updates
+    assert "Torch.polar.0.forward" in data and "Torch.view_as_complex.0.forward" in data
+
+
+@needs_kernel
+def test_a_killed_process_keeps_the_fast_routes_records(tmp_path):
+    """Each record is journaled when its call ends: the recovered step equals the step of a run not killed."""
+    killed_out, full_out = tmp_path / "killed" / "dump", tmp_path / "full" / "dump"
+    for out in (killed_out, full_out):
+        out.parent.mkdir()
+    killed = _run(killed_out, "L1", True, kill=True)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    full = _run(full_out, "L1", True)
+    assert full.returncode == 0, full.stderr
+    res = subprocess.run([sys.executable, "-m", "msprobe_core", "recover", str(killed_out)], capture_output=True,
+                         text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert res.returncode == 0, res.stderr
+    got, want = _step_dir(killed_out, 1), _step_dir(full_out, 1)
+    recovered = json.loads((got / "dump.json").read_text())
+    assert recovered.pop("recovered") is True
+    assert recovered == json.loads((want / "dump.json").read_text())
+    assert "Tensor.addcdiv_.0.forward" in recovered["data"]
+    assert json.loads((got / "construct.json").read_text()) == json.loads((want / "construct.json").read_text())
+    # the stacks of the records (the call that raised keeps its place in stack.json, never journaled: as before)
+    stacks = {k: v for k, v in json.loads((want / "stack.json").read_text()).items() if k in recovered["data"]}
+    assert json.loads((got / "stack.json").read_text()) == stacks
+
+
+@pytest.mark.parametrize("config", [
+    {"task": "statistics", "summary_mode": "md5"},
+    {"task": "tensor"},
+    {"task": "overflow_check"},
+    {"task": "statistics", "scope": ["Tensor.add.0.forward", "Tensor.add.1.forward"]},
+    {"task": "statistics", "list": ["relu"]},
+])
+def test_configurations_the_fast_route_cannot_serve_keep_the_usual_wrappers(tmp_path, config):
+    task = config["task"]
+    section = {k: v for k, v in config.items() if k != "task"}
+    dbg = PrecisionDebugger({"dump_path": str(tmp_path), "level": "L1", "task": task, task: section})
+    assert api_fast.fast_wrapper_maker(dbg.service) is None
+
+
+@needs_kernel
+def test_the_route_is_decided_per_api_and_torch_is_restored(tmp_path):
+    def seen():  # what each owner holds itself, and what an attribute lookup finds
+        return [(name in owner.__dict__, getattr(owner, name)) for owner, name in
+                ((torch.Tensor, "mul_"), (torch, "add"), (torch.Tensor, "reshape"))]
+
+    original = seen()
+    dbg = PrecisionDebugger({"dump_path": str(tmp_path), "level": "L1", "task": "statistics"})
+    fast = api_fast.FastApi(dbg.service)
+    assert fast.usable and fast.wants("Tensor", "mul_") and not fast.wants("Tensor", "reshape")
+    assert not fast.wants("Distributed", "all_reduce")
+    dbg.start()
+    try:
+        assert torch.Tensor.mul_.__code__.co_name == "api_call" and torch.Tensor.mul_.__wrapped__ is original[0][1]
+        assert torch.Tensor.reshape.__code__.co_name == "wrapper"
+        with torch.no_grad():
+            t = torch.ones(3)
+            t.mul_(2.0)
+        assert torch.equal(t, torch.full((3,), 2.0))
+    finally:
+        dbg.stop()
+    assert seen() == original
+
+
+def test_without_the_kernel_there_is_no_fast_route(tmp_path, monkeypatch):
+    from msprobe_core.pytorch import tensor_stats
+    monkeypatch.setattr(tensor_stats, "_fast_stats", None)  # MSPROBE_FAST_STATS=0
+    dbg = PrecisionDebugger({"dump_path": str(tmp_path), "level": "L1", "task": "statistics"})
+    assert api_fast.fast_wrapper_maker(dbg.service) is None
