@@ -17,15 +17,13 @@ from __future__ import annotations
 
 import threading
 from functools import partial
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
 from msprobe_core.dump.call import Call
 from msprobe_core.files.step_recorder import NO_PARENT
 
-if TYPE_CHECKING:
-    from msprobe_core.pytorch.dump_service import DumpService
 
 _graph_task_id = torch._C._current_graph_task_id
 _is_grad_enabled = torch._C.is_grad_enabled
@@ -37,7 +35,7 @@ _thread_id = threading.get_ident
 class FastApi:
     """Makes the wrappers of the fast route for one dump service (``wrapper``), when it can have one."""
 
-    def __init__(self, service: DumpService):
+    def __init__(self, service: Any):  # the PyTorch DumpService (it imports this module)
         self.service = service
         records = service.records
         self.usable = (records._fast_text is not None and records._as_text and not records._saves
@@ -128,7 +126,7 @@ class FastApi:
         return api_call
 
 
-def fast_wrapper_maker(service: DumpService) -> Optional[Callable[[Callable, str, str, Callable], Optional[Callable]]]:
+def fast_wrapper_maker(service: Any) -> Optional[Callable[[Callable, str, str, Callable], Optional[Callable]]]:
     """``ApiPatcher``'s ``fast``: (original, prefix, api, plain wrapper) -> the fast route's wrapper, or None where
     that API keeps the usual one; None when no call can take the route."""
     fast = FastApi(service)

@@ -513,12 +513,32 @@ typedef struct {
 
 #define NO_TEXT 1 /* the answer is None: the caller takes the Python route for the whole record */
 
-/* descr[i] of t: a getset descriptor's value or a method descriptor's call with no argument. */
-static PyObject *tensor_get(RecordTextObject *self, PyObject *t, int i) {
-    PyObject *d = self->descr[i];
+/* d of t: a getset descriptor's value or a method descriptor's call with no argument. */
+static PyObject *descr_get(PyObject *d, PyObject *t) {
     descrgetfunc get = Py_TYPE(d)->tp_descr_get;
     if (Py_TYPE(d) == &PyMethodDescr_Type || get == NULL) return PyObject_Vectorcall(d, &t, 1, NULL);
     return get(d, t, (PyObject *)Py_TYPE(t));
+}
+
+/* The descriptors named by names[0..n) in the tensor C base class's own dict (never patched by the dump's wrappers),
+ * new references into out; -1 with an AttributeError naming the first one missing (out's others then cleared). */
+static int load_descriptors(PyObject *base, const char *const *names, int n, PyObject **out) {
+    PyObject *dict = ((PyTypeObject *)base)->tp_dict;
+    for (int i = 0; i < n; i++) {
+        PyObject *d = PyDict_GetItemString(dict, names[i]);
+        if (d == NULL) {
+            PyErr_Format(PyExc_AttributeError, "the tensor base class has no '%s'", names[i]);
+            for (int j = 0; j < i; j++) Py_CLEAR(out[j]);
+            return -1;
+        }
+        out[i] = Py_NewRef(d);
+    }
+    return 0;
+}
+
+/* descr[i] of t. */
+static PyObject *tensor_get(RecordTextObject *self, PyObject *t, int i) {
+    return descr_get(self->descr[i], t);
 }
 
 /* A boolean property or method of t: 1, 0, or -1 with an error. */
@@ -882,7 +902,7 @@ static PyObject *rt_record(RecordTextObject *self, PyObject *const *args, Py_ssi
     return finish(&b, rc);
 }
 
-static const char *DESCR_NAMES[N_DESCR] = {"_version", "data_ptr", "requires_grad", "is_cpu", "layout", "dtype",
+static const char *const DESCR_NAMES[N_DESCR] = {"_version", "data_ptr", "requires_grad", "is_cpu", "layout", "dtype",
                                            "shape", "is_contiguous", "is_neg", "_is_zerotensor"};
 
 static PyObject *rt_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
@@ -913,16 +933,9 @@ static PyObject *rt_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
         Py_INCREF(fields[i]);
         *slots[i] = fields[i];
     }
-    PyObject *dict = ((PyTypeObject *)base)->tp_dict;  /* the C base's own: never patched by the dump's wrappers */
-    for (int i = 0; i < N_DESCR; i++) {
-        PyObject *d = PyDict_GetItemString(dict, DESCR_NAMES[i]);
-        if (d == NULL) {
-            PyErr_Format(PyExc_AttributeError, "the tensor base class has no '%s'", DESCR_NAMES[i]);
-            Py_DECREF(self);
-            return NULL;
-        }
-        Py_INCREF(d);
-        self->descr[i] = d;
+    if (load_descriptors(base, DESCR_NAMES, N_DESCR, self->descr) < 0) {
+        Py_DECREF(self);
+        return NULL;
     }
     self->statistics = statistics;
     self->cache_size = cache_size;
@@ -1788,7 +1801,7 @@ done:
  *   rows(raw, tensors, eps, threads) -> append_rows' first row of all of tensors, or None (nothing appended)
  *                                     where row() would say None for one of them */
 enum { TR_IS_CPU, TR_LAYOUT, TR_DTYPE, TR_IS_CONTIGUOUS, TR_IS_NEG, TR_IS_ZERO, TR_DATA_PTR, TR_NUMEL, TR_N };
-static const char *TR_NAMES[TR_N] = {"is_cpu", "layout", "dtype", "is_contiguous", "is_neg", "_is_zerotensor",
+static const char *const TR_NAMES[TR_N] = {"is_cpu", "layout", "dtype", "is_contiguous", "is_neg", "_is_zerotensor",
                                      "data_ptr", "numel"};
 
 typedef struct {
@@ -1797,13 +1810,6 @@ typedef struct {
     PyObject *descr[TR_N];
 } TensorRowsObject;
 
-static PyObject *tr_get(TensorRowsObject *self, PyObject *t, int i) {
-    PyObject *d = self->descr[i];
-    descrgetfunc get = Py_TYPE(d)->tp_descr_get;
-    if (Py_TYPE(d) == &PyMethodDescr_Type || get == NULL) return PyObject_Vectorcall(d, &t, 1, NULL);
-    return get(d, t, (PyObject *)Py_TYPE(t));
-}
-
 /* 1 with t's address, element count and kernel code where the kernel reads t as it is; 0 where it does not (or
  * torch refused a question: the caller's Python route says why); -1 with an error. */
 static int tr_plain(TensorRowsObject *self, PyObject *t, void **p, Py_ssize_t *n, long *code) {
@@ -1811,7 +1817,7 @@ static int tr_plain(TensorRowsObject *self, PyObject *t, void **p, Py_ssize_t *n
     PyObject *v[TR_N] = {NULL};
     int ok = 0;
     for (int i = 0; i < TR_N; i++) {
-        v[i] = tr_get(self, t, i);
+        v[i] = descr_get(self->descr[i], t);
         if (v[i] == NULL) goto done;
         int good = 1;
         switch (i) {
@@ -1934,15 +1940,9 @@ static PyObject *tr_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     self->tensor = Py_NewRef(tensor);
     self->parameter = Py_NewRef(parameter);
     self->strided = Py_NewRef(strided);
-    PyObject *dict = ((PyTypeObject *)base)->tp_dict;  /* the C base's own: never patched by the dump's wrappers */
-    for (int i = 0; i < TR_N; i++) {
-        PyObject *d = PyDict_GetItemString(dict, TR_NAMES[i]);
-        if (d == NULL) {
-            PyErr_Format(PyExc_AttributeError, "the tensor base class has no '%s'", TR_NAMES[i]);
-            Py_DECREF(self);
-            return NULL;
-        }
-        self->descr[i] = Py_NewRef(d);
+    if (load_descriptors(base, TR_NAMES, TR_N, self->descr) < 0) {
+        Py_DECREF(self);
+        return NULL;
     }
     return (PyObject *)self;
 }
