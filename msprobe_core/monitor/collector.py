@@ -43,14 +43,14 @@ Slot = Union[int, "tuple[torch.device, int]"]
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 _get_num_threads = torch.get_num_threads
+_FIELDS = len(MetricRow._fields) - 1  # an entry: MetricRow's fields less call_id
+_SLOT = 5  # where an entry's slot (in place of MetricRow.values) is
+_ROW_BYTES = RAW_WIDTH * 8  # a host row in StepCollector._raw
 
 
 def is_float_tensor(x: object) -> bool:
     """A non-empty floating-point (or complex) tensor: what the monitor summarises."""
     return isinstance(x, torch.Tensor) and (x.is_floating_point() or x.is_complex()) and x.numel() > 0
-_FIELDS = len(MetricRow._fields) - 1  # an entry: MetricRow's fields less call_id
-_SLOT = 5  # where an entry's slot (in place of MetricRow.values) is
-_ROW_BYTES = RAW_WIDTH * 8  # a host row in StepCollector._raw
 
 
 class StepCollector:
