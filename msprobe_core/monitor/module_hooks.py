@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import logging
 import weakref
+from collections import OrderedDict
 from functools import partial
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 from msprobe_core.monitor.collector import Slot, StepCollector, is_float_tensor
 from msprobe_core.monitor.config import IOSpec
@@ -31,6 +33,7 @@ from msprobe_core.common.tool_guard import TOOL
 from msprobe_core.pytorch.native_shards import local_view
 from msprobe_core.pytorch.step_hooks import add_tensor_hook
 from msprobe_core.pytorch.wrapper_names import is_compiled, opaque_to_compiler, unwrapped_modules
+from msprobe_core.stats.kernel import KERNEL
 
 logger = logging.getLogger("msprobe_core.monitor")
 
@@ -38,6 +41,9 @@ ROOT_NAME = "model"
 """Name used for a model chunk's root module (whose ``named_modules`` name is empty)."""
 
 _graph_task_id = getattr(torch._C, "_current_graph_task_id", None)
+_ActivationCore = getattr(KERNEL, "ActivationCore", None)
+_CActivation = getattr(KERNEL, "Activation", None)
+_ForwardSite = getattr(KERNEL, "ForwardSite", None)
 
 
 def in_backward() -> bool:
@@ -129,6 +135,12 @@ class _Site:
         """``ActivationHooks``' generation (a step, or a first chunk's forward) ``calls`` counts in."""
         self.calls = 0
 
+    def usual_names(self) -> tuple[tuple[str | None, tuple | None], tuple[str | None, tuple | None]]:
+        """The usual plan as the kernel's ``ForwardSite`` takes it: for the input, then the output, its row name
+        (or None) and its gradient names (``((row name, module),)``, or None)."""
+        leaves = {i: (fwd, None if bwd is None else ((bwd, self.name),)) for i, fwd, bwd in self.usual}
+        return leaves.get(0, (None, None)), leaves.get(1, (None, None))
+
     def plan(self, count: int, ins: tuple[str, ...], outs: tuple[str, ...]) -> _Plan:
         """The leaves of the ``count``-th call (0: the first) with inputs ``ins`` and outputs ``outs`` (index
         paths): ``{name}[.call{count}].{input|output}[.{index path}]``, the path only where a direction
@@ -217,6 +229,19 @@ class ActivationHooks(HookSet):
         # per step, by tensor identity (one object the garbage collector tracks per tensor, and its weakref)
         self._seen: dict[int, _Activation] = {}
         self._failed = False
+        self._core = self._make_core()
+        """The kernel's ``ActivationCore`` (None: the Python hooks only): its ``ForwardSite`` does the usual
+        forward call in C, its ``Activation`` the gradient hook."""
+        self._new_activation, self._owner = (_Activation, self) if self._core is None else (_CActivation, self._core)
+
+    def _make_core(self) -> Any:
+        rows = self.collector.engine.tensor_rows
+        if rows is None or None in (_ActivationCore, _CActivation, _ForwardSite):
+            return None  # no kernel, or MSPROBE_FAST_STATS=0
+        collector = self.collector
+        return _ActivationCore(self, rows, collector._raw, collector._entries, collector.engine.count_eps, ACTV,
+                               ACTV_GRAD, _graph_task_id, torch.get_num_threads, OrderedDict, RemovableHandle,
+                               torch._C.TensorBase)
 
     def install(self, chunks: Sequence[nn.Module], select: Callable[[str], IOSpec | None]) -> list[str]:
         """Hook every module for which ``select(qualified name)`` gives a spec; returns the hooked names."""
@@ -227,9 +252,12 @@ class ActivationHooks(HookSet):
         for c, chunk in enumerate(chunks):
             self._handles.append(chunk.register_forward_pre_hook(partial(self._on_chunk_start, c)))
             for module, qualified, spec in selected_modules(c, chunk, select, multi):
-                hook = partial(self._on_forward, _Site(qualified, spec, c, self.forward, self.backward))
+                site = _Site(qualified, spec, c, self.forward, self.backward)
+                hook = partial(self._on_forward, site)
                 if compiled:
                     hook = opaque_to_compiler(hook)
+                elif self._core is not None:  # the usual call in C, every other by hook
+                    hook = _ForwardSite(self._core, site, hook, qualified, c, *site.usual_names())
                 self._handles.append(module.register_forward_hook(hook, with_kwargs=True))
                 self.module_names.append(qualified)
         return list(self.module_names)
@@ -277,7 +305,7 @@ class ActivationHooks(HookSet):
                 key = _identity(t)
                 known = seen.get(key)
                 if known is None or known.ref() is not t:  # new (a dead tensor's identity may be reused)
-                    known = seen[key] = _Activation(weakref.ref(t), self)
+                    known = seen[key] = self._new_activation(weakref.ref(t), self._owner)
                 requires_grad = t.requires_grad
                 if fwd_name is not None:
                     if known.slot is None:
@@ -291,13 +319,36 @@ class ActivationHooks(HookSet):
                         known.micro, known.state, known.names = micro, self.state, ((bwd_name, name),)
                         if add_tensor_hook(t, known) is None:  # a subclass: torch's own way
                             t.register_hook(known)
-        except Exception:  # never break the training step
-            if not self._failed:
-                self._failed = True
-                logger.exception("monitor: activation hook of '%s' failed; activation statistics may be incomplete",
-                                 site.name)
+        except Exception as exc:  # never break the training step
+            self._hook_failed(True, site.name, exc)
         finally:
             TOOL.depth -= 1
+
+    def _on_grad(self, activation: Any, grad: torch.Tensor) -> None:
+        """An activation's gradient hook (``_Activation``, or the kernel's ``Activation`` for a gradient it does
+        not read): records the gradient's statistics under each of the activation's names."""
+        state = activation.state
+        if self.state is not state or not state.collecting:
+            return None
+        TOOL.depth += 1  # tool_work, inlined
+        try:
+            self.collector.record_named(ACTV_GRAD, activation.names, activation.micro, grad)  # not float: nothing
+        except Exception as exc:  # never break the backward pass
+            self._hook_failed(False, activation.names[0][0], exc)
+        finally:
+            TOOL.depth -= 1
+        return None
+
+    def _hook_failed(self, forward: bool, name: str, exc: BaseException) -> None:
+        """Log the first failure of a hook (the training goes on; statistics may be incomplete)."""
+        if self._failed:
+            return
+        self._failed = True
+        if forward:
+            logger.error("monitor: activation hook of '%s' failed; activation statistics may be incomplete", name,
+                         exc_info=exc)
+        else:
+            logger.error("monitor: gradient hook of '%s' failed", name, exc_info=exc)
 
 
 class _Activation:
@@ -320,16 +371,4 @@ class _Activation:
         """(row name, module) pairs of its gradient (a tuple of strings: nothing for the garbage collector)."""
 
     def __call__(self, grad: torch.Tensor) -> None:
-        hooks = self.hooks
-        if hooks.state is not self.state or not self.state.collecting:
-            return None
-        TOOL.depth += 1  # tool_work, inlined
-        try:
-            hooks.collector.record_named(ACTV_GRAD, self.names, self.micro, grad)  # not a float tensor: nothing
-        except Exception:  # never break the backward pass
-            if not hooks._failed:
-                hooks._failed = True
-                logger.exception("monitor: gradient hook of '%s' failed", self.names[0][0])
-        finally:
-            TOOL.depth -= 1
-        return None
+        return self.hooks._on_grad(self, grad)

@@ -325,6 +325,7 @@ static PyObject *append_rows(PyObject *self, PyObject *const *args, Py_ssize_t n
 static PyObject *csv_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 static PyObject *raw_ops(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 static int add_tensor_rows(PyObject *m);
+static int add_fast_monitor(PyObject *m); /* _fast_monitor.c, #included after the monitor's step values */
 
 static PyObject *frame_key(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 1) {
@@ -1326,7 +1327,9 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fast_stats", "One-p
 
 PyMODINIT_FUNC PyInit__fast_stats(void) {
     PyObject *m = PyModule_Create(&module);
-    if (m != NULL && (add_record_text(m) < 0 || add_grad_text(m) < 0 || add_tensor_rows(m) < 0)) Py_CLEAR(m);
+    if (m != NULL && (add_record_text(m) < 0 || add_grad_text(m) < 0 || add_tensor_rows(m) < 0 ||
+                      add_fast_monitor(m) < 0))
+        Py_CLEAR(m);
     return m;
 }
 
@@ -2002,3 +2005,5 @@ static int add_tensor_rows(PyObject *m) {
     return 0;
 }
 /* ================================================================== end of the monitor's step values */
+
+#include "_fast_monitor.c"

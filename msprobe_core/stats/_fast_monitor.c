@@ -1,0 +1,649 @@
+/* ========================================================== the monitor's activation hooks in C (s11-mon)
+ *
+ * #included by _fast_stats.c after the monitor's step values (TensorRows: tr_plain, reduce_row, grow_rows).
+ * monitor/module_hooks.py's ``ActivationHooks._on_forward`` and ``_Activation.__call__`` for the usual call,
+ * one C call per module call and per activation gradient instead of a dozen Python frames:
+ *
+ *   ActivationCore(hooks, rows, raw, entries, eps, actv, actv_grad, graph_task_id, get_num_threads,
+ *                  ordered_dict, handle_class)
+ *        what every hook of one ``ActivationHooks`` shares: the hooks object itself (its ``state``,
+ *        ``_generation``, ``_micro``, ``_seen``, read at each call, and ``_on_grad``/``_hook_failed``, its
+ *        Python routes), the collector's TensorRows, host rows (bytearray) and entries (list), the kernel's
+ *        eps, the row kinds, torch's ``_current_graph_task_id`` (or None), ``get_num_threads``,
+ *        ``OrderedDict`` and ``RemovableHandle`` (for the tensor hook entry ``add_tensor_hook`` makes)
+ *   Activation(ref, core)
+ *        ``_Activation``: an activation seen this step (``ref``: a weak reference to it; ``slot``, ``micro``,
+ *        ``state``, ``names`` as there); called with its gradient, records the gradient's row under each of
+ *        its names (a tensor TensorRows reads), or hands over to ``hooks._on_grad(activation, grad)``
+ *   ForwardSite(core, site, fallback, in_names, out_names)
+ *        a module's forward hook (``register_forward_hook(with_kwargs=True)``): the usual call (module
+ *        training, the step collecting, not in backward, the first call of the site in its generation, one
+ *        plain float tensor TensorRows reads in and one out, no keywords) done here as ``_on_forward`` does
+ *        it; every other call goes to ``fallback`` (``partial(hooks._on_forward, site)``), with nothing done
+ *        here. in_names/out_names: (forward row name or None, gradient names ((row name, module),) or None)
+ *        of the input and the output, the site's usual plan.
+ */
+
+static PyObject *s_training, *s_state, *s_collecting, *s_generation, *s_calls, *s_micro, *s_seen, *s_on_grad,
+    *s_hook_failed, *s_next_id, *s_register_hook_dict, *s_backward_hooks, *s_one, *s_hooks_generation;
+
+enum { AC_VERSION, AC_REQUIRES_GRAD, AC_DATA_PTR, AC_GRAD_FN, AC_N };
+static const char *const AC_NAMES[AC_N] = {"_version", "requires_grad", "data_ptr", "grad_fn"};
+
+#define AC_OBJECTS(X) X(hooks) X(rows) X(raw) X(entries) X(actv) X(actv_grad) X(graph_task_id) \
+                      X(get_num_threads) X(ordered_dict) X(handle_class)
+
+typedef struct {
+    PyObject_HEAD
+    AC_OBJECTS(RT_DECLARE)
+    PyObject *descr[AC_N];
+    double eps;
+    int count;
+} ActivationCoreObject;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *ref, *core, *slot, *micro, *state, *names;
+} ActivationObject;
+
+static PyTypeObject ActivationCoreType, ActivationType;
+
+/* ------------------------------------------------------------------------------------------ shared helpers */
+
+/* The row of a tensor tr_plain accepted (p, n, code) appended to the core's host rows: its index. */
+static PyObject *ac_row(ActivationCoreObject *core, void *p, Py_ssize_t n, long code) {
+    long threads = 1;
+    double r[ROW_WIDTH];
+    if (n >= PARALLEL_MIN) {  /* only then does the thread count matter (reduce_row) */
+        PyObject *t = PyObject_CallNoArgs(core->get_num_threads);
+        if (t == NULL) return NULL;
+        threads = PyLong_AsLong(t);
+        Py_DECREF(t);
+        if (threads == -1 && PyErr_Occurred()) return NULL;
+        Py_BEGIN_ALLOW_THREADS
+        reduce_row(p, n, code, core->eps, core->count, threads, r);
+        Py_END_ALLOW_THREADS
+    } else {
+        reduce_row(p, n, code, core->eps, core->count, threads, r);
+    }
+    Py_ssize_t first;
+    if (grow_rows(core->raw, 1, &first) < 0) return NULL;
+    memcpy((double *)PyByteArray_AS_STRING(core->raw) + first * ROW_WIDTH, r, sizeof(r));
+    return PyLong_FromSsize_t(first);
+}
+
+/* One entry (StepCollector's flat list: kind, name, module, micro, numel, slot, alias, external) appended. */
+static int ac_entry(ActivationCoreObject *core, PyObject *kind, PyObject *name, PyObject *module, PyObject *micro,
+                    Py_ssize_t n, PyObject *slot, int alias, int external) {
+    PyObject *numel = PyLong_FromSsize_t(n);
+    if (numel == NULL) return -1;
+    PyObject *entries = core->entries;
+    Py_ssize_t at = PyList_GET_SIZE(entries);
+    PyObject *items[8] = {kind, name, module, micro, numel, slot, alias ? Py_True : Py_False,
+                          external ? Py_True : Py_False};
+    int rc = 0;
+    for (int i = 0; i < 8 && rc == 0; i++) rc = PyList_Append(entries, items[i]);
+    if (rc < 0) {  /* whole entries only, as list.extend leaves it */
+        PyObject *exc_type, *exc, *tb;
+        PyErr_Fetch(&exc_type, &exc, &tb);
+        if (PyList_SetSlice(entries, at, PyList_GET_SIZE(entries), NULL) < 0) PyErr_Clear();
+        PyErr_Restore(exc_type, exc, tb);
+    }
+    Py_DECREF(numel);
+    return rc;
+}
+
+/* Hand an error to the hooks' Python reporter (logged once, the training goes on): forward 1 for a forward
+ * hook, 0 for a gradient hook. */
+static void ac_failed(ActivationCoreObject *core, int forward, PyObject *name) {
+    PyObject *exc_type, *exc, *tb;
+    PyErr_Fetch(&exc_type, &exc, &tb);
+    PyErr_NormalizeException(&exc_type, &exc, &tb);
+    if (exc != NULL && tb != NULL) PyException_SetTraceback(exc, tb);
+    PyObject *r = PyObject_CallMethodObjArgs(core->hooks, s_hook_failed, forward ? Py_True : Py_False,
+                                             name ? name : Py_None, exc ? exc : Py_None, NULL);
+    if (r == NULL) PyErr_Clear();
+    Py_XDECREF(r);
+    Py_XDECREF(exc_type);
+    Py_XDECREF(exc);
+    Py_XDECREF(tb);
+}
+
+/* ------------------------------------------------------------------------------------------ ActivationCore */
+
+static PyObject *ac_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    static char *kw[] = {"hooks", "rows", "raw", "entries", "eps", "actv", "actv_grad", "graph_task_id",
+                         "get_num_threads", "ordered_dict", "handle_class", "tensor_base", NULL};
+    PyObject *hooks, *rows, *raw, *entries, *actv, *actv_grad, *task, *threads, *od, *handle, *base;
+    double eps;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!O!O!dOOOOOOO:ActivationCore", kw, &hooks, &TensorRowsType, &rows,
+                                     &PyByteArray_Type, &raw, &PyList_Type, &entries, &eps, &actv, &actv_grad, &task,
+                                     &threads, &od, &handle, &base))
+        return NULL;
+    if (!PyType_Check(base)) {
+        PyErr_SetString(PyExc_TypeError, "tensor_base must be a type");
+        return NULL;
+    }
+    ActivationCoreObject *self = (ActivationCoreObject *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    self->hooks = Py_NewRef(hooks);
+    self->rows = Py_NewRef(rows);
+    self->raw = Py_NewRef(raw);
+    self->entries = Py_NewRef(entries);
+    self->actv = Py_NewRef(actv);
+    self->actv_grad = Py_NewRef(actv_grad);
+    self->graph_task_id = Py_NewRef(task);
+    self->get_num_threads = Py_NewRef(threads);
+    self->ordered_dict = Py_NewRef(od);
+    self->handle_class = Py_NewRef(handle);
+    self->count = eps >= 0;
+    self->eps = self->count ? eps : 0.0;
+    if (load_descriptors(base, AC_NAMES, AC_N, self->descr) < 0) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    return (PyObject *)self;
+}
+
+static int ac_traverse(ActivationCoreObject *self, visitproc visit, void *arg) {
+    AC_OBJECTS(RT_VISIT)
+    for (int i = 0; i < AC_N; i++) Py_VISIT(self->descr[i]);
+    return 0;
+}
+
+static int ac_clear(ActivationCoreObject *self) {
+    AC_OBJECTS(RT_CLEAR)
+    for (int i = 0; i < AC_N; i++) Py_CLEAR(self->descr[i]);
+    return 0;
+}
+
+static void ac_dealloc(ActivationCoreObject *self) {
+    PyObject_GC_UnTrack(self);
+    ac_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyTypeObject ActivationCoreType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "msprobe_core.stats._fast_stats.ActivationCore",
+    .tp_basicsize = sizeof(ActivationCoreObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "What the C activation hooks of one ActivationHooks share (monitor/module_hooks.py)",
+    .tp_new = ac_new,
+    .tp_traverse = (traverseproc)ac_traverse,
+    .tp_clear = (inquiry)ac_clear,
+    .tp_dealloc = (destructor)ac_dealloc,
+};
+
+/* ------------------------------------------------------------------------------------------ Activation */
+
+static ActivationObject *act_make(PyObject *ref, PyObject *core) {
+    ActivationObject *self = PyObject_GC_New(ActivationObject, &ActivationType);
+    if (self == NULL) return NULL;
+    self->ref = Py_NewRef(ref);
+    self->core = Py_NewRef(core);
+    self->slot = Py_NewRef(Py_None);
+    self->micro = PyLong_FromLong(0);
+    self->state = Py_NewRef(Py_None);
+    self->names = PyTuple_New(0);
+    PyObject_GC_Track(self);
+    if (self->micro == NULL || self->names == NULL) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    return self;
+}
+
+static PyObject *act_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    PyObject *ref, *core;
+    static char *kw[] = {"ref", "core", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!:Activation", kw, &ref, &ActivationCoreType, &core))
+        return NULL;
+    return (PyObject *)act_make(ref, core);
+}
+
+/* ``_Activation.__call__``: a gradient TensorRows reads recorded here, anything else by ``hooks._on_grad``. */
+static PyObject *act_call(ActivationObject *self, PyObject *args, PyObject *kwds) {
+    PyObject *grad;
+    if (!PyArg_UnpackTuple(args, "Activation", 1, 1, &grad)) return NULL;
+    ActivationCoreObject *core = (ActivationCoreObject *)self->core;
+    PyObject *state = PyObject_GetAttr(core->hooks, s_state);
+    if (state == NULL) goto failed;
+    int mine = state == self->state;
+    Py_DECREF(state);
+    if (!mine) Py_RETURN_NONE;
+    PyObject *collecting = PyObject_GetAttr(self->state, s_collecting);
+    if (collecting == NULL) goto failed;
+    int on = PyObject_IsTrue(collecting);
+    Py_DECREF(collecting);
+    if (on < 0) goto failed;
+    if (!on) Py_RETURN_NONE;
+    void *p = NULL;
+    Py_ssize_t n = 0;
+    long code = 0;
+    int plain = tr_plain((TensorRowsObject *)core->rows, grad, &p, &n, &code);
+    if (plain < 0) goto failed;
+    if (plain == 0 || !PyTuple_CheckExact(self->names)) {
+        return PyObject_CallMethodObjArgs(core->hooks, s_on_grad, (PyObject *)self, grad, NULL);
+    }
+    PyObject *slot = ac_row(core, p, n, code);
+    if (slot == NULL) goto failed;
+    Py_ssize_t k = PyTuple_GET_SIZE(self->names);
+    for (Py_ssize_t i = 0; i < k; i++) {
+        PyObject *pair = PyTuple_GET_ITEM(self->names, i);
+        if (!PyTuple_CheckExact(pair) || PyTuple_GET_SIZE(pair) != 2) {
+            PyErr_SetString(PyExc_TypeError, "an activation's names are (row name, module) pairs");
+            Py_DECREF(slot);
+            goto failed;
+        }
+        if (ac_entry(core, core->actv_grad, PyTuple_GET_ITEM(pair, 0), PyTuple_GET_ITEM(pair, 1), self->micro, n,
+                     slot, i > 0, 0) < 0) {
+            Py_DECREF(slot);
+            goto failed;
+        }
+    }
+    Py_DECREF(slot);
+    Py_RETURN_NONE;
+failed:
+    {
+        PyObject *first = NULL;
+        if (PyTuple_Check(self->names) && PyTuple_GET_SIZE(self->names) > 0) {
+            PyObject *pair = PyTuple_GET_ITEM(self->names, 0);
+            if (PyTuple_Check(pair) && PyTuple_GET_SIZE(pair) > 0) first = PyTuple_GET_ITEM(pair, 0);
+        }
+        Py_XINCREF(first);
+        ac_failed(core, 0, first);
+        Py_XDECREF(first);
+    }
+    Py_RETURN_NONE;
+}
+
+static int act_traverse(ActivationObject *self, visitproc visit, void *arg) {
+    Py_VISIT(self->ref);
+    Py_VISIT(self->core);
+    Py_VISIT(self->slot);
+    Py_VISIT(self->micro);
+    Py_VISIT(self->state);
+    Py_VISIT(self->names);
+    return 0;
+}
+
+static int act_clear(ActivationObject *self) {
+    Py_CLEAR(self->ref);
+    Py_CLEAR(self->core);
+    Py_CLEAR(self->slot);
+    Py_CLEAR(self->micro);
+    Py_CLEAR(self->state);
+    Py_CLEAR(self->names);
+    return 0;
+}
+
+static void act_dealloc(ActivationObject *self) {
+    PyObject_GC_UnTrack(self);
+    act_clear(self);
+    PyObject_GC_Del(self);
+}
+
+static PyMemberDef act_members[] = {
+    {"ref", T_OBJECT, offsetof(ActivationObject, ref), READONLY, "the tensor, weakly"},
+    {"core", T_OBJECT, offsetof(ActivationObject, core), READONLY, "its ActivationCore"},
+    {"slot", T_OBJECT, offsetof(ActivationObject, slot), 0, "where its forward statistics are (None: not computed)"},
+    {"micro", T_OBJECT, offsetof(ActivationObject, micro), 0, "its micro-batch"},
+    {"state", T_OBJECT, offsetof(ActivationObject, state), 0, "the step that registered its gradient hook"},
+    {"names", T_OBJECT, offsetof(ActivationObject, names), 0, "(row name, module) pairs of its gradient"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject ActivationType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "msprobe_core.stats._fast_stats.Activation",
+    .tp_basicsize = sizeof(ActivationObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "Activation(ref, core): module_hooks._Activation, its gradient hook's usual call in C",
+    .tp_new = act_new,
+    .tp_call = (ternaryfunc)act_call,
+    .tp_traverse = (traverseproc)act_traverse,
+    .tp_clear = (inquiry)act_clear,
+    .tp_dealloc = (destructor)act_dealloc,
+    .tp_members = act_members,
+};
+
+/* ------------------------------------------------------------------------------------------ ForwardSite */
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *core, *site, *fallback, *name;
+    PyObject *fwd[2], *bwd[2]; /* the input's and the output's forward row name and gradient names (or NULL) */
+    Py_ssize_t chunk;
+} ForwardSiteObject;
+
+/* module_hooks._identity of a plain tensor: id << 96 | data_ptr << 32 | (version & 0xFFFFFFFF), one int. */
+static PyObject *fs_identity(ActivationCoreObject *core, PyObject *t) {
+    PyObject *v = descr_get(core->descr[AC_VERSION], t);
+    if (v == NULL) return NULL;
+    unsigned long long version = PyLong_AsUnsignedLongLongMask(v);
+    Py_DECREF(v);
+    if (version == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    PyObject *d = descr_get(core->descr[AC_DATA_PTR], t);
+    if (d == NULL) return NULL;
+    unsigned long long ptr = PyLong_AsUnsignedLongLong(d);
+    Py_DECREF(d);
+    if (ptr == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    unsigned long long id = (unsigned long long)(uintptr_t)t;
+    unsigned char b[20];
+    for (int i = 0; i < 4; i++) b[i] = (unsigned char)(version >> (8 * i));
+    for (int i = 0; i < 8; i++) b[4 + i] = (unsigned char)(ptr >> (8 * i));
+    for (int i = 0; i < 8; i++) b[12 + i] = (unsigned char)(id >> (8 * i));
+    return _PyLong_FromByteArray(b, sizeof(b), 1, 0);
+}
+
+/* step_hooks.add_tensor_hook for a plain tensor (keep the two alike): the hook at the end of the tensor's
+ * ``_backward_hooks`` under the next RemovableHandle id, the dict made and given to its grad_fn on first use. */
+static int fs_tensor_hook(ActivationCoreObject *core, PyObject *t, PyObject *hook) {
+    PyObject *hooks = PyObject_GetAttr(t, s_backward_hooks);
+    if (hooks == NULL) return -1;
+    if (hooks == Py_None) {
+        Py_DECREF(hooks);
+        hooks = PyObject_CallNoArgs(core->ordered_dict);
+        if (hooks == NULL || PyObject_SetAttr(t, s_backward_hooks, hooks) < 0) goto fail;
+        PyObject *fn = descr_get(core->descr[AC_GRAD_FN], t);
+        if (fn == NULL) goto fail;
+        if (fn != Py_None) {
+            PyObject *r = PyObject_CallMethodOneArg(fn, s_register_hook_dict, t);
+            if (r == NULL) { Py_DECREF(fn); goto fail; }
+            Py_DECREF(r);
+        }
+        Py_DECREF(fn);
+    }
+    PyObject *key = PyObject_GetAttr(core->handle_class, s_next_id);
+    if (key == NULL) goto fail;
+    PyObject *next = PyNumber_Add(key, s_one);
+    int rc = next == NULL ? -1 : PyObject_SetAttr(core->handle_class, s_next_id, next);
+    Py_XDECREF(next);
+    if (rc == 0) rc = PyObject_SetItem(hooks, key, hook);
+    Py_DECREF(key);
+    Py_DECREF(hooks);
+    return rc;
+fail:
+    Py_XDECREF(hooks);
+    return -1;
+}
+
+/* The work of one leaf of the usual call (``_on_forward``'s loop body): 0, or -1 with an error. */
+static int fs_leaf(ForwardSiteObject *s, PyObject *seen, PyObject *state, PyObject *micro, PyObject *t, int i,
+                   void *p, Py_ssize_t n, long code) {
+    ActivationCoreObject *core = (ActivationCoreObject *)s->core;
+    PyObject *key = fs_identity(core, t);
+    if (key == NULL) return -1;
+    ActivationObject *known = (ActivationObject *)PyDict_GetItemWithError(seen, key);  /* borrowed */
+    if (known == NULL && PyErr_Occurred()) { Py_DECREF(key); return -1; }
+    if (known != NULL && Py_TYPE(known) == &ActivationType && PyWeakref_GetObject(known->ref) == t) {
+        Py_INCREF(known);
+    } else if (known != NULL && Py_TYPE(known) != &ActivationType) {
+        PyErr_SetString(PyExc_TypeError, "an activation of another kind in the step's seen dict");
+        Py_DECREF(key);
+        return -1;
+    } else {
+        PyObject *ref = PyWeakref_NewRef(t, NULL);
+        if (ref == NULL) { Py_DECREF(key); return -1; }
+        known = act_make(ref, s->core);
+        Py_DECREF(ref);
+        if (known == NULL || PyDict_SetItem(seen, key, (PyObject *)known) < 0) {
+            Py_XDECREF(known);
+            Py_DECREF(key);
+            return -1;
+        }
+    }
+    Py_DECREF(key);
+    int rc = -1;
+    PyObject *rg = descr_get(core->descr[AC_REQUIRES_GRAD], t);
+    if (rg == NULL) goto done;
+    int requires_grad = rg == Py_True;
+    Py_DECREF(rg);
+    if (s->fwd[i] != NULL) {
+        if (known->slot == Py_None) {
+            PyObject *slot = ac_row(core, p, n, code);
+            if (slot == NULL) goto done;
+            Py_SETREF(known->slot, slot);
+            if (ac_entry(core, core->actv, s->fwd[i], s->name, micro, n, slot, 0, !requires_grad) < 0) goto done;
+        } else if (ac_entry(core, core->actv, s->fwd[i], s->name, micro, n, known->slot, 1, !requires_grad) < 0) {
+            goto done;
+        }
+    }
+    if (s->bwd[i] != NULL && requires_grad) {
+        if (PyTuple_Check(known->names) && PyTuple_GET_SIZE(known->names) > 0) {
+            PyObject *names = PySequence_Concat(known->names, s->bwd[i]);
+            if (names == NULL) goto done;
+            Py_SETREF(known->names, names);
+        } else {
+            Py_SETREF(known->micro, Py_NewRef(micro));
+            Py_SETREF(known->state, Py_NewRef(state));
+            Py_SETREF(known->names, Py_NewRef(s->bwd[i]));
+            if (fs_tensor_hook(core, t, (PyObject *)known) < 0) goto done;
+        }
+    }
+    rc = 0;
+done:
+    Py_DECREF(known);
+    return rc;
+}
+
+static PyObject *fs_fallback(ForwardSiteObject *s, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    return PyObject_Vectorcall(s->fallback, args, nargsf, kwnames);
+}
+
+/* 1 where obj is true, 0 where not, -1 with an error; obj is a new reference (NULL: an error), released. */
+static int fs_truth(PyObject *obj) {
+    if (obj == NULL) return -1;
+    int r = obj == Py_True ? 1 : obj == Py_False ? 0 : PyObject_IsTrue(obj);
+    Py_DECREF(obj);
+    return r;
+}
+
+static PyObject *fs_call(ForwardSiteObject *s, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (nargs != 4 || kwnames != NULL) return fs_fallback(s, args, nargsf, kwnames);
+    ActivationCoreObject *core = (ActivationCoreObject *)s->core;
+    PyObject *module = args[0], *in = args[1], *kwargs = args[2], *out = args[3];
+    PyObject *state = NULL, *seen = NULL, *micro = NULL, *gen = NULL, *ret = NULL;
+    int on = fs_truth(PyObject_GetAttr(module, s_training));
+    if (on <= 0) return on < 0 ? fs_fallback(s, args, nargsf, kwnames) : Py_NewRef(Py_None);
+    if (!PyTuple_CheckExact(in) || PyTuple_GET_SIZE(in) != 1 || !PyDict_CheckExact(kwargs) ||
+        PyDict_GET_SIZE(kwargs) != 0)
+        return fs_fallback(s, args, nargsf, kwnames);
+    state = PyObject_GetAttr(core->hooks, s_state);
+    if (state == NULL) goto fallback;
+    on = fs_truth(PyObject_GetAttr(state, s_collecting));
+    if (on <= 0) {
+        if (on < 0) goto fallback;
+        Py_DECREF(state);
+        Py_RETURN_NONE;
+    }
+    if (core->graph_task_id != Py_None) {  /* in_backward(): activation recomputation */
+        PyObject *task = PyObject_CallNoArgs(core->graph_task_id);
+        if (task == NULL) goto fallback;
+        long id = PyLong_AsLong(task);
+        Py_DECREF(task);
+        if (id == -1 && PyErr_Occurred()) goto fallback;
+        if (id != -1) {
+            Py_DECREF(state);
+            Py_RETURN_NONE;
+        }
+    }
+    /* the first call of the site in this generation? */
+    gen = PyObject_GetAttr(core->hooks, s_hooks_generation);
+    if (gen == NULL) goto fallback;
+    PyObject *site_gen = PyObject_GetAttr(s->site, s_generation);
+    if (site_gen == NULL) goto fallback;
+    int same = PyObject_RichCompareBool(site_gen, gen, Py_EQ);
+    Py_DECREF(site_gen);
+    if (same != 0) goto fallback;
+    /* both tensors read by the kernel as they are (a plain float tensor, dense, on the CPU) */
+    PyObject *x = PyTuple_GET_ITEM(in, 0);
+    void *p[2] = {NULL, NULL};
+    Py_ssize_t n[2] = {0, 0};
+    long code[2] = {0, 0};
+    int plain = tr_plain((TensorRowsObject *)core->rows, x, &p[0], &n[0], &code[0]);
+    if (plain > 0) plain = tr_plain((TensorRowsObject *)core->rows, out, &p[1], &n[1], &code[1]);
+    if (plain <= 0) goto fallback;
+    /* from here on this call is the usual one: _on_forward's work, an error reported as it reports one */
+    if (PyObject_SetAttr(s->site, s_generation, gen) < 0 || PyObject_SetAttr(s->site, s_calls, s_one) < 0)
+        goto failed;
+    PyObject *micros = PyObject_GetAttr(core->hooks, s_micro);
+    if (micros == NULL) goto failed;
+    micro = PySequence_GetItem(micros, s->chunk);
+    Py_DECREF(micros);
+    if (micro == NULL) goto failed;
+    if (PyLong_Check(micro) && _PyLong_Sign(micro) < 0) Py_SETREF(micro, PyLong_FromLong(0));
+    if (micro == NULL) goto failed;
+    seen = PyObject_GetAttr(core->hooks, s_seen);
+    if (seen == NULL) goto failed;
+    if (!PyDict_CheckExact(seen)) {
+        PyErr_SetString(PyExc_TypeError, "the step's seen activations must be a dict");
+        goto failed;
+    }
+    PyObject *tensors[2] = {x, out};
+    for (int i = 0; i < 2; i++) {
+        if (s->fwd[i] == NULL && s->bwd[i] == NULL) continue;
+        if (fs_leaf(s, seen, state, micro, tensors[i], i, p[i], n[i], code[i]) < 0) goto failed;
+    }
+    ret = Py_NewRef(Py_None);
+    goto done;
+failed:
+    ac_failed(core, 1, s->name);
+    ret = Py_NewRef(Py_None);
+    goto done;
+fallback:
+    /* not the usual call (or a question torch refused): the Python route decides, from the start */
+    if (PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_Exception)) goto done;
+        PyErr_Clear();
+    }
+    ret = fs_fallback(s, args, nargsf, kwnames);
+done:
+    Py_XDECREF(state);
+    Py_XDECREF(gen);
+    Py_XDECREF(micro);
+    Py_XDECREF(seen);
+    return ret;
+}
+
+static PyObject *fs_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    return fs_call((ForwardSiteObject *)self, args, nargsf, kwnames);
+}
+
+/* (row name or None, gradient names or None) of one leaf of the usual plan. */
+static int fs_names(PyObject *pair, PyObject **fwd, PyObject **bwd) {
+    if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
+        PyErr_SetString(PyExc_TypeError, "ForwardSite: in_names and out_names are (row name, gradient names) pairs");
+        return -1;
+    }
+    PyObject *f = PyTuple_GET_ITEM(pair, 0), *b = PyTuple_GET_ITEM(pair, 1);
+    if ((f != Py_None && !PyUnicode_Check(f)) || (b != Py_None && !PyTuple_CheckExact(b))) {
+        PyErr_SetString(PyExc_TypeError, "ForwardSite: a row name is a str, gradient names a tuple");
+        return -1;
+    }
+    *fwd = f == Py_None ? NULL : Py_NewRef(f);
+    *bwd = b == Py_None ? NULL : Py_NewRef(b);
+    return 0;
+}
+
+static PyObject *fs_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    static char *kw[] = {"core", "site", "fallback", "name", "chunk", "in_names", "out_names", NULL};
+    PyObject *core, *site, *fallback, *name, *ins, *outs;
+    Py_ssize_t chunk;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OOUnOO:ForwardSite", kw, &ActivationCoreType, &core, &site,
+                                     &fallback, &name, &chunk, &ins, &outs))
+        return NULL;
+    ForwardSiteObject *self = (ForwardSiteObject *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    self->vectorcall = fs_vectorcall;
+    self->core = Py_NewRef(core);
+    self->site = Py_NewRef(site);
+    self->fallback = Py_NewRef(fallback);
+    self->name = Py_NewRef(name);
+    self->chunk = chunk;
+    if (fs_names(ins, &self->fwd[0], &self->bwd[0]) < 0 || fs_names(outs, &self->fwd[1], &self->bwd[1]) < 0) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    return (PyObject *)self;
+}
+
+static int fs_traverse(ForwardSiteObject *self, visitproc visit, void *arg) {
+    Py_VISIT(self->core);
+    Py_VISIT(self->site);
+    Py_VISIT(self->fallback);
+    Py_VISIT(self->name);
+    for (int i = 0; i < 2; i++) {
+        Py_VISIT(self->fwd[i]);
+        Py_VISIT(self->bwd[i]);
+    }
+    return 0;
+}
+
+static int fs_clear(ForwardSiteObject *self) {
+    Py_CLEAR(self->core);
+    Py_CLEAR(self->site);
+    Py_CLEAR(self->fallback);
+    Py_CLEAR(self->name);
+    for (int i = 0; i < 2; i++) {
+        Py_CLEAR(self->fwd[i]);
+        Py_CLEAR(self->bwd[i]);
+    }
+    return 0;
+}
+
+static void fs_dealloc(ForwardSiteObject *self) {
+    PyObject_GC_UnTrack(self);
+    fs_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMemberDef fs_members[] = {
+    {"site", T_OBJECT, offsetof(ForwardSiteObject, site), READONLY, "the module_hooks._Site"},
+    {"fallback", T_OBJECT, offsetof(ForwardSiteObject, fallback), READONLY, "the Python route of every other call"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject ForwardSiteType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "msprobe_core.stats._fast_stats.ForwardSite",
+    .tp_basicsize = sizeof(ForwardSiteObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "ForwardSite(core, site, fallback, name, chunk, in_names, out_names): a monitored module's forward "
+              "hook, its usual call in C (module_hooks.ActivationHooks._on_forward)",
+    .tp_new = fs_new,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(ForwardSiteObject, vectorcall),
+    .tp_traverse = (traverseproc)fs_traverse,
+    .tp_clear = (inquiry)fs_clear,
+    .tp_dealloc = (destructor)fs_dealloc,
+    .tp_members = fs_members,
+};
+
+static int add_fast_monitor(PyObject *m) {
+    struct { PyObject **s; const char *text; } strings[] = {
+        {&s_training, "training"}, {&s_state, "state"}, {&s_collecting, "collecting"}, {&s_generation, "generation"}, {&s_hooks_generation, "_generation"},
+        {&s_calls, "calls"}, {&s_micro, "_micro"}, {&s_seen, "_seen"}, {&s_on_grad, "_on_grad"},
+        {&s_hook_failed, "_hook_failed"}, {&s_next_id, "next_id"}, {&s_register_hook_dict, "_register_hook_dict"},
+        {&s_backward_hooks, "_backward_hooks"},
+    };
+    for (size_t i = 0; i < sizeof(strings) / sizeof(strings[0]); i++) {
+        if (*strings[i].s == NULL && (*strings[i].s = PyUnicode_InternFromString(strings[i].text)) == NULL) return -1;
+    }
+    if (s_one == NULL && (s_one = PyLong_FromLong(1)) == NULL) return -1;
+    PyTypeObject *types[] = {&ActivationCoreType, &ActivationType, &ForwardSiteType};
+    const char *names[] = {"ActivationCore", "Activation", "ForwardSite"};
+    for (int i = 0; i < 3; i++) {
+        if (PyType_Ready(types[i]) < 0) return -1;
+        Py_INCREF(types[i]);
+        if (PyModule_AddObject(m, names[i], (PyObject *)types[i]) < 0) {
+            Py_DECREF(types[i]);
+            return -1;
+        }
+    }
+    return 0;
+}
+/* ====================================================== end of the monitor's activation hooks in C (s11-mon) */
