@@ -37,10 +37,15 @@ typedef struct {
     PyObject_HEAD
     AC_OBJECTS(RT_DECLARE)
     PyObject *descr[AC_N];
+    PyObject *weaklist;
+    PyObject *weak; /* a weak reference to this core, the one its activations hold */
     double eps;
     int count;
 } ActivationCoreObject;
 
+/* Not tracked by the garbage collector (thousands are made a step and live until its end: tracked, they would
+ * bring on full collections of the training's heap): nothing it holds leads back to it (the core only weakly,
+ * through the core's one weak reference; the step state, row names and slot hold no activation). */
 typedef struct {
     PyObject_HEAD
     PyObject *ref, *core, *slot, *micro, *state, *names;
@@ -138,7 +143,8 @@ static PyObject *ac_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     self->handle_class = Py_NewRef(handle);
     self->count = eps >= 0;
     self->eps = self->count ? eps : 0.0;
-    if (load_descriptors(base, AC_NAMES, AC_N, self->descr) < 0) {
+    if (load_descriptors(base, AC_NAMES, AC_N, self->descr) < 0 ||
+        (self->weak = PyWeakref_NewRef((PyObject *)self, NULL)) == NULL) {
         Py_DECREF(self);
         return NULL;
     }
@@ -148,17 +154,20 @@ static PyObject *ac_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
 static int ac_traverse(ActivationCoreObject *self, visitproc visit, void *arg) {
     AC_OBJECTS(RT_VISIT)
     for (int i = 0; i < AC_N; i++) Py_VISIT(self->descr[i]);
+    Py_VISIT(self->weak);
     return 0;
 }
 
 static int ac_clear(ActivationCoreObject *self) {
     AC_OBJECTS(RT_CLEAR)
     for (int i = 0; i < AC_N; i++) Py_CLEAR(self->descr[i]);
+    Py_CLEAR(self->weak);
     return 0;
 }
 
 static void ac_dealloc(ActivationCoreObject *self) {
     PyObject_GC_UnTrack(self);
+    if (self->weak != NULL) PyObject_ClearWeakRefs((PyObject *)self);
     ac_clear(self);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -167,6 +176,7 @@ static PyTypeObject ActivationCoreType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "msprobe_core.stats._fast_stats.ActivationCore",
     .tp_basicsize = sizeof(ActivationCoreObject),
+    .tp_weaklistoffset = offsetof(ActivationCoreObject, weaklist),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_doc = "What the C activation hooks of one ActivationHooks share (monitor/module_hooks.py)",
     .tp_new = ac_new,
@@ -178,15 +188,14 @@ static PyTypeObject ActivationCoreType = {
 /* ------------------------------------------------------------------------------------------ Activation */
 
 static ActivationObject *act_make(PyObject *ref, PyObject *core) {
-    ActivationObject *self = PyObject_GC_New(ActivationObject, &ActivationType);
+    ActivationObject *self = PyObject_New(ActivationObject, &ActivationType);
     if (self == NULL) return NULL;
     self->ref = Py_NewRef(ref);
-    self->core = Py_NewRef(core);
+    self->core = Py_NewRef(((ActivationCoreObject *)core)->weak);
     self->slot = Py_NewRef(Py_None);
     self->micro = PyLong_FromLong(0);
     self->state = Py_NewRef(Py_None);
     self->names = PyTuple_New(0);
-    PyObject_GC_Track(self);
     if (self->micro == NULL || self->names == NULL) {
         Py_DECREF(self);
         return NULL;
@@ -202,11 +211,21 @@ static PyObject *act_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     return (PyObject *)act_make(ref, core);
 }
 
+static PyObject *act_record(ActivationObject *self, ActivationCoreObject *core, PyObject *grad);
+
 /* ``_Activation.__call__``: a gradient TensorRows reads recorded here, anything else by ``hooks._on_grad``. */
 static PyObject *act_call(ActivationObject *self, PyObject *args, PyObject *kwds) {
     PyObject *grad;
     if (!PyArg_UnpackTuple(args, "Activation", 1, 1, &grad)) return NULL;
-    ActivationCoreObject *core = (ActivationCoreObject *)self->core;
+    ActivationCoreObject *core = (ActivationCoreObject *)PyWeakref_GetObject(self->core);  /* borrowed */
+    if ((PyObject *)core == Py_None) Py_RETURN_NONE;  /* the hooks are gone */
+    Py_INCREF(core);
+    PyObject *ret = act_record(self, core, grad);
+    Py_DECREF(core);
+    return ret;
+}
+
+static PyObject *act_record(ActivationObject *self, ActivationCoreObject *core, PyObject *grad) {
     PyObject *state = PyObject_GetAttr(core->hooks, s_state);
     if (state == NULL) goto failed;
     int mine = state == self->state;
@@ -258,35 +277,19 @@ failed:
     Py_RETURN_NONE;
 }
 
-static int act_traverse(ActivationObject *self, visitproc visit, void *arg) {
-    Py_VISIT(self->ref);
-    Py_VISIT(self->core);
-    Py_VISIT(self->slot);
-    Py_VISIT(self->micro);
-    Py_VISIT(self->state);
-    Py_VISIT(self->names);
-    return 0;
-}
-
-static int act_clear(ActivationObject *self) {
-    Py_CLEAR(self->ref);
-    Py_CLEAR(self->core);
-    Py_CLEAR(self->slot);
-    Py_CLEAR(self->micro);
-    Py_CLEAR(self->state);
-    Py_CLEAR(self->names);
-    return 0;
-}
-
 static void act_dealloc(ActivationObject *self) {
-    PyObject_GC_UnTrack(self);
-    act_clear(self);
-    PyObject_GC_Del(self);
+    Py_XDECREF(self->ref);
+    Py_XDECREF(self->core);
+    Py_XDECREF(self->slot);
+    Py_XDECREF(self->micro);
+    Py_XDECREF(self->state);
+    Py_XDECREF(self->names);
+    PyObject_Free(self);
 }
 
 static PyMemberDef act_members[] = {
     {"ref", T_OBJECT, offsetof(ActivationObject, ref), READONLY, "the tensor, weakly"},
-    {"core", T_OBJECT, offsetof(ActivationObject, core), READONLY, "its ActivationCore"},
+    {"core", T_OBJECT, offsetof(ActivationObject, core), READONLY, "its ActivationCore, weakly"},
     {"slot", T_OBJECT, offsetof(ActivationObject, slot), 0, "where its forward statistics are (None: not computed)"},
     {"micro", T_OBJECT, offsetof(ActivationObject, micro), 0, "its micro-batch"},
     {"state", T_OBJECT, offsetof(ActivationObject, state), 0, "the step that registered its gradient hook"},
@@ -298,12 +301,10 @@ static PyTypeObject ActivationType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "msprobe_core.stats._fast_stats.Activation",
     .tp_basicsize = sizeof(ActivationObject),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "Activation(ref, core): module_hooks._Activation, its gradient hook's usual call in C",
     .tp_new = act_new,
     .tp_call = (ternaryfunc)act_call,
-    .tp_traverse = (traverseproc)act_traverse,
-    .tp_clear = (inquiry)act_clear,
     .tp_dealloc = (destructor)act_dealloc,
     .tp_members = act_members,
 };

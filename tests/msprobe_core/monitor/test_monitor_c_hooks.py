@@ -137,11 +137,14 @@ def test_the_c_route_is_planned_at_install_and_leaves_nothing_behind(tmp_path):
             mon.collector.reset()
 
     steps(200)
+    model(x)
+    activation = next(iter(mon._hooks._seen.values()))
+    assert type(activation) is KERNEL.Activation and not gc.is_tracked(activation)
     gc.collect()
-    before = len(gc.get_objects())
+    tracked, blocks = len(gc.get_objects()), sys.getallocatedblocks()  # blocks: untracked objects too
     steps(2000)
     gc.collect()
-    assert len(gc.get_objects()) <= before + 50
+    assert len(gc.get_objects()) <= tracked + 50 and sys.getallocatedblocks() <= blocks + 500
     mon.close()
 
 
