@@ -208,6 +208,10 @@ static PyObject *act_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     static char *kw[] = {"ref", "core", NULL};
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!:Activation", kw, &ref, &ActivationCoreType, &core))
         return NULL;
+    if (!PyWeakref_CheckRef(ref)) {
+        PyErr_SetString(PyExc_TypeError, "Activation: ref must be a weak reference");
+        return NULL;
+    }
     return (PyObject *)act_make(ref, core);
 }
 
@@ -226,6 +230,8 @@ static PyObject *act_call(ActivationObject *self, PyObject *args, PyObject *kwds
 }
 
 static PyObject *act_record(ActivationObject *self, ActivationCoreObject *core, PyObject *grad) {
+    if (self->state == NULL || self->micro == NULL || self->names == NULL)  /* an attribute deleted: Python says */
+        return PyObject_CallMethodObjArgs(core->hooks, s_on_grad, (PyObject *)self, grad, NULL);
     PyObject *state = PyObject_GetAttr(core->hooks, s_state);
     if (state == NULL) goto failed;
     int mine = state == self->state;
@@ -266,7 +272,7 @@ static PyObject *act_record(ActivationObject *self, ActivationCoreObject *core, 
 failed:
     {
         PyObject *first = NULL;
-        if (PyTuple_Check(self->names) && PyTuple_GET_SIZE(self->names) > 0) {
+        if (self->names != NULL && PyTuple_Check(self->names) && PyTuple_GET_SIZE(self->names) > 0) {
             PyObject *pair = PyTuple_GET_ITEM(self->names, 0);
             if (PyTuple_Check(pair) && PyTuple_GET_SIZE(pair) > 0) first = PyTuple_GET_ITEM(pair, 0);
         }
@@ -398,6 +404,10 @@ static int fs_leaf(ForwardSiteObject *s, PyObject *seen, PyObject *state, PyObje
     }
     Py_DECREF(key);
     int rc = -1;
+    if (known->slot == NULL || known->micro == NULL || known->state == NULL || known->names == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "an activation's attribute was deleted");
+        goto done;
+    }
     PyObject *rg = descr_get(core->descr[AC_REQUIRES_GRAD], t);
     if (rg == NULL) goto done;
     int requires_grad = rg == Py_True;
