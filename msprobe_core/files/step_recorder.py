@@ -215,9 +215,11 @@ class StepRecorder:
         self._changes = 0     # fragments recorded so far by the Python routes
         self._written = -1    # ``_change_count()`` when the JSON files were last written
         maker = getattr(KERNEL, "TextJournal", None)
-        self._text_journal = maker(self, Journal.append) if maker is not None and journal else None
-        if self._text_journal is not None:  # ``put_text`` in one C call: the same stores, frames and lock
+        self._text_journal = maker(self, Journal.append, TextFields, StepRecorder.put_text_field) \
+            if maker is not None and journal else None
+        if self._text_journal is not None:  # one C call each: the same stores, frames and lock
             self.put_text = self._text_journal.put_text
+            self.put_text_field = self._text_journal.put_text_field
 
     def _change_count(self) -> int:
         """Fragments recorded so far (the C ``put_text``'s included)."""
@@ -375,7 +377,8 @@ class StepRecorder:
         (after any fragments still queued, in order): a crash loses no field already set. Complete (every
         expected slot set), the record is held as its JSON text. A record that is not a ``TextFields`` (made
         by ``put_field``, or complete and set again by a second backward) takes the field through ``put_field``:
-        then True is returned, and the fragments wait for ``sync_journal``."""
+        then True is returned, and the fragments wait for ``sync_journal``. With the kernel, the instance's
+        ``put_text_field`` is ``TextJournal.put_text_field`` (this method for a record's first field)."""
         record = self.data.get(name)
         skeleton = None
         if record is None:

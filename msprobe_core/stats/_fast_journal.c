@@ -3,9 +3,15 @@
  * as its JSON text is stored in the recorder's dicts and journaled whole, its frame built here and copied into the
  * journal's shared memory map, the same bytes ``marshal.dumps`` writes.
  *
- *   TextJournal(recorder, append)  -> over one StepRecorder (a weak reference); append: ``Journal.append`` (a journal whose class has
- *                                     another one, a test's fault injection, is given each frame through it)
+ *   TextJournal(recorder, append, text_fields, put_text_field)
+ *                                  -> over one StepRecorder (a weak reference); append: ``Journal.append`` (a journal
+ *                                     whose class has another one, a test's fault injection, is given each frame
+ *                                     through it); text_fields: the ``TextFields`` class; put_text_field: the
+ *                                     Python method (the route of a record's first field)
  *     .put_text(name, text, seq, stack=None, parent=NO_PARENT) -> None (``StepRecorder.put_text``)
+ *     .put_text_field(name, field, index, text, fields, arg, parent=NO_PARENT) -> bool
+ *                                  (``StepRecorder.put_text_field``: a slot of a ``TextFields`` record that is there
+ *                                  and has that slot set here; anything else by the Python method, ``put_field``)
  *     .count                       -> the records it stored (the recorder's change count adds them)
  *
  * The recorder's Python route stays the reference: the same dict stores, the same lock and queue (a frame goes
@@ -100,7 +106,7 @@ static int m_frame(text_t *b, PyObject *const *items, Py_ssize_t n) {
 
 /* TextJournal's object fields */
 #define TJ_OBJECTS(X) X(recorder) X(data) X(construct) X(stacks) X(journaled) X(queued) X(counter) X(acquire) \
-                      X(release) X(append)
+                      X(release) X(append) X(text_fields) X(put_field)
 
 typedef struct {
     PyObject_HEAD
@@ -109,7 +115,7 @@ typedef struct {
 } TextJournalObject;
 
 static PyObject *S_DIR_READY, *S_ENSURE_DIR, *S_JOURNAL, *S_MAP, *S_POS, *S_SIZE, *S_SID, *S_FRAMES, *S_APPEND, *S_J,
-    *S_S;
+    *S_S, *S_T, *S_FILLED, *S_EXPECTED, *S_TEXT, *MINUS_ONE;
 
 /* Copies b into the journal's map when it has room and the journal's class appends as ``Journal`` does: 1 done,
  * 0 not (the caller calls ``append``), -1 with an error. */
@@ -146,11 +152,12 @@ static int tj_copy(TextJournalObject *self, PyObject *journal, text_t *b) {
     return done;
 }
 
-/* The journal fragments of a record (its stack's, when new, then its own), for the queue (a new list). */
-static PyObject *tj_entries(PyObject *stack_entry, PyObject *const *items) {
-    PyObject *record = PyTuple_New(6);
+/* The journal fragments of a record (its stack's, when new, then its own items[0..n)), for the queue (a new
+ * list). */
+static PyObject *tj_entries(PyObject *stack_entry, PyObject *const *items, Py_ssize_t n) {
+    PyObject *record = PyTuple_New(n);
     if (record == NULL) return NULL;
-    for (int i = 0; i < 6; i++) PyTuple_SET_ITEM(record, i, Py_NewRef(items[i]));
+    for (Py_ssize_t i = 0; i < n; i++) PyTuple_SET_ITEM(record, i, Py_NewRef(items[i]));
     PyObject *entries = stack_entry ? PyList_New(2) : PyList_New(1);
     if (entries == NULL) { Py_DECREF(record); return NULL; }
     if (stack_entry) PyList_SET_ITEM(entries, 0, Py_NewRef(stack_entry));
@@ -161,7 +168,7 @@ static PyObject *tj_entries(PyObject *stack_entry, PyObject *const *items) {
 /* Journals the frames in b (fragments: stack_entry, then the record's items) under the recorder's lock, as
  * ``_journal_now`` does: 0, or -1 with an error (an OSError of a full disk, the fragments then queued). */
 static int tj_journal(TextJournalObject *self, PyObject *recorder, text_t *b, PyObject *stack_entry,
-                      PyObject *const *items) {
+                      PyObject *const *items, Py_ssize_t n) {
     PyObject *got = PyObject_CallNoArgs(self->acquire);
     if (got == NULL) return -1;
     Py_DECREF(got);
@@ -174,7 +181,7 @@ static int tj_journal(TextJournalObject *self, PyObject *recorder, text_t *b, Py
         if (copied < 0) {
             rc = -1;
         } else if (copied == 0) {
-            PyObject *entries = tj_entries(stack_entry, items);
+            PyObject *entries = tj_entries(stack_entry, items, n);
             if (entries == NULL) {
                 rc = -1;
             } else if (PyList_GET_SIZE(self->queued)) {  /* earlier fragments wait for their statistics */
@@ -301,7 +308,7 @@ static PyObject *tj_put_text(TextJournalObject *self, PyObject *const *args, Py_
     }
     if (!journaling) { result = Py_NewRef(Py_None); goto done; }
     PyObject *items[6] = {S_J, name, seq, text, sid, parent};
-    if (m_frame(&b, items, 6) < 0 || tj_journal(self, recorder, &b, stack_entry, items) < 0) goto done;
+    if (m_frame(&b, items, 6) < 0 || tj_journal(self, recorder, &b, stack_entry, items, 6) < 0) goto done;
     result = Py_NewRef(Py_None);
 done:
     text_free(&b);
@@ -312,14 +319,99 @@ done:
     return result;
 }
 
+/* ``index`` of record's ``field`` slots when the record is a ``TextFields`` with that slot (its slots list); NULL
+ * otherwise, an error set only when one occurred. */
+static PyObject *tj_slots(TextJournalObject *self, PyObject *record, PyObject *field, PyObject *index,
+                          Py_ssize_t *i) {
+    if (record == NULL || Py_TYPE(record) != (PyTypeObject *)self->text_fields) return NULL;
+    PyObject *slots = PyDict_GetItemWithError(record, field);  /* borrowed */
+    if (slots == NULL || !PyList_CheckExact(slots) || !PyLong_CheckExact(index)) return NULL;
+    *i = PyLong_AsSsize_t(index);
+    if (*i == -1 && PyErr_Occurred()) { PyErr_Clear(); return NULL; }
+    return *i >= 0 && *i < PyList_GET_SIZE(slots) ? slots : NULL;
+}
+
+/* record.<name> += 1 (``TextFields.filled``): the new count, or -1 with an error. */
+static long tj_count_up(PyObject *record, PyObject *name) {
+    PyObject *v = PyObject_GetAttr(record, name);
+    long n = v ? PyLong_AsLong(v) : -1;
+    Py_XDECREF(v);
+    if (n == -1 && PyErr_Occurred()) return -1;
+    PyObject *up = PyLong_FromLong(n + 1);
+    int rc = up ? PyObject_SetAttr(record, name, up) : -1;
+    Py_XDECREF(up);
+    return rc < 0 ? -1 : n + 1;
+}
+
+static PyObject *tj_put_text_field(TextJournalObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6 && nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "put_text_field() takes 6 or 7 arguments");
+        return NULL;
+    }
+    PyObject *recorder = PyWeakref_GetObject(self->recorder);  /* borrowed */
+    if (recorder == NULL) return NULL;
+    if (recorder == Py_None) {
+        PyErr_SetString(PyExc_RuntimeError, "put_text_field() of a recorder that is gone");
+        return NULL;
+    }
+    PyObject *name = args[0], *field = args[1], *index = args[2], *text = args[3];
+    Py_ssize_t i;
+    PyObject *record = PyDict_GetItemWithError(self->data, name);  /* borrowed */
+    PyObject *slots = tj_slots(self, record, field, index, &i);
+    if (slots == NULL) {  /* a first field, a slot the record was not made with: the Python route */
+        if (PyErr_Occurred()) return NULL;
+        PyObject *call[8] = {recorder, args[0], args[1], args[2], args[3], args[4], args[5],
+                             nargs == 7 ? args[6] : Py_False};
+        return PyObject_Vectorcall(self->put_field, call, 8, NULL);
+    }
+    Py_INCREF(recorder);
+    Py_INCREF(record);
+    PyObject *result = NULL;
+    text_t b;
+    text_init(&b);
+    if (PyList_GET_ITEM(slots, i) == Py_None && tj_count_up(record, S_FILLED) < 0) goto done;
+    Py_INCREF(text);
+    if (PyList_SetItem(slots, i, text) < 0) goto done;
+    PyObject *filled = PyObject_GetAttr(record, S_FILLED);
+    PyObject *expected = filled ? PyObject_GetAttr(record, S_EXPECTED) : NULL;
+    int complete = expected ? PyObject_RichCompareBool(filled, expected, Py_EQ) : -1;
+    Py_XDECREF(filled);
+    Py_XDECREF(expected);
+    if (complete < 0) goto done;
+    if (complete) {  /* held as its JSON text from now on */
+        PyObject *whole = PyObject_CallMethodNoArgs(record, S_TEXT);
+        int rc = whole ? PyDict_SetItem(self->data, name, whole) : -1;
+        Py_XDECREF(whole);
+        if (rc < 0) goto done;
+    }
+    self->count++;
+    PyObject *journal = PyObject_GetAttr(recorder, S_JOURNAL);
+    if (journal == NULL) goto done;
+    int journaling = journal != Py_None;
+    Py_DECREF(journal);
+    if (journaling) {
+        PyObject *items[8] = {S_T, name, MINUS_ONE, Py_None, field, index, text, Py_False};
+        if (m_frame(&b, items, 8) < 0 || tj_journal(self, recorder, &b, NULL, items, 8) < 0) goto done;
+    }
+    result = Py_NewRef(Py_False);
+done:
+    text_free(&b);
+    Py_DECREF(record);
+    Py_DECREF(recorder);
+    return result;
+}
+
 static PyObject *tj_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
-    PyObject *recorder, *append;
-    if (!PyArg_ParseTuple(args, "OO:TextJournal", &recorder, &append)) return NULL;
+    PyObject *recorder, *append, *text_fields, *put_field;
+    if (!PyArg_ParseTuple(args, "OOO!O:TextJournal", &recorder, &append, &PyType_Type, &text_fields, &put_field))
+        return NULL;
     TextJournalObject *self = (TextJournalObject *)type->tp_alloc(type, 0);
     if (self == NULL) return NULL;
     self->recorder = PyWeakref_NewRef(recorder, NULL);  /* weak: the recorder holds this (its put_text) */
     if (self->recorder == NULL) { Py_DECREF(self); return NULL; }
     self->append = Py_NewRef(append);
+    self->text_fields = Py_NewRef(text_fields);
+    self->put_field = Py_NewRef(put_field);
     self->data = PyObject_GetAttrString(recorder, "data");
     self->construct = self->data ? PyObject_GetAttrString(recorder, "construct") : NULL;
     self->stacks = self->construct ? PyObject_GetAttrString(recorder, "stack") : NULL;
@@ -360,6 +452,8 @@ static void tj_dealloc(TextJournalObject *self) {
 static PyMethodDef tj_methods[] = {
     {"put_text", (PyCFunction)(void (*)(void))tj_put_text, METH_FASTCALL | METH_KEYWORDS,
      "put_text(name, text, seq, stack=None, parent=NO_PARENT) -> None (StepRecorder.put_text)"},
+    {"put_text_field", (PyCFunction)(void (*)(void))tj_put_text_field, METH_FASTCALL,
+     "put_text_field(name, field, index, text, fields, arg, parent=NO_PARENT) -> bool (StepRecorder.put_text_field)"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -386,7 +480,9 @@ static int add_text_journal(PyObject *m) {
     struct { PyObject **slot; const char *text; } strings[] = {
         {&S_DIR_READY, "_dir_ready"}, {&S_ENSURE_DIR, "ensure_dir"}, {&S_JOURNAL, "_journal"}, {&S_MAP, "_map"},
         {&S_POS, "_pos"}, {&S_SIZE, "_size"}, {&S_SID, "sid"}, {&S_FRAMES, "frames"}, {&S_APPEND, "append"},
-        {&S_J, "J"}, {&S_S, "S"}};
+        {&S_J, "J"}, {&S_S, "S"}, {&S_T, "t"}, {&S_FILLED, "filled"}, {&S_EXPECTED, "expected"},
+        {&S_TEXT, "text"}};
+    if ((MINUS_ONE = PyLong_FromLong(-1)) == NULL) return -1;
     for (size_t i = 0; i < sizeof(strings) / sizeof(strings[0]); i++)
         if ((*strings[i].slot = PyUnicode_InternFromString(strings[i].text)) == NULL) return -1;
     if (PyType_Ready(&TextJournalType) < 0) return -1;

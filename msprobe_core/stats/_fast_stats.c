@@ -498,15 +498,13 @@ static PyObject *text_finish(text_t *b) {
     return s;
 }
 
+#include "_fast_repr.c"
+
 /* A float as ``json_text.number`` writes it. */
 static int text_put_number(text_t *b, double v) {
     if (isnan(v)) return PUT_LIT(b, "NaN");
     if (isinf(v)) return v > 0 ? PUT_LIT(b, "Infinity") : PUT_LIT(b, "-Infinity");
-    char *r = PyOS_double_to_string(v, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
-    if (r == NULL) return -1;
-    int rc = text_put(b, r, (Py_ssize_t)strlen(r));
-    PyMem_Free(r);
-    return rc;
+    return put_repr(b, v);
 }
 
 enum { D_VERSION, D_DATA_PTR, D_REQUIRES_GRAD, D_IS_CPU, D_LAYOUT, D_DTYPE, D_SHAPE, D_IS_CONTIGUOUS, D_IS_NEG,
@@ -1057,9 +1055,10 @@ static PyTypeObject RecordTextType = {
     .tp_methods = rt_methods,
 };
 
-/* Adds Entry and RecordText to the module. */
+/* Adds Entry, RecordText and repr_check to the module. */
 static int add_record_text(PyObject *m) {
-    if (PyType_Ready(&EntryType) < 0 || PyType_Ready(&RecordTextType) < 0) return -1;
+    if (PyType_Ready(&EntryType) < 0 || PyType_Ready(&RecordTextType) < 0 || PyModule_AddFunctions(m, repr_methods) < 0)
+        return -1;
     Py_INCREF(&EntryType);
     if (PyModule_AddObject(m, "Entry", (PyObject *)&EntryType) < 0) { Py_DECREF(&EntryType); return -1; }
     Py_INCREF(&RecordTextType);

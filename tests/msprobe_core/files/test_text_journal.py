@@ -161,3 +161,44 @@ def test_a_killed_process_loses_no_record_put_in_c(tmp_path):
     assert len(data) == 5000 and data["Tensor.mul_.4999.forward"] == {"output": [4999]}
     assert list(data)[:2] == ["Tensor.mul_.0.forward", "Tensor.mul_.1.forward"]
     assert json.loads((rank / "stack.json").read_text())["Tensor.mul_.0.forward"] == [format_frame(("/a.py", 1, "f"))]
+
+
+def _fields(arg):
+    return step_recorder.TextFields({"input": [None] * arg, "output": [None]}, arg + 1)
+
+
+def _grad_records(rec):
+    """Gradient slots on either route: first fields, the rest, complete records, a slot the record was not made
+    with, a record made by ``put_field``, a slot set twice, fragments queued in between."""
+    assert rec.put_text_field("Module.a.backward.0", "input", 0, '{"g": 1}', _fields, 2, None) is False
+    assert rec.put_text_field("Module.a.backward.0", "input", 1, '{"g": 2}', _fields, 2, None) is False
+    assert rec.put_text_field("Module.a.backward.0", "output", 0, '{"g": 3}', _fields, 2, None) is False
+    assert type(rec.data["Module.a.backward.0"]) is str  # complete: held as its text
+    rec.put_text_field("Module.b.backward.0", "output", 0, '{"g": "é"}', _fields, 1, NO_PARENT)
+    rec.put_text_field("Module.b.backward.0", "output", 3, '{"g": 4}', _fields, 1, NO_PARENT)  # a new slot
+    rec.put_text_field("Module.b.backward.0", "weight", 0, '{"g": 5}', _fields, 1, NO_PARENT)  # a new field
+    rec.put_text_field("Module.b.backward.0", "output", 0, '{"g": 6}', _fields, 1, NO_PARENT)  # set again
+    rec.put("Tensor.add.0.forward", {"output": [1.5]}, rec.reserve("Tensor.add.0.forward"))  # queued
+    rec.put_text_field("Module.b.backward.0", "input", 0, '{"g": 7}', _fields, 1, NO_PARENT)
+    rec.sync_journal()
+    rec.put_field("Module.c.backward.0", ["input", 0], {"g": 8}, dict)
+    assert rec.put_text_field("Module.c.backward.0", "input", 1, '{"g": 9}', _fields, 1, None) is True
+    for i in range(100):
+        rec.put_text_field(f"Module.d.{i}.backward", "input", 0, '{"g": 1.5}', _fields, 1, "Module.x")
+        rec.put_text_field(f"Module.d.{i}.backward", "output", 0, '{"g": 2.5}', _fields, 1, "Module.x")
+
+
+def test_put_text_field_writes_the_python_routes_frames_and_files(tmp_path, monkeypatch):
+    recs = {fast: _recorder(tmp_path / str(fast), fast, monkeypatch) for fast in (False, True)}
+    for rec in recs.values():
+        _grad_records(rec)
+        rec.sync_journal()
+    journals = {fast: rec.journal_path.read_bytes().rstrip(b"\0") for fast, rec in recs.items()}
+    assert journals[True] == journals[False]
+    assert {k: str(v) for k, v in recs[True].data.items()} == {k: str(v) for k, v in recs[False].data.items()}
+    assert recs[True]._change_count() == recs[False]._change_count()
+    assert recs[True]._text_journal.count > 100  # the slots of records that are there: set in C
+    for rec in recs.values():
+        rec.finish()
+    for name in ("dump.json", "stack.json", "construct.json"):
+        assert (tmp_path / "True" / name).read_bytes() == (tmp_path / "False" / name).read_bytes()
