@@ -222,6 +222,21 @@ static int tj_journal(TextJournalObject *self, PyObject *recorder, text_t *b, Py
     return rc;
 }
 
+/* The recorder (a new reference), or NULL with an error once it is gone. */
+static PyObject *tj_recorder(TextJournalObject *self) {
+    PyObject *recorder = PyWeakref_GetObject(self->recorder);  /* borrowed */
+    if (recorder == Py_None) PyErr_SetString(PyExc_RuntimeError, "a TextJournal of a recorder that is gone");
+    return recorder == NULL || recorder == Py_None ? NULL : Py_NewRef(recorder);
+}
+
+/* Does the recorder journal (``_journal`` not None, not finished)? 1, 0, or -1 with an error. */
+static int tj_journaling(PyObject *recorder) {
+    PyObject *journal = PyObject_GetAttr(recorder, S_JOURNAL);
+    if (journal == NULL) return -1;
+    Py_DECREF(journal);
+    return journal != Py_None;
+}
+
 static PyObject *tj_put_text(TextJournalObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     static const char *const names[] = {"name", "text", "seq", "stack", "parent"};
     PyObject *a[5] = {NULL, NULL, NULL, Py_None, Py_False};  /* parent: NO_PARENT */
@@ -242,13 +257,8 @@ static PyObject *tj_put_text(TextJournalObject *self, PyObject *const *args, Py_
         return NULL;
     }
     PyObject *name = a[0], *text = a[1], *stack = a[3], *parent = a[4];
-    PyObject *recorder = PyWeakref_GetObject(self->recorder);  /* borrowed */
+    PyObject *recorder = tj_recorder(self);
     if (recorder == NULL) return NULL;
-    if (recorder == Py_None) {
-        PyErr_SetString(PyExc_RuntimeError, "put_text() of a recorder that is gone");
-        return NULL;
-    }
-    Py_INCREF(recorder);
     PyObject *seq = Py_NewRef(a[2]), *sid = NULL, *stack_entry = NULL;
     PyObject *result = NULL;
     text_t b;
@@ -274,10 +284,8 @@ static PyObject *tj_put_text(TextJournalObject *self, PyObject *const *args, Py_
     if (PyDict_SetItem(self->data, name, text) < 0) goto done;
     if (parent != Py_False && PyDict_SetItem(self->construct, name, parent) < 0) goto done;
     self->count++;
-    PyObject *journal = PyObject_GetAttr(recorder, S_JOURNAL);
-    if (journal == NULL) goto done;
-    int journaling = journal != Py_None;
-    Py_DECREF(journal);
+    int journaling = tj_journaling(recorder);
+    if (journaling < 0) goto done;
     if (stack != Py_None) {
         if (PyDict_SetItem(self->stacks, name, stack) < 0) goto done;
         sid = PyObject_GetAttr(stack, S_SID);
@@ -348,23 +356,19 @@ static PyObject *tj_put_text_field(TextJournalObject *self, PyObject *const *arg
         PyErr_SetString(PyExc_TypeError, "put_text_field() takes 6 or 7 arguments");
         return NULL;
     }
-    PyObject *recorder = PyWeakref_GetObject(self->recorder);  /* borrowed */
+    PyObject *recorder = tj_recorder(self);
     if (recorder == NULL) return NULL;
-    if (recorder == Py_None) {
-        PyErr_SetString(PyExc_RuntimeError, "put_text_field() of a recorder that is gone");
-        return NULL;
-    }
     PyObject *name = args[0], *field = args[1], *index = args[2], *text = args[3];
     Py_ssize_t i;
     PyObject *record = PyDict_GetItemWithError(self->data, name);  /* borrowed */
     PyObject *slots = tj_slots(self, record, field, index, &i);
     if (slots == NULL) {  /* a first field, a slot the record was not made with: the Python route */
-        if (PyErr_Occurred()) return NULL;
         PyObject *call[8] = {recorder, args[0], args[1], args[2], args[3], args[4], args[5],
                              nargs == 7 ? args[6] : Py_False};
-        return PyObject_Vectorcall(self->put_field, call, 8, NULL);
+        PyObject *r = PyErr_Occurred() ? NULL : PyObject_Vectorcall(self->put_field, call, 8, NULL);
+        Py_DECREF(recorder);
+        return r;
     }
-    Py_INCREF(recorder);
     Py_INCREF(record);
     PyObject *result = NULL;
     text_t b;
@@ -385,10 +389,8 @@ static PyObject *tj_put_text_field(TextJournalObject *self, PyObject *const *arg
         if (rc < 0) goto done;
     }
     self->count++;
-    PyObject *journal = PyObject_GetAttr(recorder, S_JOURNAL);
-    if (journal == NULL) goto done;
-    int journaling = journal != Py_None;
-    Py_DECREF(journal);
+    int journaling = tj_journaling(recorder);
+    if (journaling < 0) goto done;
     if (journaling) {
         PyObject *items[8] = {S_T, name, MINUS_ONE, Py_None, field, index, text, Py_False};
         if (m_frame(&b, items, 8) < 0 || tj_journal(self, recorder, &b, NULL, items, 8) < 0) goto done;
