@@ -380,6 +380,8 @@ static PyObject *frame_key(PyObject *self, PyObject *const *args, Py_ssize_t nar
  *   RecordText(cache, saved, combined, prefixes, prefix, fallback, encode_string, tensor, parameter,
  *              descriptors, codes, dtype_bool, layout_strided, statistics, cache_size, get_num_threads)
  *     .text(obj)               -> the JSON text of the summary of obj, or None (``SummarizerBase.text``)
+ *     .tensor(t)               -> the JSON text of a plain tensor's summary made here, or None (``tensor_text``'s
+ *                                 first try; never the fallback)
  *     .inputs(args, kwargs)    -> '{"input_args": ..., "input_kwargs": ...' or None
  *     .record(head, out)       -> head + ', "output": [...]}' or None
  *
@@ -749,21 +751,22 @@ static EntryObject *find_entry(RecordTextObject *self, PyObject *t, PyObject *ke
     return e;
 }
 
-/* ``Summarizer.tensor_text`` of a plain tensor (torch.Tensor or Parameter). */
-static int put_tensor(RecordTextObject *self, text_t *b, PyObject *t) {
-    if (PyDict_GET_SIZE(self->combined)) return put_fallback(self, b, t);
+/* ``Summarizer.tensor_text`` of a plain tensor (torch.Tensor or Parameter); what it does not read is given to
+ * ``fallback`` (the Python route) when asked, else NO_TEXT. */
+static int put_tensor(RecordTextObject *self, text_t *b, PyObject *t, int fallback) {
+    if (PyDict_GET_SIZE(self->combined)) return fallback ? put_fallback(self, b, t) : NO_TEXT;
     PyObject *v = tensor_get(self, t, D_VERSION);
     PyObject *address = v ? tensor_get(self, t, D_DATA_PTR) : NULL;
     if (address == NULL) {  /* an inference tensor, a wrapper without storage: the Python route says */
         Py_XDECREF(v);
         PyErr_Clear();
-        return put_fallback(self, b, t);
+        return fallback ? put_fallback(self, b, t) : NO_TEXT;
     }
     long long version = PyLong_AsLongLong(v);
     unsigned long long ptr = PyLong_AsUnsignedLongLong(address);
     Py_DECREF(v);
     Py_DECREF(address);
-    if (PyErr_Occurred()) { PyErr_Clear(); return put_fallback(self, b, t); }
+    if (PyErr_Occurred()) { PyErr_Clear(); return fallback ? put_fallback(self, b, t) : NO_TEXT; }
     PyObject *key = PyLong_FromVoidPtr(t);
     if (key == NULL) return -1;
     Py_ssize_t start = b->len;
@@ -808,7 +811,7 @@ static int put_tensor(RecordTextObject *self, text_t *b, PyObject *t) {
         if (code_obj == NULL || !contiguous) {  /* float16, a strided view: the Python route (a copy) */
             Py_DECREF(key);
             Py_XDECREF(dtype);
-            return put_fallback(self, b, t);
+            return fallback ? put_fallback(self, b, t) : NO_TEXT;
         }
         long code = PyLong_AsLong(code_obj);
         if (code < 0 || code >= N_KERNELS) { rc = NO_TEXT; goto done; }
@@ -831,7 +834,7 @@ done:
     if (rc < 0 && PyErr_Occurred() && PyErr_ExceptionMatches(PyExc_Exception)) {
         PyErr_Clear();  /* torch refused a question (a tensor without storage...): the Python route says why */
         b->len = start;
-        rc = put_fallback(self, b, t);
+        rc = fallback ? put_fallback(self, b, t) : NO_TEXT;
     }
     return rc;
 }
@@ -872,7 +875,7 @@ static int put_items(RecordTextObject *self, text_t *b, PyObject *const *items, 
 static int put_object(RecordTextObject *self, text_t *b, PyObject *obj) {
     PyTypeObject *type = Py_TYPE(obj);
     if (type == (PyTypeObject *)self->tensor || type == (PyTypeObject *)self->parameter)
-        return put_tensor(self, b, obj);
+        return put_tensor(self, b, obj, 1);
     if (obj == Py_None) return PUT_LIT(b, "null");
     if (type == &PyFloat_Type) {
         if (PUT_LIT(b, "{\"type\": \"float\", \"value\": ") < 0 || text_put_number(b, PyFloat_AS_DOUBLE(obj)) < 0)
@@ -928,6 +931,13 @@ static PyObject *rt_text(RecordTextObject *self, PyObject *obj) {
     text_t b;
     text_init(&b);
     return finish(&b, put_object(self, &b, obj));
+}
+
+static PyObject *rt_tensor(RecordTextObject *self, PyObject *t) {
+    if (Py_TYPE(t) != (PyTypeObject *)self->tensor && Py_TYPE(t) != (PyTypeObject *)self->parameter) Py_RETURN_NONE;
+    text_t b;
+    text_init(&b);
+    return finish(&b, put_tensor(self, &b, t, 0));
 }
 
 static PyObject *rt_inputs(RecordTextObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -1035,6 +1045,8 @@ static void rt_dealloc(RecordTextObject *self) {
 
 static PyMethodDef rt_methods[] = {
     {"text", (PyCFunction)rt_text, METH_O, "text(obj) -> the JSON text of obj's summary, or None"},
+    {"tensor", (PyCFunction)rt_tensor, METH_O,
+     "tensor(t) -> the JSON text of the plain tensor t's summary where made here, else None (never the fallback)"},
     {"inputs", (PyCFunction)(void (*)(void))rt_inputs, METH_FASTCALL,
      "inputs(args, kwargs) -> '{\"input_args\": ..., \"input_kwargs\": ...' (no closing brace), or None"},
     {"record", (PyCFunction)(void (*)(void))rt_record, METH_FASTCALL,

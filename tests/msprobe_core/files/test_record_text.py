@@ -61,6 +61,7 @@ def test_summary_text_is_the_encoded_summary(statistics):
 def test_the_kernels_record_text_is_the_python_routes(statistics):
     """``RecordText`` (C) writes what ``text`` writes, byte for byte, and shares its cache with the Python route."""
     fast, slow = Summarizer(statistics=statistics, md5=False), Summarizer(statistics=statistics, md5=False)
+    slow.record_text = None  # the Python route throughout
     odd = [torch.randn(2, 3)[:, 1], torch.randn(3).neg(), {"x": [torch.randn(2), {"y": 2.5}]}, -0.0, 10 ** 30,
            'a"b', {"k\n": 1, 2: None}, torch.float32, torch.randn(2, dtype=torch.complex64), (1, [None, False])]
     with torch.no_grad():
@@ -78,8 +79,25 @@ def test_the_kernels_record_text_is_the_python_routes(statistics):
         assert fast.record_text.record(head, [torch.randn(2, dtype=torch.complex64)]) is None
         t = torch.randn(4)
         fast.record_text.text(t)
-        assert fast.tensor_text(t) == fast.record_text.text(t)  # the Python route reads the kernel's entry
+        assert fast.tensor_text(t) == fast.record_text.text(t)
+        fast.record_text = None
+        assert fast.tensor_text(t) == slow.text(t)  # the Python route reads the kernel's entry
         assert fast._cache[id(t)].text is not None
+
+
+@pytest.mark.skipif(KERNEL is None, reason="the kernel is not built (or MSPROBE_FAST_STATS=0)")
+def test_tensor_text_is_the_kernels_where_it_makes_one_and_pythons_elsewhere():
+    """``tensor_text`` (a gradient's text at L1) asks the kernel first; what the kernel does not read (float16, a
+    strided view, another type) takes the Python route, and both routes give the same text."""
+    fast, slow = Summarizer(statistics=True, md5=False), Summarizer(statistics=True, md5=False)
+    slow.record_text = None
+    with torch.no_grad():
+        for t in [torch.randn(3, 4), torch.randn(5).half(), torch.randn(3, 4).t(), torch.randn(2).bfloat16(),
+                  torch.tensor([True]), torch.nn.Parameter(torch.randn(3)), torch.randn(2, dtype=torch.complex64)]:
+            assert fast.record_text.tensor(t) in (None, fast.tensor_text(t))
+            assert fast.tensor_text(t) == slow.tensor_text(t)
+        assert fast.record_text.tensor(torch.randn(5).half()) is None  # the kernel's part only
+        assert fast.record_text.tensor([torch.randn(2)]) is None
 
 
 def test_summary_text_follows_in_place_changes_and_requires_grad():
@@ -163,7 +181,7 @@ def test_an_entry_moves_to_the_next_version_in_place_unless_tied_to_the_old_one(
         s.record_text.text(t)
         assert s._cache[id(t)] is not entry and entry.file == "/somewhere/t.pt" and entry.version == t._version - 1
         u = torch.randn(8, 8)
-        s.tensor_text(u)  # the Python route's entry: no facts kept
+        s.summarize(u, None, False)  # the dict route's entry: no facts kept
         python_made = s._cache[id(u)]
         u.mul_(2)
         assert s.record_text.text(u) == json_text.encode(s.summarize(u, None, False))
