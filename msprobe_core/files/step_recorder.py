@@ -29,6 +29,7 @@ from msprobe_core.files.call_stack import CallStack, format_frame
 from msprobe_core.files.json_text import encode as _encode
 from msprobe_core.files.json_text import encode_string
 from msprobe_core.files.safe_names import is_plain_file_name
+from msprobe_core.stats.kernel import KERNEL
 
 JOURNAL_SUFFIX = ".journal"
 ERROR_LOG_NAME = "dump_error_info.log"
@@ -211,8 +212,18 @@ class StepRecorder:
         self._queued: list[tuple] = []
         self._dir_ready = False
         self.errors = 0
-        self._changes = 0     # fragments recorded so far
-        self._written = -1    # ``_changes`` when the JSON files were last written
+        self._changes = 0     # fragments recorded so far by the Python routes
+        self._written = -1    # ``_change_count()`` when the JSON files were last written
+        maker = getattr(KERNEL, "TextJournal", None)
+        self._text_journal = maker(self, Journal.append, TextFields, StepRecorder.put_text_field) \
+            if maker is not None and journal else None
+        if self._text_journal is not None:  # one C call each: the same stores, frames and lock
+            self.put_text = self._text_journal.put_text
+            self.put_text_field = self._text_journal.put_text_field
+
+    def _change_count(self) -> int:
+        """Fragments recorded so far (the C ``put_text``'s included)."""
+        return self._changes + (self._text_journal.count if self._text_journal is not None else 0)
 
     # ---------------------------------------------------------------- folder
     def ensure_dir(self) -> None:
@@ -304,7 +315,8 @@ class StepRecorder:
         """Store a complete record given as its JSON ``text`` (nothing in it waits for statistics), with its
         ``stack`` and construct.json ``parent`` (``NO_PARENT``: none kept), and journal all of it now in one
         frame (after any fragments still queued, in order). ``seq`` None: the record takes its place in
-        execution order now (``reserve`` and ``put_text`` in one, for a call nothing was recorded during)."""
+        execution order now (``reserve`` and ``put_text`` in one, for a call nothing was recorded during).
+        With the kernel, the instance's ``put_text`` is ``TextJournal.put_text``: this in C, the same bytes."""
         if seq is None:
             if not self._dir_ready:
                 self.ensure_dir()
@@ -365,7 +377,8 @@ class StepRecorder:
         (after any fragments still queued, in order): a crash loses no field already set. Complete (every
         expected slot set), the record is held as its JSON text. A record that is not a ``TextFields`` (made
         by ``put_field``, or complete and set again by a second backward) takes the field through ``put_field``:
-        then True is returned, and the fragments wait for ``sync_journal``."""
+        then True is returned, and the fragments wait for ``sync_journal``. With the kernel, the instance's
+        ``put_text_field`` is ``TextJournal.put_text_field`` (this method for a record's first field)."""
         record = self.data.get(name)
         skeleton = None
         if record is None:
@@ -450,7 +463,7 @@ class StepRecorder:
     def write_files(self) -> None:
         """Write the JSON files for what is recorded so far (atomic); the journal stays. Files already
         written with every record (at the dump's stop()) are not written again."""
-        if not self._dir_ready or self._written == self._changes:
+        if not self._dir_ready or self._written == self._change_count():
             return
         self.sync_journal()
         doc = dict(self.header)
@@ -460,7 +473,7 @@ class StepRecorder:
             write_text_atomic(self.rank_dir / "stack.json", _lines(self.stack, _stack_text),
                               errors="backslashreplace")
             write_json_atomic(self.rank_dir / "construct.json", self.construct)
-        self._written = self._changes
+        self._written = self._change_count()
 
     def finish(self) -> None:
         """Write the JSON files and drop the journal; the folder is then a finished dump. When they cannot

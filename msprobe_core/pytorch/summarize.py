@@ -219,6 +219,11 @@ class Summarizer(SummarizerBase):
         """The JSON text of ``tensor(t, None, False)`` for a dense CPU tensor the kernel reads, made once per
         tensor version (the next call's input is this call's output: a lookup); None for anything else
         (md5, another device, a subclass, a DTensor piece...), which takes ``tensor``."""
+        fast = self.record_text
+        if fast is not None:  # the kernel's text where it makes one (the same text, entries shared)
+            text = fast.tensor(t)
+            if text is not None:
+                return text
         if self.combined and id(t) in self.combined:
             return None
         entry = self._cache.get(id(t))

@@ -372,13 +372,17 @@ static PyObject *frame_key(PyObject *self, PyObject *const *args, Py_ssize_t nar
 /* ======================================================================================== record text
  * The dump's forward records as JSON text, for the common case in one C call (``Summarizer._record_text`` in
  * ``pytorch/summarize.py``, used by ``dump/call_records.py``):
- * dense plain CPU tensors of the kernel's dtypes, summarized with their statistics once per tensor version.
+ * dense plain CPU tensors of the kernel's dtypes, summarized with their statistics once per tensor version. A
+ * known tensor updated in place (an optimizer's step) has its entry moved to the new version: of all it asked
+ * torch the first time, only its version, memory, shape, contiguity and requires_grad are read again.
  *
  *   Entry(ref, version, ptr)  -> what the summarizer knows of one tensor version (``pytorch/summarize.py``):
  *                                members ref, version, ptr, stats, crc, file, text
  *   RecordText(cache, saved, combined, prefixes, prefix, fallback, encode_string, tensor, parameter,
  *              descriptors, codes, dtype_bool, layout_strided, statistics, cache_size, get_num_threads)
  *     .text(obj)               -> the JSON text of the summary of obj, or None (``SummarizerBase.text``)
+ *     .tensor(t)               -> the JSON text of a plain tensor's summary made here, or None (``tensor_text``'s
+ *                                 first try; never the fallback)
  *     .inputs(args, kwargs)    -> '{"input_args": ..., "input_kwargs": ...' or None
  *     .record(head, out)       -> head + ', "output": [...]}' or None
  *
@@ -393,6 +397,15 @@ typedef struct {
     PyObject *ref, *stats, *crc, *file, *text;
     long long version;
     unsigned long long ptr;
+    /* What an in-place update of the tensor (same object, same memory, a new version) leaves as it was, kept by
+     * the C text once it made a body from the kernel (NULL prefix: not known; the Python route never sets them):
+     * torch changes neither dtype, layout, device, nor the negation and zero-tensor bits in place (``set_``
+     * refuses another dtype and drops those bits), while shape and contiguity (``resize_``, ``transpose_``,
+     * ``set_``, ``as_strided_``) are read again for every version. */
+    PyObject *prefix, *shape;  /* the summary's text up to its statistics; the shape it was made for */
+    Py_ssize_t numel;
+    long code;                 /* the kernel's dtype code */
+    int is_bool, plain;        /* plain: the kernel reads the memory as it is (no lazy negation, no zero tensor) */
 } EntryObject;
 
 static PyMemberDef entry_members[] = {
@@ -413,9 +426,12 @@ static EntryObject *entry_new(PyObject *ref, long long version, unsigned long lo
     if (e == NULL) return NULL;
     Py_INCREF(ref);
     e->ref = ref;
-    e->stats = e->crc = e->file = e->text = NULL;
+    e->stats = e->crc = e->file = e->text = e->prefix = e->shape = NULL;
     e->version = version;
     e->ptr = ptr;
+    e->numel = 0;
+    e->code = -1;
+    e->is_bool = e->plain = 0;
     return e;
 }
 
@@ -433,6 +449,8 @@ static void entry_dealloc(EntryObject *e) {
     Py_XDECREF(e->crc);
     Py_XDECREF(e->file);
     Py_XDECREF(e->text);
+    Py_XDECREF(e->prefix);
+    Py_XDECREF(e->shape);
     PyObject_Free(e);
 }
 
@@ -483,15 +501,13 @@ static PyObject *text_finish(text_t *b) {
     return s;
 }
 
+#include "_fast_repr.c"
+
 /* A float as ``json_text.number`` writes it. */
 static int text_put_number(text_t *b, double v) {
     if (isnan(v)) return PUT_LIT(b, "NaN");
     if (isinf(v)) return v > 0 ? PUT_LIT(b, "Infinity") : PUT_LIT(b, "-Infinity");
-    char *r = PyOS_double_to_string(v, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
-    if (r == NULL) return -1;
-    int rc = text_put(b, r, (Py_ssize_t)strlen(r));
-    PyMem_Free(r);
-    return rc;
+    return put_repr(b, v);
 }
 
 enum { D_VERSION, D_DATA_PTR, D_REQUIRES_GRAD, D_IS_CPU, D_LAYOUT, D_DTYPE, D_SHAPE, D_IS_CONTIGUOUS, D_IS_NEG,
@@ -577,34 +593,17 @@ static int put_stats(text_t *b, const double *row, int is_bool, Py_ssize_t numel
     return text_put_number(b, sqrt(row[3]));
 }
 
-/* The summary text up to '"requires_grad": ' of a fresh entry (``Summarizer._text_body``): a new str,
- * Py_None (NO_TEXT), or NULL with an error. */
-static PyObject *make_body(RecordTextObject *self, PyObject *t, EntryObject *e, PyObject *dtype, long code) {
+/* e's summary text up to '"requires_grad": ' (``Summarizer._text_body``) from its facts (prefix, numel, code,
+ * is_bool): a new str, Py_None (NO_TEXT), or NULL with an error. Statistics shared into e->stats are taken as
+ * they are; otherwise the kernel reads t's memory, after making sure it holds the values as they are (e then
+ * plain: an in-place update keeps it so). */
+static PyObject *entry_body(RecordTextObject *self, PyObject *t, EntryObject *e) {
     text_t b;
     text_init(&b);
-    PyObject *shape = tensor_get(self, t, D_SHAPE);
-    if (shape == NULL) goto fail;
-    Py_ssize_t numel = 1;  /* the product of the sizes: no numel() call */
-    for (Py_ssize_t i = 0, n = PyTuple_Check(shape) ? PyTuple_GET_SIZE(shape) : -1; i < n; i++) {
-        Py_ssize_t d = PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, i));
-        if (d < 0) { Py_DECREF(shape); goto fail; }
-        numel *= d;
-    }
-    if (!PyTuple_Check(shape)) { Py_DECREF(shape); PyErr_SetString(PyExc_TypeError, "shape is no tuple"); goto fail; }
-    PyObject *key = PyTuple_Pack(2, dtype, shape);
-    Py_DECREF(shape);
-    if (key == NULL) goto fail;
-    PyObject *prefix = PyDict_GetItemWithError(self->prefixes, key);  /* borrowed */
-    Py_XINCREF(prefix);
-    if (prefix == NULL && !PyErr_Occurred())
-        prefix = PyObject_Call(self->prefix, key, NULL);
-    Py_DECREF(key);
-    if (prefix == NULL) goto fail;
-    int rc = text_put_str(&b, prefix);
-    Py_DECREF(prefix);
-    if (rc < 0) goto fail;
-    if (numel == 0 || !self->statistics) {
+    if (text_put_str(&b, e->prefix) < 0) goto fail;
+    if (e->numel == 0 || !self->statistics) {
         if (PUT_LIT(&b, "\"Max\": null, \"Min\": null, \"Mean\": null, \"Norm\": null") < 0) goto fail;
+        e->plain = 1;  /* nothing read, now or for a later version of the same shape */
     } else {
         double row[6];
         if (e->stats != NULL && e->stats != Py_None) {  /* shared from the input it rearranges, or the dict route's */
@@ -618,14 +617,16 @@ static PyObject *make_body(RecordTextObject *self, PyObject *t, EntryObject *e, 
                 if (row[i] == -1.0 && PyErr_Occurred()) goto fail;
             }
         } else {  /* ``host_stats``: a lazy negation or a zero tensor takes torch's reductions (None) */
-            int neg = tensor_flag(self, t, D_IS_NEG);
-            int zero = neg == 0 ? tensor_flag(self, t, D_IS_ZERO) : 0;
-            if (neg < 0 || zero < 0) goto fail;
-            if (neg || zero) { text_free(&b); Py_RETURN_NONE; }
+            if (!e->plain) {
+                int neg = tensor_flag(self, t, D_IS_NEG);
+                int zero = neg == 0 ? tensor_flag(self, t, D_IS_ZERO) : 0;
+                if (neg < 0 || zero < 0) goto fail;
+                if (neg || zero) { text_free(&b); Py_RETURN_NONE; }
+            }
             void *p = (void *)(uintptr_t)e->ptr;
             if (p == NULL) { text_free(&b); Py_RETURN_NONE; }
             long threads = 1;
-            if (numel >= PARALLEL_MIN) {
+            if (e->numel >= PARALLEL_MIN) {
                 PyObject *n = PyObject_CallNoArgs(self->get_num_threads);
                 if (n == NULL) goto fail;
                 threads = PyLong_AsLong(n);
@@ -636,24 +637,86 @@ static PyObject *make_body(RecordTextObject *self, PyObject *t, EntryObject *e, 
             acc_t a;
             if (threads > 1) {
                 Py_BEGIN_ALLOW_THREADS
-                KERNELS[code](p, numel, 0.0, 0, (int)threads, &a);
+                KERNELS[e->code](p, e->numel, 0.0, 0, (int)threads, &a);
                 Py_END_ALLOW_THREADS
             } else {
-                KERNELS[code](p, numel, 0.0, 0, 1, &a);
+                KERNELS[e->code](p, e->numel, 0.0, 0, 1, &a);
             }
             if (a.nans > 0) a.mx = a.mn = NAN;  /* as stats() gives them (no zero count) */
             row[0] = a.mx; row[1] = a.mn; row[2] = a.sum; row[3] = a.sumsq; row[4] = 0.0; row[5] = a.nans;
             PyObject *stats = Py_BuildValue("(dddddd)", row[0], row[1], row[2], row[3], row[4], row[5]);
             if (stats == NULL) goto fail;
             Py_XSETREF(e->stats, stats);
+            e->plain = 1;
         }
-        if (put_stats(&b, row, dtype == self->dtype_bool, numel) < 0) goto fail;
+        if (put_stats(&b, row, e->is_bool, e->numel) < 0) goto fail;
     }
     if (PUT_LIT(&b, ", \"requires_grad\": ") < 0) goto fail;
     return text_finish(&b);
 fail:
     text_free(&b);
     return NULL;
+}
+
+/* The summary text up to '"requires_grad": ' of a fresh entry (``Summarizer._text_body``): t's facts read and
+ * kept in e, then ``entry_body``. */
+static PyObject *make_body(RecordTextObject *self, PyObject *t, EntryObject *e, PyObject *dtype, long code) {
+    PyObject *shape = tensor_get(self, t, D_SHAPE);
+    if (shape == NULL) return NULL;
+    if (!PyTuple_Check(shape)) {
+        Py_DECREF(shape);
+        PyErr_SetString(PyExc_TypeError, "shape is no tuple");
+        return NULL;
+    }
+    Py_ssize_t numel = 1;  /* the product of the sizes: no numel() call */
+    for (Py_ssize_t i = 0, n = PyTuple_GET_SIZE(shape); i < n; i++) {
+        Py_ssize_t d = PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, i));
+        if (d < 0) { Py_DECREF(shape); return NULL; }
+        numel *= d;
+    }
+    PyObject *key = PyTuple_Pack(2, dtype, shape);
+    if (key == NULL) { Py_DECREF(shape); return NULL; }
+    PyObject *prefix = PyDict_GetItemWithError(self->prefixes, key);  /* borrowed */
+    Py_XINCREF(prefix);
+    if (prefix == NULL && !PyErr_Occurred())
+        prefix = PyObject_Call(self->prefix, key, NULL);
+    Py_DECREF(key);
+    if (prefix == NULL || !PyUnicode_Check(prefix)) {
+        if (prefix != NULL) PyErr_SetString(PyExc_TypeError, "a prefix is no str");
+        Py_XDECREF(prefix);
+        Py_DECREF(shape);
+        return NULL;
+    }
+    Py_XSETREF(e->prefix, prefix);
+    Py_XSETREF(e->shape, shape);
+    e->numel = numel;
+    e->code = code;
+    e->is_bool = dtype == self->dtype_bool;
+    e->plain = 0;
+    return entry_body(self, t, e);
+}
+
+/* Is t laid out as when e's facts were read (same shape, still contiguous)? 1, 0, or -1 with an error. */
+static int same_layout(RecordTextObject *self, PyObject *t, EntryObject *e) {
+    PyObject *shape = tensor_get(self, t, D_SHAPE);
+    if (shape == NULL) return -1;
+    int same = PyObject_RichCompareBool(shape, e->shape, Py_EQ);
+    Py_DECREF(shape);
+    return same == 1 ? tensor_flag(self, t, D_IS_CONTIGUOUS) : same;
+}
+
+/* The cached entry c of t, moved to t's new version in place (a known tensor updated in place: no new weak
+ * reference and entry, the cache's order as a new entry under the same key leaves it): 1 done, 0 when t must
+ * take the fresh entry's route (facts unknown, another layout, a saved file or checksum tied to the old
+ * version), -1 with an error. */
+static int entry_update(RecordTextObject *self, PyObject *t, EntryObject *c, long long version) {
+    if (c->prefix == NULL || !c->plain || c->file != NULL || c->crc != NULL) return 0;
+    int same = same_layout(self, t, c);
+    if (same <= 0) return same;
+    c->version = version;
+    Py_CLEAR(c->stats);
+    Py_CLEAR(c->text);
+    return 1;
 }
 
 /* ``Summarizer._entry``: the cached entry of this version of t, or a new one (the oldest dropped beyond
@@ -689,21 +752,22 @@ static EntryObject *find_entry(RecordTextObject *self, PyObject *t, PyObject *ke
     return e;
 }
 
-/* ``Summarizer.tensor_text`` of a plain tensor (torch.Tensor or Parameter). */
-static int put_tensor(RecordTextObject *self, text_t *b, PyObject *t) {
-    if (PyDict_GET_SIZE(self->combined)) return put_fallback(self, b, t);
+/* ``Summarizer.tensor_text`` of a plain tensor (torch.Tensor or Parameter); what it does not read is given to
+ * ``fallback`` (the Python route) when asked, else NO_TEXT. */
+static int put_tensor(RecordTextObject *self, text_t *b, PyObject *t, int fallback) {
+    if (PyDict_GET_SIZE(self->combined)) return fallback ? put_fallback(self, b, t) : NO_TEXT;
     PyObject *v = tensor_get(self, t, D_VERSION);
     PyObject *address = v ? tensor_get(self, t, D_DATA_PTR) : NULL;
     if (address == NULL) {  /* an inference tensor, a wrapper without storage: the Python route says */
         Py_XDECREF(v);
         PyErr_Clear();
-        return put_fallback(self, b, t);
+        return fallback ? put_fallback(self, b, t) : NO_TEXT;
     }
     long long version = PyLong_AsLongLong(v);
     unsigned long long ptr = PyLong_AsUnsignedLongLong(address);
     Py_DECREF(v);
     Py_DECREF(address);
-    if (PyErr_Occurred()) { PyErr_Clear(); return put_fallback(self, b, t); }
+    if (PyErr_Occurred()) { PyErr_Clear(); return fallback ? put_fallback(self, b, t) : NO_TEXT; }
     PyObject *key = PyLong_FromVoidPtr(t);
     if (key == NULL) return -1;
     Py_ssize_t start = b->len;
@@ -713,10 +777,22 @@ static int put_tensor(RecordTextObject *self, text_t *b, PyObject *t) {
     PyObject *found = PyDict_GetItemWithError(self->cache, key);  /* the usual case: this version's text is made */
     if (found != NULL && Py_TYPE(found) == &EntryType) {
         EntryObject *c = (EntryObject *)found;
-        if (c->text != NULL && c->text != Py_None && c->version == version && c->ptr == ptr
-            && PyWeakref_GetObject(c->ref) == t) {
-            e = c;
-            Py_INCREF(e);
+        if (c->ptr == ptr && PyWeakref_GetObject(c->ref) == t) {
+            if (c->version == version && c->text != NULL && c->text != Py_None) {
+                e = c;
+                Py_INCREF(e);
+            } else if (c->version != version) {  /* updated in place: only its statistics are new */
+                int moved = entry_update(self, t, c, version);
+                if (moved < 0) goto done;
+                if (moved) {
+                    e = c;
+                    Py_INCREF(e);
+                    PyObject *body = entry_body(self, t, e);
+                    if (body == NULL) goto done;
+                    if (body == Py_None) { Py_DECREF(body); rc = NO_TEXT; goto done; }
+                    e->text = body;
+                }
+            }
         }
     } else if (found == NULL && PyErr_Occurred()) {
         goto done;
@@ -736,7 +812,7 @@ static int put_tensor(RecordTextObject *self, text_t *b, PyObject *t) {
         if (code_obj == NULL || !contiguous) {  /* float16, a strided view: the Python route (a copy) */
             Py_DECREF(key);
             Py_XDECREF(dtype);
-            return put_fallback(self, b, t);
+            return fallback ? put_fallback(self, b, t) : NO_TEXT;
         }
         long code = PyLong_AsLong(code_obj);
         if (code < 0 || code >= N_KERNELS) { rc = NO_TEXT; goto done; }
@@ -759,7 +835,7 @@ done:
     if (rc < 0 && PyErr_Occurred() && PyErr_ExceptionMatches(PyExc_Exception)) {
         PyErr_Clear();  /* torch refused a question (a tensor without storage...): the Python route says why */
         b->len = start;
-        rc = put_fallback(self, b, t);
+        rc = fallback ? put_fallback(self, b, t) : NO_TEXT;
     }
     return rc;
 }
@@ -800,7 +876,7 @@ static int put_items(RecordTextObject *self, text_t *b, PyObject *const *items, 
 static int put_object(RecordTextObject *self, text_t *b, PyObject *obj) {
     PyTypeObject *type = Py_TYPE(obj);
     if (type == (PyTypeObject *)self->tensor || type == (PyTypeObject *)self->parameter)
-        return put_tensor(self, b, obj);
+        return put_tensor(self, b, obj, 1);
     if (obj == Py_None) return PUT_LIT(b, "null");
     if (type == &PyFloat_Type) {
         if (PUT_LIT(b, "{\"type\": \"float\", \"value\": ") < 0 || text_put_number(b, PyFloat_AS_DOUBLE(obj)) < 0)
@@ -856,6 +932,13 @@ static PyObject *rt_text(RecordTextObject *self, PyObject *obj) {
     text_t b;
     text_init(&b);
     return finish(&b, put_object(self, &b, obj));
+}
+
+static PyObject *rt_tensor(RecordTextObject *self, PyObject *t) {
+    if (Py_TYPE(t) != (PyTypeObject *)self->tensor && Py_TYPE(t) != (PyTypeObject *)self->parameter) Py_RETURN_NONE;
+    text_t b;
+    text_init(&b);
+    return finish(&b, put_tensor(self, &b, t, 0));
 }
 
 static PyObject *rt_inputs(RecordTextObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -963,6 +1046,8 @@ static void rt_dealloc(RecordTextObject *self) {
 
 static PyMethodDef rt_methods[] = {
     {"text", (PyCFunction)rt_text, METH_O, "text(obj) -> the JSON text of obj's summary, or None"},
+    {"tensor", (PyCFunction)rt_tensor, METH_O,
+     "tensor(t) -> the JSON text of the plain tensor t's summary where made here, else None (never the fallback)"},
     {"inputs", (PyCFunction)(void (*)(void))rt_inputs, METH_FASTCALL,
      "inputs(args, kwargs) -> '{\"input_args\": ..., \"input_kwargs\": ...' (no closing brace), or None"},
     {"record", (PyCFunction)(void (*)(void))rt_record, METH_FASTCALL,
@@ -983,9 +1068,10 @@ static PyTypeObject RecordTextType = {
     .tp_methods = rt_methods,
 };
 
-/* Adds Entry and RecordText to the module. */
+/* Adds Entry, RecordText and repr_check to the module. */
 static int add_record_text(PyObject *m) {
-    if (PyType_Ready(&EntryType) < 0 || PyType_Ready(&RecordTextType) < 0) return -1;
+    if (PyType_Ready(&EntryType) < 0 || PyType_Ready(&RecordTextType) < 0 || PyModule_AddFunctions(m, repr_methods) < 0)
+        return -1;
     Py_INCREF(&EntryType);
     if (PyModule_AddObject(m, "Entry", (PyObject *)&EntryType) < 0) { Py_DECREF(&EntryType); return -1; }
     Py_INCREF(&RecordTextType);
@@ -1299,6 +1385,8 @@ done:
 }
 /* ================================================================================== end of autograd walk */
 
+#include "_fast_journal.c"
+
 static PyMethodDef methods[] = {
     {"walk", (PyCFunction)(void (*)(void))walk, METH_FASTCALL,
      "walk(roots, slots, skip, begin, end, leaf_inputs, accumulate_grad) -> (hits, counts): backward_capture._walk"},
@@ -1327,8 +1415,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fast_stats", "One-p
 
 PyMODINIT_FUNC PyInit__fast_stats(void) {
     PyObject *m = PyModule_Create(&module);
-    if (m != NULL && (add_record_text(m) < 0 || add_grad_text(m) < 0 || add_tensor_rows(m) < 0 ||
-                      add_fast_monitor(m) < 0))
+    if (m != NULL && (add_record_text(m) < 0 || add_grad_text(m) < 0 || add_tensor_rows(m) < 0 || add_fast_monitor(m) < 0 || add_text_journal(m) < 0))
         Py_CLEAR(m);
     return m;
 }

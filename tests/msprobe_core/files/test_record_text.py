@@ -61,6 +61,7 @@ def test_summary_text_is_the_encoded_summary(statistics):
 def test_the_kernels_record_text_is_the_python_routes(statistics):
     """``RecordText`` (C) writes what ``text`` writes, byte for byte, and shares its cache with the Python route."""
     fast, slow = Summarizer(statistics=statistics, md5=False), Summarizer(statistics=statistics, md5=False)
+    slow.record_text = None  # the Python route throughout
     odd = [torch.randn(2, 3)[:, 1], torch.randn(3).neg(), {"x": [torch.randn(2), {"y": 2.5}]}, -0.0, 10 ** 30,
            'a"b', {"k\n": 1, 2: None}, torch.float32, torch.randn(2, dtype=torch.complex64), (1, [None, False])]
     with torch.no_grad():
@@ -78,8 +79,25 @@ def test_the_kernels_record_text_is_the_python_routes(statistics):
         assert fast.record_text.record(head, [torch.randn(2, dtype=torch.complex64)]) is None
         t = torch.randn(4)
         fast.record_text.text(t)
-        assert fast.tensor_text(t) == fast.record_text.text(t)  # the Python route reads the kernel's entry
+        assert fast.tensor_text(t) == fast.record_text.text(t)
+        fast.record_text = None
+        assert fast.tensor_text(t) == slow.text(t)  # the Python route reads the kernel's entry
         assert fast._cache[id(t)].text is not None
+
+
+@pytest.mark.skipif(KERNEL is None, reason="the kernel is not built (or MSPROBE_FAST_STATS=0)")
+def test_tensor_text_is_the_kernels_where_it_makes_one_and_pythons_elsewhere():
+    """``tensor_text`` (a gradient's text at L1) asks the kernel first; what the kernel does not read (float16, a
+    strided view, another type) takes the Python route, and both routes give the same text."""
+    fast, slow = Summarizer(statistics=True, md5=False), Summarizer(statistics=True, md5=False)
+    slow.record_text = None
+    with torch.no_grad():
+        for t in [torch.randn(3, 4), torch.randn(5).half(), torch.randn(3, 4).t(), torch.randn(2).bfloat16(),
+                  torch.tensor([True]), torch.nn.Parameter(torch.randn(3)), torch.randn(2, dtype=torch.complex64)]:
+            assert fast.record_text.tensor(t) in (None, fast.tensor_text(t))
+            assert fast.tensor_text(t) == slow.tensor_text(t)
+        assert fast.record_text.tensor(torch.randn(5).half()) is None  # the kernel's part only
+        assert fast.record_text.tensor([torch.randn(2)]) is None
 
 
 def test_summary_text_follows_in_place_changes_and_requires_grad():
@@ -93,6 +111,81 @@ def test_summary_text_follows_in_place_changes_and_requires_grad():
         third = s.text(t)
     assert first != second and json.loads(second)["Max"] == json.loads(first)["Max"] * 2
     assert json.loads(third)["requires_grad"] is True and third[:-6] == second[:-7]
+
+
+def _in_place_changes(dtype):
+    """In-place changes of one tensor (same object, mostly the same memory, a new version each): values, then
+    shape and layout (the C text keeps the facts of a known tensor and must read them again)."""
+    other = torch.randn(4, 8).to(dtype)
+    yield "mul_", lambda t: t.mul_(2)
+    yield "transpose_", lambda t: t.transpose_(0, 1)
+    yield "t_", lambda t: t.t_()
+    yield "unsqueeze_", lambda t: t.unsqueeze_(0)
+    yield "squeeze_", lambda t: t.squeeze_(0)
+    yield "resize_ smaller", lambda t: t.resize_(2, 8)
+    yield "resize_ back", lambda t: t.resize_(4, 8)
+    yield "as_strided_", lambda t: t.as_strided_((8, 4), (1, 8))
+    yield "as_strided_ back", lambda t: t.as_strided_((4, 8), (8, 1))
+    yield "add_", lambda t: t.add_(1)
+    yield "set_ same memory, other shape", lambda t: t.set_(t.untyped_storage(), 0, (2, 4), (4, 1))
+    yield "set_ same memory, first shape", lambda t: t.set_(t.untyped_storage(), 0, (4, 8), (8, 1))
+    yield "set_ a negated view", lambda t: t.set_(t._neg_view())
+    yield "set_ other memory", lambda t: t.set_(other)
+    yield "resize_ larger", lambda t: t.resize_(64, 64).fill_(0.5)
+    yield "zero_", lambda t: t.zero_()
+    yield "resize_ empty", lambda t: t.resize_(0)
+    yield "resize_ from empty", lambda t: t.resize_(3).fill_(2)
+    yield "requires_grad_", lambda t: t.requires_grad_(True)
+
+
+@pytest.mark.skipif(KERNEL is None, reason="the kernel is not built (or MSPROBE_FAST_STATS=0)")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.int32, torch.bool])
+@pytest.mark.parametrize("statistics", [True, False])
+def test_a_tensor_changed_in_place_is_described_as_it_is_now(dtype, statistics):
+    """The C text of a known tensor's new version (its cached entry moved to the version) is the Python route's
+    text of the tensor as it is after each in-place change: a resized, transposed or ``set_`` tensor is never
+    described with its former shape, and a non-contiguous one is read as torch reads it."""
+    fast, slow = Summarizer(statistics=statistics, md5=False), Summarizer(statistics=statistics, md5=False)
+    t = (torch.randn(4, 8) * 4).to(dtype)
+    with torch.no_grad():
+        assert fast.record_text.text(t) == slow.text(t)
+        entry = fast._cache[id(t)]
+        for what, change in _in_place_changes(dtype):
+            if dtype is torch.bool and what in ("mul_", "add_"):
+                continue
+            if what == "requires_grad_" and not dtype.is_floating_point:
+                continue
+            change(t)
+            expected = json_text.encode(slow.summarize(t, None, False))
+            assert fast.record_text.text(t) == expected, what
+            assert fast.record_text.text(t) == expected, what  # the second time from the cache
+            assert fast.tensor_text(t) in (None, expected), what  # the Python route reads the kernel's entry
+        assert fast._cache[id(t)] is not entry or fast._cache[id(t)].version == t._version
+
+
+@pytest.mark.skipif(KERNEL is None, reason="the kernel is not built (or MSPROBE_FAST_STATS=0)")
+def test_an_entry_moves_to_the_next_version_in_place_unless_tied_to_the_old_one():
+    """An in-place update moves the tensor's cached entry to the new version (no new entry nor weak reference);
+    an entry tied to its version (a saved file, a checksum) or made by the Python route is left as it is."""
+    s = Summarizer(statistics=True, md5=False)
+    t = torch.randn(8, 8)
+    with torch.no_grad():
+        s.record_text.text(t)
+        entry = s._cache[id(t)]
+        t.mul_(3)
+        text = s.record_text.text(t)
+        assert s._cache[id(t)] is entry and entry.version == t._version and entry.text + "false}" == text
+        assert json.loads(text)["Max"] == float(t.max())
+        entry.file = "/somewhere/t.pt"
+        t.add_(1)
+        s.record_text.text(t)
+        assert s._cache[id(t)] is not entry and entry.file == "/somewhere/t.pt" and entry.version == t._version - 1
+        u = torch.randn(8, 8)
+        s.summarize(u, None, False)  # the dict route's entry: no facts kept
+        python_made = s._cache[id(u)]
+        u.mul_(2)
+        assert s.record_text.text(u) == json_text.encode(s.summarize(u, None, False))
+        assert s._cache[id(u)] is not python_made
 
 
 def test_summary_text_is_not_made_for_checksums_or_without_the_kernel(monkeypatch):

@@ -1,0 +1,498 @@
+/* ========================================================================================= text journal
+ * ``StepRecorder.put_text`` in one C call (``files/step_recorder.py``; #included by _fast_stats.c): a record given
+ * as its JSON text is stored in the recorder's dicts and journaled whole, its frame built here and copied into the
+ * journal's shared memory map, the same bytes ``marshal.dumps`` writes.
+ *
+ *   TextJournal(recorder, append, text_fields, put_text_field)
+ *                                  -> over one StepRecorder (a weak reference); append: ``Journal.append`` (a journal
+ *                                     whose class has another one, a test's fault injection, is given each frame
+ *                                     through it); text_fields: the ``TextFields`` class; put_text_field: the
+ *                                     Python method (the route of a record's first field)
+ *     .put_text(name, text, seq, stack=None, parent=NO_PARENT) -> None (``StepRecorder.put_text``)
+ *     .put_text_field(name, field, index, text, fields, arg, parent=NO_PARENT) -> bool
+ *                                  (``StepRecorder.put_text_field``: a slot of a ``TextFields`` record that is there
+ *                                  and has that slot set here; anything else by the Python method, ``put_field``)
+ *     .count                       -> the records it stored (the recorder's change count adds them)
+ *
+ * The recorder's Python route stays the reference: the same dict stores, the same lock and queue (a frame goes
+ * behind fragments still queued, or into the queue when the disk is full), the same ``Journal`` (its ``_map``,
+ * ``_pos`` and ``_size`` read and ``_pos`` moved on; ``Journal.append`` called whenever the map has no room, so
+ * growing and the ``os.write`` fallback stay Python's).
+ *
+ * ``marshal.dumps`` (version 4) flags every object whose reference count is above one as a possible
+ * back-reference (FLAG_REF), and writes an object seen before in the same frame as a reference to it. In
+ * ``put_text``'s frame every item is held by a local variable as well as by the tuple, and the tuple by its
+ * variable and the call: all of them are flagged. ``m_object`` writes them so; a frame with anything else than
+ * ASCII strings, 32-bit ints, None and booleans (a non-ASCII name or text) is given to ``marshal`` itself, on a
+ * tuple held twice. */
+
+#include <marshal.h>
+
+#define M_FLAG_REF 0x80
+#define M_REFS 8
+
+typedef struct { PyObject *seen[M_REFS]; int n; } mrefs_t;
+
+static int m_le32(text_t *b, uint32_t v) {
+    unsigned char c[4] = {(unsigned char)v, (unsigned char)(v >> 8), (unsigned char)(v >> 16), (unsigned char)(v >> 24)};
+    return text_put(b, (const char *)c, 4);
+}
+
+static int m_byte(text_t *b, unsigned char c) { return text_put(b, (const char *)&c, 1); }
+
+/* v as marshal writes it inside a frame whose items are all flagged: 0 written, 1 not a type written here (the
+ * caller gives the frame to ``marshal``), -1 with an error. */
+static int m_object(text_t *b, mrefs_t *r, PyObject *v) {
+    if (v == Py_None) return m_byte(b, 'N');
+    if (v == Py_False) return m_byte(b, 'F');
+    if (v == Py_True) return m_byte(b, 'T');
+    for (int i = 0; i < r->n; i++)
+        if (r->seen[i] == v) return m_byte(b, 'r') < 0 ? -1 : m_le32(b, (uint32_t)i);
+    if (r->n == M_REFS) return 1;
+    if (PyLong_CheckExact(v)) {
+        int overflow;
+        long x = PyLong_AsLongAndOverflow(v, &overflow);
+        if (overflow || x < INT32_MIN || x > INT32_MAX) return 1;  /* TYPE_LONG: marshal's */
+        r->seen[r->n++] = v;
+        return m_byte(b, 'i' | M_FLAG_REF) < 0 ? -1 : m_le32(b, (uint32_t)(int32_t)x);
+    }
+    if (PyUnicode_CheckExact(v) && PyUnicode_IS_ASCII(v)) {
+        Py_ssize_t n = PyUnicode_GET_LENGTH(v);
+        int interned = PyUnicode_CHECK_INTERNED(v) != 0;
+        int rc;
+        r->seen[r->n++] = v;
+        if (n < 256)
+            rc = m_byte(b, (interned ? 'Z' : 'z') | M_FLAG_REF) < 0 ? -1 : m_byte(b, (unsigned char)n);
+        else if (n <= INT32_MAX)
+            rc = m_byte(b, (interned ? 'A' : 'a') | M_FLAG_REF) < 0 ? -1 : m_le32(b, (uint32_t)n);
+        else
+            return 1;
+        return rc < 0 ? -1 : text_put(b, (const char *)PyUnicode_1BYTE_DATA(v), n);
+    }
+    return 1;
+}
+
+/* The frame of the tuple of items[0..n) (length prefix, then marshal's bytes) appended to b: 0, or -1 with an
+ * error. */
+static int m_frame(text_t *b, PyObject *const *items, Py_ssize_t n) {
+    Py_ssize_t start = b->len;
+    mrefs_t refs = {.n = 1};  /* the tuple itself is reference 0 */
+    refs.seen[0] = NULL;
+    int rc = m_le32(b, 0);
+    if (rc == 0) rc = m_byte(b, ')' | M_FLAG_REF) < 0 ? -1 : m_byte(b, (unsigned char)n);
+    for (Py_ssize_t i = 0; i < n && rc == 0; i++) rc = m_object(b, &refs, items[i]);
+    if (rc > 0) {  /* marshal's own writer, on a tuple held twice as in the Python route */
+        b->len = start;
+        PyObject *tuple = PyTuple_New(n);
+        if (tuple == NULL) return -1;
+        for (Py_ssize_t i = 0; i < n; i++) PyTuple_SET_ITEM(tuple, i, Py_NewRef(items[i]));
+        Py_INCREF(tuple);
+        PyObject *body = PyMarshal_WriteObjectToString(tuple, Py_MARSHAL_VERSION);
+        Py_DECREF(tuple);
+        Py_DECREF(tuple);
+        if (body == NULL) return -1;
+        rc = m_le32(b, (uint32_t)PyBytes_GET_SIZE(body));
+        if (rc == 0) rc = text_put(b, PyBytes_AS_STRING(body), PyBytes_GET_SIZE(body));
+        Py_DECREF(body);
+        return rc;
+    }
+    if (rc < 0) return -1;
+    uint32_t size = (uint32_t)(b->len - start - 4);
+    unsigned char c[4] = {(unsigned char)size, (unsigned char)(size >> 8), (unsigned char)(size >> 16),
+                          (unsigned char)(size >> 24)};
+    memcpy(b->p + start, c, 4);
+    return 0;
+}
+
+/* TextJournal's object fields */
+#define TJ_OBJECTS(X) X(recorder) X(data) X(construct) X(stacks) X(journaled) X(queued) X(counter) X(acquire) \
+                      X(release) X(append) X(text_fields) X(put_field)
+
+typedef struct {
+    PyObject_HEAD
+    TJ_OBJECTS(RT_DECLARE)
+    Py_ssize_t count;
+} TextJournalObject;
+
+static PyObject *S_DIR_READY, *S_ENSURE_DIR, *S_JOURNAL, *S_MAP, *S_POS, *S_SIZE, *S_SID, *S_FRAMES, *S_APPEND, *S_J,
+    *S_S, *S_T, *S_FILLED, *S_EXPECTED, *S_TEXT, *MINUS_ONE;
+
+/* Copies b into the journal's map when it has room and the journal's class appends as ``Journal`` does: 1 done,
+ * 0 not (the caller calls ``append``), -1 with an error. */
+static int tj_copy(TextJournalObject *self, PyObject *journal, text_t *b) {
+    if (_PyType_Lookup(Py_TYPE(journal), S_APPEND) != self->append) return 0;
+    PyObject *map = PyObject_GetAttr(journal, S_MAP);
+    if (map == NULL) return -1;
+    int done = 0;
+    if (map != Py_None) {
+        PyObject *pos_obj = PyObject_GetAttr(journal, S_POS);
+        PyObject *size_obj = pos_obj ? PyObject_GetAttr(journal, S_SIZE) : NULL;
+        Py_ssize_t pos = pos_obj ? PyLong_AsSsize_t(pos_obj) : -1;
+        Py_ssize_t size = size_obj ? PyLong_AsSsize_t(size_obj) : -1;
+        Py_XDECREF(pos_obj);
+        Py_XDECREF(size_obj);
+        if (PyErr_Occurred()) { Py_DECREF(map); return -1; }
+        Py_buffer view;
+        if (pos >= 0 && pos + b->len <= size && PyObject_GetBuffer(map, &view, PyBUF_WRITABLE) == 0) {
+            if (pos + b->len <= view.len) {
+                memcpy((char *)view.buf + pos, b->p, (size_t)b->len);
+                done = 1;
+            }
+            PyBuffer_Release(&view);
+            if (done) {
+                PyObject *end = PyLong_FromSsize_t(pos + b->len);
+                if (end == NULL || PyObject_SetAttr(journal, S_POS, end) < 0) done = -1;
+                Py_XDECREF(end);
+            }
+        } else if (PyErr_Occurred()) {  /* a map that cannot be written: ``append`` says what to do */
+            PyErr_Clear();
+        }
+    }
+    Py_DECREF(map);
+    return done;
+}
+
+/* The journal fragments of a record (its stack's, when new, then its own items[0..n)), for the queue (a new
+ * list). */
+static PyObject *tj_entries(PyObject *stack_entry, PyObject *const *items, Py_ssize_t n) {
+    PyObject *record = PyTuple_New(n);
+    if (record == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) PyTuple_SET_ITEM(record, i, Py_NewRef(items[i]));
+    PyObject *entries = stack_entry ? PyList_New(2) : PyList_New(1);
+    if (entries == NULL) { Py_DECREF(record); return NULL; }
+    if (stack_entry) PyList_SET_ITEM(entries, 0, Py_NewRef(stack_entry));
+    PyList_SET_ITEM(entries, stack_entry ? 1 : 0, record);
+    return entries;
+}
+
+/* Journals the frames in b (fragments: stack_entry, then the record's items) under the recorder's lock, as
+ * ``_journal_now`` does: 0, or -1 with an error (an OSError of a full disk, the fragments then queued). */
+static int tj_journal(TextJournalObject *self, PyObject *recorder, text_t *b, PyObject *stack_entry,
+                      PyObject *const *items, Py_ssize_t n) {
+    PyObject *got = PyObject_CallNoArgs(self->acquire);
+    if (got == NULL) return -1;
+    Py_DECREF(got);
+    int rc = 0;
+    PyObject *journal = PyObject_GetAttr(recorder, S_JOURNAL);
+    if (journal == NULL) {
+        rc = -1;
+    } else if (journal != Py_None) {
+        int copied = PyList_GET_SIZE(self->queued) ? 0 : tj_copy(self, journal, b);
+        if (copied < 0) {
+            rc = -1;
+        } else if (copied == 0) {
+            PyObject *entries = tj_entries(stack_entry, items, n);
+            if (entries == NULL) {
+                rc = -1;
+            } else if (PyList_GET_SIZE(self->queued)) {  /* earlier fragments wait for their statistics */
+                rc = PyList_SetSlice(self->queued, PY_SSIZE_T_MAX, PY_SSIZE_T_MAX, entries);
+            } else {
+                PyObject *frame = PyBytes_FromStringAndSize(b->p, b->len);
+                PyObject *r = frame ? PyObject_CallMethodOneArg(journal, S_APPEND, frame) : NULL;
+                Py_XDECREF(frame);
+                if (r == NULL) {
+                    rc = -1;
+                    if (PyErr_ExceptionMatches(PyExc_OSError)) {  /* a full disk: the fragments wait, in order */
+                        PyObject *type, *value, *tb;
+                        PyErr_Fetch(&type, &value, &tb);
+                        if (PyList_SetSlice(self->queued, PY_SSIZE_T_MAX, PY_SSIZE_T_MAX, entries) < 0) {
+                            Py_XDECREF(type); Py_XDECREF(value); Py_XDECREF(tb);
+                        } else {
+                            PyErr_Restore(type, value, tb);
+                        }
+                    }
+                }
+                Py_XDECREF(r);
+            }
+            Py_XDECREF(entries);
+        }
+        Py_DECREF(journal);
+    } else {
+        Py_DECREF(journal);
+    }
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyObject *released = PyObject_CallNoArgs(self->release);
+    if (released == NULL) {  /* the lock's own error wins */
+        Py_XDECREF(type); Py_XDECREF(value); Py_XDECREF(tb);
+        return -1;
+    }
+    Py_DECREF(released);
+    PyErr_Restore(type, value, tb);
+    return rc;
+}
+
+/* The recorder (a new reference), or NULL with an error once it is gone. */
+static PyObject *tj_recorder(TextJournalObject *self) {
+    PyObject *recorder = PyWeakref_GetObject(self->recorder);  /* borrowed */
+    if (recorder == Py_None) PyErr_SetString(PyExc_RuntimeError, "a TextJournal of a recorder that is gone");
+    return recorder == NULL || recorder == Py_None ? NULL : Py_NewRef(recorder);
+}
+
+/* Does the recorder journal (``_journal`` not None, not finished)? 1, 0, or -1 with an error. */
+static int tj_journaling(PyObject *recorder) {
+    PyObject *journal = PyObject_GetAttr(recorder, S_JOURNAL);
+    if (journal == NULL) return -1;
+    Py_DECREF(journal);
+    return journal != Py_None;
+}
+
+static PyObject *tj_put_text(TextJournalObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    static const char *const names[] = {"name", "text", "seq", "stack", "parent"};
+    PyObject *a[5] = {NULL, NULL, NULL, Py_None, Py_False};  /* parent: NO_PARENT */
+    if (nargs > 5) { PyErr_SetString(PyExc_TypeError, "put_text() takes at most 5 arguments"); return NULL; }
+    for (Py_ssize_t i = 0; i < nargs; i++) a[i] = args[i];
+    for (Py_ssize_t k = 0, nk = kwnames ? PyTuple_GET_SIZE(kwnames) : 0; k < nk; k++) {
+        int i = 0;
+        while (i < 5 && PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, k), names[i]) != 0) i++;
+        if (i == 5 || i < nargs) {
+            PyErr_Format(PyExc_TypeError, "put_text() got an unexpected or repeated argument %R",
+                         PyTuple_GET_ITEM(kwnames, k));
+            return NULL;
+        }
+        a[i] = args[nargs + k];
+    }
+    if (a[0] == NULL || a[1] == NULL || a[2] == NULL) {
+        PyErr_SetString(PyExc_TypeError, "put_text() needs name, text and seq");
+        return NULL;
+    }
+    PyObject *name = a[0], *text = a[1], *stack = a[3], *parent = a[4];
+    PyObject *recorder = tj_recorder(self);
+    if (recorder == NULL) return NULL;
+    PyObject *seq = Py_NewRef(a[2]), *sid = NULL, *stack_entry = NULL;
+    PyObject *result = NULL;
+    text_t b;
+    text_init(&b);
+    if (seq == Py_None) {  /* ``reserve`` and ``put_text`` in one */
+        Py_DECREF(seq);
+        seq = NULL;
+        PyObject *ready = PyObject_GetAttr(recorder, S_DIR_READY);
+        int is_ready = ready ? PyObject_IsTrue(ready) : -1;
+        Py_XDECREF(ready);
+        if (is_ready < 0) goto done;
+        if (!is_ready) {
+            PyObject *r = PyObject_CallMethodNoArgs(recorder, S_ENSURE_DIR);
+            if (r == NULL) goto done;
+            Py_DECREF(r);
+        }
+        seq = PyIter_Next(self->counter);
+        if (seq == NULL) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "the record counter ended");
+            goto done;
+        }
+    }
+    if (PyDict_SetItem(self->data, name, text) < 0) goto done;
+    if (parent != Py_False && PyDict_SetItem(self->construct, name, parent) < 0) goto done;
+    self->count++;
+    int journaling = tj_journaling(recorder);
+    if (journaling < 0) goto done;
+    if (stack != Py_None) {
+        if (PyDict_SetItem(self->stacks, name, stack) < 0) goto done;
+        sid = PyObject_GetAttr(stack, S_SID);
+        if (sid == NULL) goto done;
+        int known = PySet_Contains(self->journaled, sid);
+        if (known < 0) goto done;
+        if (!known && journaling) {  /* the stack's frame first (once per distinct stack) */
+            if (PySet_Add(self->journaled, sid) < 0) goto done;
+            PyObject *frames = PyObject_GetAttr(stack, S_FRAMES);
+            PyObject *listed = frames ? PySequence_List(frames) : NULL;
+            Py_XDECREF(frames);
+            if (listed == NULL) goto done;
+            stack_entry = PyTuple_Pack(3, S_S, sid, listed);
+            Py_DECREF(listed);
+            if (stack_entry == NULL) goto done;
+            Py_INCREF(stack_entry);  /* held twice, as the Python route holds it: marshal writes the same bytes */
+            PyObject *body = PyMarshal_WriteObjectToString(stack_entry, Py_MARSHAL_VERSION);
+            Py_DECREF(stack_entry);
+            if (body == NULL) goto done;
+            int rc = m_le32(&b, (uint32_t)PyBytes_GET_SIZE(body));
+            if (rc == 0) rc = text_put(&b, PyBytes_AS_STRING(body), PyBytes_GET_SIZE(body));
+            Py_DECREF(body);
+            if (rc < 0) goto done;
+        }
+    } else {
+        sid = PyLong_FromLong(-1);
+        if (sid == NULL) goto done;
+    }
+    if (!journaling) { result = Py_NewRef(Py_None); goto done; }
+    PyObject *items[6] = {S_J, name, seq, text, sid, parent};
+    if (m_frame(&b, items, 6) < 0 || tj_journal(self, recorder, &b, stack_entry, items, 6) < 0) goto done;
+    result = Py_NewRef(Py_None);
+done:
+    text_free(&b);
+    Py_DECREF(recorder);
+    Py_XDECREF(seq);
+    Py_XDECREF(sid);
+    Py_XDECREF(stack_entry);
+    return result;
+}
+
+/* ``index`` of record's ``field`` slots when the record is a ``TextFields`` with that slot (its slots list); NULL
+ * otherwise, an error set only when one occurred. */
+static PyObject *tj_slots(TextJournalObject *self, PyObject *record, PyObject *field, PyObject *index,
+                          Py_ssize_t *i) {
+    if (record == NULL || Py_TYPE(record) != (PyTypeObject *)self->text_fields) return NULL;
+    PyObject *slots = PyDict_GetItemWithError(record, field);  /* borrowed */
+    if (slots == NULL || !PyList_CheckExact(slots) || !PyLong_CheckExact(index)) return NULL;
+    *i = PyLong_AsSsize_t(index);
+    if (*i == -1 && PyErr_Occurred()) { PyErr_Clear(); return NULL; }
+    return *i >= 0 && *i < PyList_GET_SIZE(slots) ? slots : NULL;
+}
+
+/* record.<name> += 1 (``TextFields.filled``): the new count, or -1 with an error. */
+static long tj_count_up(PyObject *record, PyObject *name) {
+    PyObject *v = PyObject_GetAttr(record, name);
+    long n = v ? PyLong_AsLong(v) : -1;
+    Py_XDECREF(v);
+    if (n == -1 && PyErr_Occurred()) return -1;
+    PyObject *up = PyLong_FromLong(n + 1);
+    int rc = up ? PyObject_SetAttr(record, name, up) : -1;
+    Py_XDECREF(up);
+    return rc < 0 ? -1 : n + 1;
+}
+
+static PyObject *tj_put_text_field(TextJournalObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6 && nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "put_text_field() takes 6 or 7 arguments");
+        return NULL;
+    }
+    PyObject *recorder = tj_recorder(self);
+    if (recorder == NULL) return NULL;
+    PyObject *name = args[0], *field = args[1], *index = args[2], *text = args[3];
+    Py_ssize_t i;
+    PyObject *record = PyDict_GetItemWithError(self->data, name);  /* borrowed */
+    PyObject *slots = tj_slots(self, record, field, index, &i);
+    if (slots == NULL) {  /* a first field, a slot the record was not made with: the Python route */
+        PyObject *call[8] = {recorder, args[0], args[1], args[2], args[3], args[4], args[5],
+                             nargs == 7 ? args[6] : Py_False};
+        PyObject *r = PyErr_Occurred() ? NULL : PyObject_Vectorcall(self->put_field, call, 8, NULL);
+        Py_DECREF(recorder);
+        return r;
+    }
+    Py_INCREF(record);
+    PyObject *result = NULL;
+    text_t b;
+    text_init(&b);
+    if (PyList_GET_ITEM(slots, i) == Py_None && tj_count_up(record, S_FILLED) < 0) goto done;
+    Py_INCREF(text);
+    if (PyList_SetItem(slots, i, text) < 0) goto done;
+    PyObject *filled = PyObject_GetAttr(record, S_FILLED);
+    PyObject *expected = filled ? PyObject_GetAttr(record, S_EXPECTED) : NULL;
+    int complete = expected ? PyObject_RichCompareBool(filled, expected, Py_EQ) : -1;
+    Py_XDECREF(filled);
+    Py_XDECREF(expected);
+    if (complete < 0) goto done;
+    if (complete) {  /* held as its JSON text from now on */
+        PyObject *whole = PyObject_CallMethodNoArgs(record, S_TEXT);
+        int rc = whole ? PyDict_SetItem(self->data, name, whole) : -1;
+        Py_XDECREF(whole);
+        if (rc < 0) goto done;
+    }
+    self->count++;
+    int journaling = tj_journaling(recorder);
+    if (journaling < 0) goto done;
+    if (journaling) {
+        PyObject *items[8] = {S_T, name, MINUS_ONE, Py_None, field, index, text, Py_False};
+        if (m_frame(&b, items, 8) < 0 || tj_journal(self, recorder, &b, NULL, items, 8) < 0) goto done;
+    }
+    result = Py_NewRef(Py_False);
+done:
+    text_free(&b);
+    Py_DECREF(record);
+    Py_DECREF(recorder);
+    return result;
+}
+
+static PyObject *tj_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    PyObject *recorder, *append, *text_fields, *put_field;
+    if (!PyArg_ParseTuple(args, "OOO!O:TextJournal", &recorder, &append, &PyType_Type, &text_fields, &put_field))
+        return NULL;
+    TextJournalObject *self = (TextJournalObject *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    self->recorder = PyWeakref_NewRef(recorder, NULL);  /* weak: the recorder holds this (its put_text) */
+    if (self->recorder == NULL) { Py_DECREF(self); return NULL; }
+    self->append = Py_NewRef(append);
+    self->text_fields = Py_NewRef(text_fields);
+    self->put_field = Py_NewRef(put_field);
+    self->data = PyObject_GetAttrString(recorder, "data");
+    self->construct = self->data ? PyObject_GetAttrString(recorder, "construct") : NULL;
+    self->stacks = self->construct ? PyObject_GetAttrString(recorder, "stack") : NULL;
+    self->journaled = self->stacks ? PyObject_GetAttrString(recorder, "_journaled_stacks") : NULL;
+    self->queued = self->journaled ? PyObject_GetAttrString(recorder, "_queued") : NULL;
+    self->counter = self->queued ? PyObject_GetAttrString(recorder, "_seq") : NULL;
+    PyObject *lock = self->counter ? PyObject_GetAttrString(recorder, "_journal_lock") : NULL;
+    self->acquire = lock ? PyObject_GetAttrString(lock, "acquire") : NULL;
+    self->release = self->acquire ? PyObject_GetAttrString(lock, "release") : NULL;
+    Py_XDECREF(lock);
+    if (self->release == NULL) { Py_DECREF(self); return NULL; }
+    if (!PyDict_CheckExact(self->data) || !PyDict_CheckExact(self->construct) || !PyDict_CheckExact(self->stacks)
+        || !PySet_CheckExact(self->journaled) || !PyList_CheckExact(self->queued) || !PyIter_Check(self->counter)) {
+        PyErr_SetString(PyExc_TypeError, "TextJournal: not a StepRecorder's dicts, set, queue and counter");
+        Py_DECREF(self);
+        return NULL;
+    }
+    self->count = 0;
+    return (PyObject *)self;
+}
+
+static int tj_traverse(TextJournalObject *self, visitproc visit, void *arg) {
+    TJ_OBJECTS(RT_VISIT)
+    return 0;
+}
+
+static int tj_clear(TextJournalObject *self) {
+    TJ_OBJECTS(RT_CLEAR)
+    return 0;
+}
+
+static void tj_dealloc(TextJournalObject *self) {
+    PyObject_GC_UnTrack(self);
+    tj_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMethodDef tj_methods[] = {
+    {"put_text", (PyCFunction)(void (*)(void))tj_put_text, METH_FASTCALL | METH_KEYWORDS,
+     "put_text(name, text, seq, stack=None, parent=NO_PARENT) -> None (StepRecorder.put_text)"},
+    {"put_text_field", (PyCFunction)(void (*)(void))tj_put_text_field, METH_FASTCALL,
+     "put_text_field(name, field, index, text, fields, arg, parent=NO_PARENT) -> bool (StepRecorder.put_text_field)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef tj_members[] = {
+    {"count", T_PYSSIZET, offsetof(TextJournalObject, count), READONLY, "the records stored so far"},
+    {NULL},
+};
+
+static PyTypeObject TextJournalType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "msprobe_core.stats._fast_stats.TextJournal",
+    .tp_basicsize = sizeof(TextJournalObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "StepRecorder.put_text in C (see step_recorder.py)",
+    .tp_new = tj_new,
+    .tp_dealloc = (destructor)tj_dealloc,
+    .tp_traverse = (traverseproc)tj_traverse,
+    .tp_clear = (inquiry)tj_clear,
+    .tp_methods = tj_methods,
+    .tp_members = tj_members,
+};
+
+static int add_text_journal(PyObject *m) {
+    struct { PyObject **slot; const char *text; } strings[] = {
+        {&S_DIR_READY, "_dir_ready"}, {&S_ENSURE_DIR, "ensure_dir"}, {&S_JOURNAL, "_journal"}, {&S_MAP, "_map"},
+        {&S_POS, "_pos"}, {&S_SIZE, "_size"}, {&S_SID, "sid"}, {&S_FRAMES, "frames"}, {&S_APPEND, "append"},
+        {&S_J, "J"}, {&S_S, "S"}, {&S_T, "t"}, {&S_FILLED, "filled"}, {&S_EXPECTED, "expected"},
+        {&S_TEXT, "text"}};
+    if ((MINUS_ONE = PyLong_FromLong(-1)) == NULL) return -1;
+    for (size_t i = 0; i < sizeof(strings) / sizeof(strings[0]); i++)
+        if ((*strings[i].slot = PyUnicode_InternFromString(strings[i].text)) == NULL) return -1;
+    if (PyType_Ready(&TextJournalType) < 0) return -1;
+    Py_INCREF(&TextJournalType);
+    if (PyModule_AddObject(m, "TextJournal", (PyObject *)&TextJournalType) < 0) {
+        Py_DECREF(&TextJournalType);
+        return -1;
+    }
+    return 0;
+}
+/* ================================================================================== end of text journal */
