@@ -24,9 +24,12 @@ needs_kernel = pytest.mark.skipif(KERNEL is None, reason="the kernel is not buil
 SCRIPT = textwrap.dedent("""
     import os, signal, torch
     from torch import nn
-    if not {fast}:  # the usual route for every API
+    if {route!r} == "usual":  # the usual route for every API
         from msprobe_core.pytorch import dump_service
         dump_service.fast_wrapper_maker = lambda service: None
+    elif {route!r} == "python":  # the fast route's steps in Python (no ApiCall in the extension)
+        from msprobe_core.pytorch import api_fast
+        api_fast._ApiCall = None
     from msprobe_core.pytorch import PrecisionDebugger
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 8), nn.GELU(), nn.Linear(8, 4))
@@ -56,8 +59,9 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def _run(out: Path, level: str, fast: bool, kill: bool = False) -> subprocess.CompletedProcess:
-    script = SCRIPT.format(out=str(out), level=level, fast=fast, kill=kill)
+def _run(out: Path, level: str, route: str, kill: bool = False) -> subprocess.CompletedProcess:
+    """The script's run with the fast route in C (``c``), in Python (``python``) or without it (``usual``)."""
+    script = SCRIPT.format(out=str(out), level=level, route=route, kill=kill)
     return subprocess.run([sys.executable, "-c", script], env=dict(os.environ, PYTHONPATH=str(ROOT)),
                           capture_output=True, text=True, timeout=600, cwd=out.parent)
 
@@ -70,30 +74,32 @@ def _step_dir(out: Path, step: int) -> Path:
 @pytest.mark.parametrize("level", ["L1", "mix"])
 def test_the_fast_route_writes_what_the_usual_route_writes(tmp_path, level):
     outs = {}
-    for fast in (True, False):
-        out = tmp_path / f"fast{fast}" / "dump"
+    for route in ("c", "python", "usual"):
+        out = tmp_path / route / "dump"
         out.parent.mkdir()
-        proc = _run(out, level, fast)
+        proc = _run(out, level, route)
         assert proc.returncode == 0, proc.stderr
-        outs[fast] = out
+        outs[route] = out
     for step in range(3):
-        a, b = (_step_dir(outs[f], step) for f in (True, False))
-        for name in ("dump.json", "stack.json", "construct.json"):
-            assert (a / name).read_bytes() == (b / name).read_bytes(), (step, name)
-    data = json.loads((_step_dir(outs[True], 1) / "dump.json").read_text())["data"]
+        for route in ("c", "python"):
+            a, b = (_step_dir(outs[r], step) for r in (route, "usual"))
+            for name in ("dump.json", "stack.json", "construct.json"):
+                assert (a / name).read_bytes() == (b / name).read_bytes(), (route, step, name)
+    data = json.loads((_step_dir(outs["c"], 1) / "dump.json").read_text())["data"]
     assert "Tensor.lerp_.0.forward" in data and "Tensor.addcdiv_.0.forward" in data  # the optimizer's updates
     assert "Torch.polar.0.forward" in data and "Torch.view_as_complex.0.forward" in data
 
 
 @needs_kernel
-def test_a_killed_process_keeps_the_fast_routes_records(tmp_path):
+@pytest.mark.parametrize("route", ["c", "python"])
+def test_a_killed_process_keeps_the_fast_routes_records(tmp_path, route):
     """Each record is journaled when its call ends: the recovered step equals the step of a run not killed."""
     killed_out, full_out = tmp_path / "killed" / "dump", tmp_path / "full" / "dump"
     for out in (killed_out, full_out):
         out.parent.mkdir()
-    killed = _run(killed_out, "L1", True, kill=True)
+    killed = _run(killed_out, "L1", route, kill=True)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
-    full = _run(full_out, "L1", True)
+    full = _run(full_out, "L1", route)
     assert full.returncode == 0, full.stderr
     res = subprocess.run([sys.executable, "-m", "msprobe_core", "recover", str(killed_out)], capture_output=True,
                          text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))

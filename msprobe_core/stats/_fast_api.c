@@ -1,0 +1,390 @@
+/* ============================================================================================ API call
+ * The L1 dump's fast route of one recorded API call in one C call (``pytorch/api_fast.py``: ``FastApi``; its
+ * Python ``api_call`` is the same route, kept where this type is not built or turned off). #included by
+ * _fast_stats.c, after RecordText (whose text functions it calls directly).
+ *
+ *   ApiCall(original, key, env)   one per API, made when the patch plan is built; ``key`` is "{prefix}.{api}",
+ *                                 ``env`` the service's tuple of what every call reads (ENV_* below, built
+ *                                 once by ``FastApi``)
+ *     (args, kwargs) -> original(*args, **kwargs), recorded as ``api_call`` records it: the gates (not
+ *                       recording, the tool's own work or a backward pass: the original alone; another
+ *                       thread: said once, the original alone; autograd on: ``on_api_call``), the inputs'
+ *                       text, the counter and record name, stack and parent, the original with the operator
+ *                       mode popped when it is the innermost mode (``ApiPatcher.call``), the output's text
+ *                       and ``rec.put_text``; an input the text does not read goes to ``on_api_call``, an
+ *                       output it does not read to ``end_dict``, the tool's errors to ``svc._error``.
+ * Dynamo never sees this object: the Python function standing for the API (``api_fast``) sends traced calls
+ * to the usual wrapper before calling it. */
+
+enum {
+    ENV_SVC, ENV_TLS, ENV_RECORDS, ENV_RT, ENV_PATCHER, ENV_CAPTURE, ENV_CONSTRUCT, ENV_NO_PARENT,
+    ENV_ON_API_CALL, ENV_END_DICT, ENV_GRAPH_TASK, ENV_GRAD_ENABLED, ENV_NO_TORCH_FUNCTION,
+    ENV_STACK_LEN, ENV_STACK_AT, ENV_STACK_POP, ENV_STACK_PUSH, ENV_N
+};
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *original, *key, *env;
+} ApiCallObject;
+
+static PyObject *S_recording, *S_depth, *S_dumping_thread, *S_other_thread, *S_step_state, *S_counters,
+    *S_recorder, *S_open_step, *S_module_stack, *S_mode, *S_enter, *S_exit, *S_reserve, *S_put_text, *S_error, *ONE;
+
+/* original(*args, **kwargs) */
+static PyObject *ac_plain(PyObject *original, PyObject *args, PyObject *kwargs) {
+    return PyObject_Call(original, args, PyDict_GET_SIZE(kwargs) ? kwargs : NULL);
+}
+
+/* tls.depth += d, keeping any exception already set (a ``finally``: that exception wins). */
+static int ac_depth(PyObject *tls, long d) {
+    PyObject *et, *ev, *etb;
+    PyErr_Fetch(&et, &ev, &etb);
+    int rc = -1;
+    PyObject *v = PyObject_GetAttr(tls, S_depth);
+    if (v != NULL) {
+        PyObject *dv = PyLong_FromLong(d);
+        PyObject *nv = dv == NULL ? NULL : PyNumber_Add(v, dv);
+        Py_XDECREF(dv);
+        Py_DECREF(v);
+        if (nv != NULL) {
+            rc = PyObject_SetAttr(tls, S_depth, nv);
+            Py_DECREF(nv);
+        }
+    }
+    if (et != NULL) {
+        if (rc < 0) PyErr_Clear();
+        PyErr_Restore(et, ev, etb);
+        return -1;
+    }
+    return rc;
+}
+
+/* The pending exception, if an ``Exception``, goes to svc._error(name, e) and 0 is returned; anything else
+ * (KeyboardInterrupt...) stays pending: -1. */
+static int ac_report(PyObject *svc, PyObject *name) {
+    if (!PyErr_ExceptionMatches(PyExc_Exception)) return -1;
+    PyObject *et, *ev, *etb;
+    PyErr_Fetch(&et, &ev, &etb);
+    PyErr_NormalizeException(&et, &ev, &etb);
+    if (etb != NULL && ev != NULL) PyException_SetTraceback(ev, etb);
+    PyObject *r = PyObject_CallMethodObjArgs(svc, S_error, name, ev != NULL ? ev : Py_None, NULL);
+    Py_XDECREF(et); Py_XDECREF(ev); Py_XDECREF(etb);
+    if (r == NULL) return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+/* fn(a, b) of RecordText with torch functions off (``with DisableTorchFunction()``: the tool's own tensor
+ * reads skip every TorchFunctionMode). */
+typedef PyObject *(*rt_fn)(RecordTextObject *, PyObject *const *, Py_ssize_t);
+static PyObject *ac_text(PyObject **env, rt_fn fn, PyObject *a, PyObject *b) {
+    PyObject *guard = PyObject_CallNoArgs(env[ENV_NO_TORCH_FUNCTION]);
+    if (guard == NULL) return NULL;
+    PyObject *r = PyObject_CallMethodNoArgs(guard, S_enter);
+    if (r == NULL) { Py_DECREF(guard); return NULL; }
+    Py_DECREF(r);
+    PyObject *argv[2] = {a, b};
+    PyObject *text = fn((RecordTextObject *)env[ENV_RT], argv, 2);
+    PyObject *et, *ev, *etb;
+    PyErr_Fetch(&et, &ev, &etb);
+    r = PyObject_CallMethodObjArgs(guard, S_exit, Py_None, Py_None, Py_None, NULL);
+    Py_DECREF(guard);
+    if (r == NULL) {  /* __exit__ failed: its error stands */
+        Py_XDECREF(text); Py_XDECREF(et); Py_XDECREF(ev); Py_XDECREF(etb);
+        return NULL;
+    }
+    Py_DECREF(r);
+    PyErr_Restore(et, ev, etb);
+    return text;
+}
+
+/* original(*args, **kwargs) with the operator mode popped while it is the innermost TorchFunctionMode (it would
+ * only pass the call through again): ``ApiPatcher.call``. */
+static PyObject *ac_original(PyObject **env, PyObject *original, PyObject *args, PyObject *kwargs) {
+    PyObject *mode = PyObject_GetAttr(env[ENV_PATCHER], S_mode);
+    if (mode == NULL) return NULL;
+    int popped = 0;
+    if (mode != Py_None) {
+        PyObject *n = PyObject_CallNoArgs(env[ENV_STACK_LEN]);
+        Py_ssize_t depth = n == NULL ? -1 : PyLong_AsSsize_t(n);
+        Py_XDECREF(n);
+        if (depth < 0) { Py_DECREF(mode); return NULL; }
+        if (depth > 0) {
+            PyObject *at = PyLong_FromSsize_t(depth - 1);
+            PyObject *top = at == NULL ? NULL : PyObject_CallOneArg(env[ENV_STACK_AT], at);
+            Py_XDECREF(at);
+            if (top == NULL) { Py_DECREF(mode); return NULL; }
+            popped = top == mode;
+            Py_DECREF(top);
+            if (popped) {
+                PyObject *r = PyObject_CallNoArgs(env[ENV_STACK_POP]);
+                if (r == NULL) { Py_DECREF(mode); return NULL; }
+                Py_DECREF(r);
+            }
+        }
+    }
+    PyObject *out = ac_plain(original, args, kwargs);
+    if (popped) {  /* a ``finally``: the mode goes back whatever happened */
+        PyObject *et, *ev, *etb;
+        PyErr_Fetch(&et, &ev, &etb);
+        PyObject *r = PyObject_CallOneArg(env[ENV_STACK_PUSH], mode);
+        if (r == NULL) {
+            Py_CLEAR(out);
+            Py_XDECREF(et); Py_XDECREF(ev); Py_XDECREF(etb);
+        } else {
+            Py_DECREF(r);
+            PyErr_Restore(et, ev, etb);
+        }
+    }
+    Py_DECREF(mode);
+    return out;
+}
+
+/* Which way a call goes: 0 the original alone, 1 the fast route, 2 ``on_api_call``; -1 an error. */
+static int ac_gate(PyObject **env) {
+    PyObject *svc = env[ENV_SVC];
+    PyObject *v = PyObject_GetAttr(svc, S_recording);
+    int on = v == NULL ? -1 : PyObject_IsTrue(v);
+    Py_XDECREF(v);
+    if (on <= 0) return on;
+    v = PyObject_GetAttr(env[ENV_TLS], S_depth);
+    on = v == NULL ? -1 : PyObject_IsTrue(v);
+    Py_XDECREF(v);
+    if (on != 0) return on < 0 ? -1 : 0;
+    v = PyObject_CallNoArgs(env[ENV_GRAPH_TASK]);
+    if (v == NULL) return -1;
+    long task = PyLong_AsLong(v);
+    Py_DECREF(v);
+    if (task == -1 && PyErr_Occurred()) return -1;
+    if (task != -1) return 0;
+    v = PyObject_GetAttr(svc, S_dumping_thread);
+    if (v == NULL) return -1;
+    unsigned long thread = PyLong_AsUnsignedLong(v);
+    Py_DECREF(v);
+    if (thread == (unsigned long)-1 && PyErr_Occurred()) return -1;
+    if (thread != PyThread_get_thread_ident()) {
+        v = PyObject_CallMethodNoArgs(svc, S_other_thread);
+        if (v == NULL) return -1;
+        Py_DECREF(v);
+        return 0;
+    }
+    v = PyObject_CallNoArgs(env[ENV_GRAD_ENABLED]);
+    on = v == NULL ? -1 : PyObject_IsTrue(v);
+    Py_XDECREF(v);
+    return on < 0 ? -1 : on ? 2 : 1;
+}
+
+/* The record's name "{key}.{n}.forward", the step's counter of key taken (n). */
+static PyObject *ac_name(PyObject **env, PyObject *key, PyObject **n) {
+    PyObject *state = PyObject_GetAttr(env[ENV_RECORDS], S_step_state);
+    if (state == NULL) return NULL;
+    PyObject *counters = PyObject_GetAttr(state, S_counters);
+    Py_DECREF(state);
+    if (counters == NULL) return NULL;
+    PyObject *name = NULL, *count = NULL, *next = NULL;
+    if (PyDict_CheckExact(counters)) {
+        count = PyDict_GetItemWithError(counters, key);
+        if (count == NULL && PyErr_Occurred()) goto done;
+        Py_XINCREF(count);
+    } else {
+        count = PyObject_GetItem(counters, key);
+        if (count == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_KeyError)) goto done;
+            PyErr_Clear();
+        }
+    }
+    if (count == NULL) count = PyLong_FromLong(0);
+    if (count == NULL) goto done;
+    next = PyNumber_Add(count, ONE);
+    if (next == NULL || PyObject_SetItem(counters, key, next) < 0) goto done;
+    name = PyUnicode_FromFormat("%U.%S.forward", key, count);
+    if (name != NULL) { *n = count; count = NULL; }
+done:
+    Py_DECREF(counters);
+    Py_XDECREF(count);
+    Py_XDECREF(next);
+    return name;
+}
+
+/* rec, stack and parent of the record: svc.recorder or svc._open_step(), capture() or None, the innermost
+ * module (construct.json) or NO_PARENT. -1 with an exception set. */
+static int ac_where(PyObject **env, PyObject **rec, PyObject **stack, PyObject **parent) {
+    PyObject *svc = env[ENV_SVC];
+    *rec = PyObject_GetAttr(svc, S_recorder);
+    if (*rec == NULL) return -1;
+    int ok = PyObject_IsTrue(*rec);
+    if (ok < 0) return -1;
+    if (!ok) {
+        Py_SETREF(*rec, PyObject_CallMethodNoArgs(svc, S_open_step));
+        if (*rec == NULL) return -1;
+    }
+    *stack = env[ENV_CAPTURE] == Py_None ? Py_NewRef(Py_None) : PyObject_CallNoArgs(env[ENV_CAPTURE]);
+    if (*stack == NULL) return -1;
+    ok = PyObject_IsTrue(env[ENV_CONSTRUCT]);
+    if (ok < 0) return -1;
+    if (!ok) {
+        *parent = Py_NewRef(env[ENV_NO_PARENT]);
+        return 0;
+    }
+    PyObject *state = PyObject_GetAttr(env[ENV_RECORDS], S_step_state);
+    if (state == NULL) return -1;
+    PyObject *modules = PyObject_GetAttr(state, S_module_stack);
+    Py_DECREF(state);
+    if (modules == NULL) return -1;
+    ok = PyObject_IsTrue(modules);
+    if (ok < 0) { Py_DECREF(modules); return -1; }
+    if (ok) {
+        PyObject *at = PyLong_FromLong(-1);
+        *parent = at == NULL ? NULL : PyObject_GetItem(modules, at);
+        Py_XDECREF(at);
+    } else {
+        *parent = Py_NewRef(Py_None);
+    }
+    Py_DECREF(modules);
+    return *parent == NULL ? -1 : 0;
+}
+
+/* The fast route of a call that passed the gates (``api_call`` after its gates). */
+static PyObject *ac_record(ApiCallObject *self, PyObject **env, PyObject *args, PyObject *kwargs) {
+    PyObject *tls = env[ENV_TLS], *svc = env[ENV_SVC];
+    if (ac_depth(tls, 1) < 0) return NULL;  /* the tool's own work, as in ``on_api_call`` */
+    PyObject *head = ac_text(env, rt_inputs, args, kwargs);
+    if (head == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_Exception)) { ac_depth(tls, -1); return NULL; }
+        PyErr_Clear();  /* the usual route says what went wrong */
+    }
+    if (head == NULL || head == Py_None) {  /* an argument the C text does not read: the usual record */
+        Py_XDECREF(head);
+        if (ac_depth(tls, -1) < 0) return NULL;
+        return PyObject_CallFunctionObjArgs(env[ENV_ON_API_CALL], self->original, PyTuple_GET_ITEM(self->key, 1),
+                                            PyTuple_GET_ITEM(self->key, 2), args, kwargs, NULL);
+    }
+    PyObject *key = PyTuple_GET_ITEM(self->key, 0);
+    PyObject *n = NULL, *rec = NULL, *stack = NULL, *parent = NULL, *out = NULL;
+    PyObject *name = ac_name(env, key, &n);
+    if (name == NULL) goto fail;
+    if (ac_where(env, &rec, &stack, &parent) < 0) {
+        if (ac_report(svc, name) < 0) goto fail;  /* the tool must never break the user's call */
+        Py_CLEAR(head);
+    }
+    out = ac_original(env, self->original, args, kwargs);
+    if (out == NULL) {  /* what the usual route leaves of a call that raised: its place and stack */
+        if (head != NULL) {
+            PyObject *et, *ev, *etb;
+            PyErr_Fetch(&et, &ev, &etb);
+            PyObject *r = PyObject_CallMethodObjArgs(rec, S_reserve, name, stack, NULL);
+            int rc = r != NULL ? 0 : ac_report(svc, name);
+            Py_XDECREF(r);
+            if (rc < 0) { Py_XDECREF(et); Py_XDECREF(ev); Py_XDECREF(etb); }
+            else PyErr_Restore(et, ev, etb);
+        }
+        goto fail;
+    }
+    if (head != NULL) {
+        PyObject *text = ac_text(env, rt_record, head, out);
+        PyObject *r = NULL;
+        if (text == Py_None)  /* an output the C text does not read: the usual end makes it a dict */
+            r = PyObject_CallFunctionObjArgs(env[ENV_END_DICT], key, name, n, head, rec, stack, parent, out, NULL);
+        else if (text != NULL)  /* nothing was recorded during the call: its place is taken now */
+            r = PyObject_CallMethodObjArgs(rec, S_put_text, name, text, Py_None, stack, parent, NULL);
+        Py_XDECREF(text);
+        if (r == NULL && ac_report(svc, name) < 0) { Py_CLEAR(out); goto fail; }
+        Py_XDECREF(r);
+    }
+fail:
+    Py_XDECREF(head); Py_XDECREF(n); Py_XDECREF(name);
+    Py_XDECREF(rec); Py_XDECREF(stack); Py_XDECREF(parent);
+    if (ac_depth(tls, -1) < 0) Py_CLEAR(out);
+    return out;
+}
+
+static PyObject *ac_vectorcall(ApiCallObject *self, PyObject *const *argv, size_t nargsf, PyObject *kwnames) {
+    if (PyVectorcall_NARGS(nargsf) != 2 || kwnames != NULL || !PyTuple_Check(argv[0]) || !PyDict_Check(argv[1])) {
+        PyErr_SetString(PyExc_TypeError, "ApiCall(args, kwargs) takes a tuple and a dict");
+        return NULL;
+    }
+    PyObject **env = &PyTuple_GET_ITEM(self->env, 0);
+    switch (ac_gate(env)) {
+    case 0: return ac_plain(self->original, argv[0], argv[1]);
+    case 1: return ac_record(self, env, argv[0], argv[1]);
+    case 2: return PyObject_CallFunctionObjArgs(env[ENV_ON_API_CALL], self->original, PyTuple_GET_ITEM(self->key, 1),
+                                                PyTuple_GET_ITEM(self->key, 2), argv[0], argv[1], NULL);
+    default: return NULL;
+    }
+}
+
+/* ApiCall(original, (key, prefix, api), env) */
+static PyObject *ac_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    PyObject *original, *key, *env;
+    if (kwds != NULL && PyDict_GET_SIZE(kwds)) {
+        PyErr_SetString(PyExc_TypeError, "ApiCall takes no keyword arguments");
+        return NULL;
+    }
+    if (!PyArg_ParseTuple(args, "OO!O!:ApiCall", &original, &PyTuple_Type, &key, &PyTuple_Type, &env)) return NULL;
+    if (PyTuple_GET_SIZE(key) != 3 || !PyUnicode_Check(PyTuple_GET_ITEM(key, 0)) || PyTuple_GET_SIZE(env) != ENV_N
+        || !PyObject_TypeCheck(PyTuple_GET_ITEM(env, ENV_RT), &RecordTextType) || !PyCallable_Check(original)) {
+        PyErr_SetString(PyExc_TypeError, "ApiCall(original, (key, prefix, api), env): see _fast_api.c");
+        return NULL;
+    }
+    ApiCallObject *self = (ApiCallObject *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    self->vectorcall = (vectorcallfunc)ac_vectorcall;
+    self->original = Py_NewRef(original);
+    self->key = Py_NewRef(key);
+    self->env = Py_NewRef(env);
+    return (PyObject *)self;
+}
+
+static int ac_traverse(ApiCallObject *self, visitproc visit, void *arg) {
+    Py_VISIT(self->original); Py_VISIT(self->key); Py_VISIT(self->env);
+    return 0;
+}
+
+static int ac_clear(ApiCallObject *self) {
+    Py_CLEAR(self->original); Py_CLEAR(self->key); Py_CLEAR(self->env);
+    return 0;
+}
+
+static void ac_dealloc(ApiCallObject *self) {
+    PyObject_GC_UnTrack(self);
+    ac_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMemberDef ac_members[] = {
+    {"__wrapped__", T_OBJECT, offsetof(ApiCallObject, original), READONLY, "the API this call records"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject ApiCallType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "msprobe_core.stats._fast_stats.ApiCall",
+    .tp_basicsize = sizeof(ApiCallObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "The L1 dump's fast route of one API's calls (see _fast_api.c, pytorch/api_fast.py)",
+    .tp_new = ac_new,
+    .tp_dealloc = (destructor)ac_dealloc,
+    .tp_traverse = (traverseproc)ac_traverse,
+    .tp_clear = (inquiry)ac_clear,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(ApiCallObject, vectorcall),
+    .tp_members = ac_members,
+};
+
+/* Adds ApiCall to the module (and interns the attribute names it reads). */
+static int add_api_call(PyObject *m) {
+#define INTERN(var, s) if ((var = PyUnicode_InternFromString(s)) == NULL) return -1;
+    INTERN(S_recording, "_recording") INTERN(S_depth, "depth") INTERN(S_dumping_thread, "dumping_thread")
+    INTERN(S_other_thread, "_other_thread") INTERN(S_step_state, "step_state") INTERN(S_counters, "counters")
+    INTERN(S_recorder, "recorder") INTERN(S_open_step, "_open_step") INTERN(S_module_stack, "module_stack")
+    INTERN(S_mode, "_mode") INTERN(S_enter, "__enter__") INTERN(S_exit, "__exit__") INTERN(S_reserve, "reserve")
+    INTERN(S_put_text, "put_text") INTERN(S_error, "_error")
+#undef INTERN
+    if ((ONE = PyLong_FromLong(1)) == NULL) return -1;
+    if (PyType_Ready(&ApiCallType) < 0) return -1;
+    Py_INCREF(&ApiCallType);
+    if (PyModule_AddObject(m, "ApiCall", (PyObject *)&ApiCallType) < 0) { Py_DECREF(&ApiCallType); return -1; }
+    return 0;
+}
+/* ===================================================================================== end of API call */
