@@ -81,9 +81,10 @@ class FastApi:
         """What every ``ApiCall`` reads, in ``_fast_api.c``'s ENV_* order."""
         svc = self.service
         records = svc.records
-        return (svc, svc._tls, records, records._fast_text, svc.patcher, self._capture(), records._construct,
-                NO_PARENT, svc._on_api_call, partial(_end_as_dict, svc), _graph_task_id, _is_grad_enabled,
-                _no_torch_function, _stack_len, _stack_at, _stack_pop, _stack_push)
+        guard = _no_torch_function()  # one guard for every call: only the dumping thread enters it, never nested
+        return (svc, svc._tls, records, records._fast_text, svc.patcher, self._capture(), svc.stacks.interned,
+                records._construct, NO_PARENT, svc._on_api_call, partial(_end_as_dict, svc), _graph_task_id,
+                _is_grad_enabled, guard.__enter__, guard.__exit__, _stack_len, _stack_at, _stack_pop, _stack_push)
 
     def _capture(self) -> Optional[Callable[[], Any]]:
         """The caller's stack (frames of the toolkit left out), without a method call on the way; None

@@ -17,8 +17,8 @@
  * to the usual wrapper before calling it. */
 
 enum {
-    ENV_SVC, ENV_TLS, ENV_RECORDS, ENV_RT, ENV_PATCHER, ENV_CAPTURE, ENV_CONSTRUCT, ENV_NO_PARENT,
-    ENV_ON_API_CALL, ENV_END_DICT, ENV_GRAPH_TASK, ENV_GRAD_ENABLED, ENV_NO_TORCH_FUNCTION,
+    ENV_SVC, ENV_TLS, ENV_RECORDS, ENV_RT, ENV_PATCHER, ENV_CAPTURE, ENV_INTERNED, ENV_CONSTRUCT, ENV_NO_PARENT,
+    ENV_ON_API_CALL, ENV_END_DICT, ENV_GRAPH_TASK, ENV_GRAD_ENABLED, ENV_TF_OFF, ENV_TF_ON,
     ENV_STACK_LEN, ENV_STACK_AT, ENV_STACK_POP, ENV_STACK_PUSH, ENV_N
 };
 
@@ -29,26 +29,33 @@ typedef struct {
 } ApiCallObject;
 
 static PyObject *S_recording, *S_depth, *S_dumping_thread, *S_other_thread, *S_step_state, *S_counters,
-    *S_recorder, *S_open_step, *S_module_stack, *S_mode, *S_enter, *S_exit, *S_reserve, *S_put_text, *S_error, *ONE;
+    *S_recorder, *S_open_step, *S_module_stack, *S_mode, *S_dict, *S_reserve, *S_put_text, *S_error, *ZERO, *ONE,
+    *MINUS_ONE;
 
 /* original(*args, **kwargs) */
 static PyObject *ac_plain(PyObject *original, PyObject *args, PyObject *kwargs) {
     return PyObject_Call(original, args, PyDict_GET_SIZE(kwargs) ? kwargs : NULL);
 }
 
-/* tls.depth += d, keeping any exception already set (a ``finally``: that exception wins). */
-static int ac_depth(PyObject *tls, long d) {
+/* This thread's ``tls.depth`` (``tls``: a ``threading.local``; ``local``: its ``__dict__`` for this thread, where
+ * the value lives once set; the class's 0 before), a new reference. */
+static PyObject *ac_get_depth(PyObject *local) {
+    PyObject *v = PyDict_GetItemWithError(local, S_depth);
+    if (v == NULL && PyErr_Occurred()) return NULL;
+    return Py_NewRef(v != NULL ? v : ZERO);
+}
+
+/* tls.depth += d (ONE or MINUS_ONE), keeping any exception already set (a ``finally``: that exception wins). */
+static int ac_depth(PyObject *local, PyObject *d) {
     PyObject *et, *ev, *etb;
     PyErr_Fetch(&et, &ev, &etb);
     int rc = -1;
-    PyObject *v = PyObject_GetAttr(tls, S_depth);
+    PyObject *v = ac_get_depth(local);
     if (v != NULL) {
-        PyObject *dv = PyLong_FromLong(d);
-        PyObject *nv = dv == NULL ? NULL : PyNumber_Add(v, dv);
-        Py_XDECREF(dv);
+        PyObject *nv = PyNumber_Add(v, d);
         Py_DECREF(v);
         if (nv != NULL) {
-            rc = PyObject_SetAttr(tls, S_depth, nv);
+            rc = PyDict_SetItem(local, S_depth, nv);
             Py_DECREF(nv);
         }
     }
@@ -76,20 +83,18 @@ static int ac_report(PyObject *svc, PyObject *name) {
 }
 
 /* fn(a, b) of RecordText with torch functions off (``with DisableTorchFunction()``: the tool's own tensor
- * reads skip every TorchFunctionMode). */
+ * reads skip every TorchFunctionMode); one guard serves every call (its __enter__ and __exit__ in ``env``): the
+ * dumping thread alone comes here, and nothing here calls an API of the plan. */
 typedef PyObject *(*rt_fn)(RecordTextObject *, PyObject *const *, Py_ssize_t);
 static PyObject *ac_text(PyObject **env, rt_fn fn, PyObject *a, PyObject *b) {
-    PyObject *guard = PyObject_CallNoArgs(env[ENV_NO_TORCH_FUNCTION]);
-    if (guard == NULL) return NULL;
-    PyObject *r = PyObject_CallMethodNoArgs(guard, S_enter);
-    if (r == NULL) { Py_DECREF(guard); return NULL; }
+    PyObject *r = PyObject_CallNoArgs(env[ENV_TF_OFF]);
+    if (r == NULL) return NULL;
     Py_DECREF(r);
     PyObject *argv[2] = {a, b};
     PyObject *text = fn((RecordTextObject *)env[ENV_RT], argv, 2);
     PyObject *et, *ev, *etb;
     PyErr_Fetch(&et, &ev, &etb);
-    r = PyObject_CallMethodObjArgs(guard, S_exit, Py_None, Py_None, Py_None, NULL);
-    Py_DECREF(guard);
+    r = PyObject_CallNoArgs(env[ENV_TF_ON]);
     if (r == NULL) {  /* __exit__ failed: its error stands */
         Py_XDECREF(text); Py_XDECREF(et); Py_XDECREF(ev); Py_XDECREF(etb);
         return NULL;
@@ -141,17 +146,22 @@ static PyObject *ac_original(PyObject **env, PyObject *original, PyObject *args,
     return out;
 }
 
-/* Which way a call goes: 0 the original alone, 1 the fast route, 2 ``on_api_call``; -1 an error. */
-static int ac_gate(PyObject **env) {
+/* Which way a call goes: 0 the original alone, 1 the fast route (*local: this thread's dict of ``tls``, a new
+ * reference), 2 ``on_api_call``; -1 an error. */
+static int ac_gate(PyObject **env, PyObject **local) {
     PyObject *svc = env[ENV_SVC];
     PyObject *v = PyObject_GetAttr(svc, S_recording);
     int on = v == NULL ? -1 : PyObject_IsTrue(v);
     Py_XDECREF(v);
     if (on <= 0) return on;
-    v = PyObject_GetAttr(env[ENV_TLS], S_depth);
+    PyObject *d = PyObject_GetAttr(env[ENV_TLS], S_dict);
+    if (d == NULL) return -1;
+    if (!PyDict_Check(d)) { Py_DECREF(d); PyErr_SetString(PyExc_TypeError, "tls.__dict__ is not a dict"); return -1; }
+    v = ac_get_depth(d);
     on = v == NULL ? -1 : PyObject_IsTrue(v);
     Py_XDECREF(v);
-    if (on != 0) return on < 0 ? -1 : 0;
+    if (on != 0) { Py_DECREF(d); return on < 0 ? -1 : 0; }
+    *local = d;
     v = PyObject_CallNoArgs(env[ENV_GRAPH_TASK]);
     if (v == NULL) return -1;
     long task = PyLong_AsLong(v);
@@ -194,17 +204,42 @@ static PyObject *ac_name(PyObject **env, PyObject *key, PyObject **n) {
             PyErr_Clear();
         }
     }
-    if (count == NULL) count = PyLong_FromLong(0);
-    if (count == NULL) goto done;
+    if (count == NULL) count = Py_NewRef(ZERO);
     next = PyNumber_Add(count, ONE);
     if (next == NULL || PyObject_SetItem(counters, key, next) < 0) goto done;
-    name = PyUnicode_FromFormat("%U.%S.forward", key, count);
+    long long c = PyLong_Check(count) ? PyLong_AsLongLong(count) : -1;
+    Py_ssize_t klen;
+    const char *k = PyUnicode_AsUTF8AndSize(key, &klen);
+    if (k == NULL) goto done;
+    if (c >= 0 && klen < 200) {  /* the usual case, without a format string */
+        char buf[256];
+        int len = snprintf(buf, sizeof(buf), "%s.%lld.forward", k, c);
+        name = PyUnicode_DecodeUTF8(buf, len, NULL);
+    } else {
+        PyErr_Clear();
+        name = PyUnicode_FromFormat("%U.%S.forward", key, count);
+    }
     if (name != NULL) { *n = count; count = NULL; }
 done:
     Py_DECREF(counters);
     Py_XDECREF(count);
     Py_XDECREF(next);
     return name;
+}
+
+/* The caller's interned stack (``StackCapture.capture(1)`` from the Python function that called this): looked up
+ * by its key in the capture's table, and made by ``capture`` only the first time. */
+static PyObject *ac_stack(PyObject **env) {
+    if (env[ENV_CAPTURE] == Py_None) return Py_NewRef(Py_None);
+    PyFrameObject *f = PyEval_GetFrame();  /* the Python function standing for the API */
+    Py_XINCREF(f);
+    PyObject *key = stack_key(f);
+    if (key == NULL) return NULL;
+    PyObject *stack = PyDict_GetItemWithError(env[ENV_INTERNED], key);
+    Py_DECREF(key);
+    if (stack != NULL) return Py_NewRef(stack);
+    if (PyErr_Occurred()) return NULL;
+    return PyObject_CallNoArgs(env[ENV_CAPTURE]);
 }
 
 /* rec, stack and parent of the record: svc.recorder or svc._open_step(), capture() or None, the innermost
@@ -219,7 +254,7 @@ static int ac_where(PyObject **env, PyObject **rec, PyObject **stack, PyObject *
         Py_SETREF(*rec, PyObject_CallMethodNoArgs(svc, S_open_step));
         if (*rec == NULL) return -1;
     }
-    *stack = env[ENV_CAPTURE] == Py_None ? Py_NewRef(Py_None) : PyObject_CallNoArgs(env[ENV_CAPTURE]);
+    *stack = ac_stack(env);
     if (*stack == NULL) return -1;
     ok = PyObject_IsTrue(env[ENV_CONSTRUCT]);
     if (ok < 0) return -1;
@@ -246,17 +281,17 @@ static int ac_where(PyObject **env, PyObject **rec, PyObject **stack, PyObject *
 }
 
 /* The fast route of a call that passed the gates (``api_call`` after its gates). */
-static PyObject *ac_record(ApiCallObject *self, PyObject **env, PyObject *args, PyObject *kwargs) {
-    PyObject *tls = env[ENV_TLS], *svc = env[ENV_SVC];
-    if (ac_depth(tls, 1) < 0) return NULL;  /* the tool's own work, as in ``on_api_call`` */
+static PyObject *ac_record(ApiCallObject *self, PyObject **env, PyObject *local, PyObject *args, PyObject *kwargs) {
+    PyObject *svc = env[ENV_SVC];
+    if (ac_depth(local, ONE) < 0) return NULL;  /* the tool's own work, as in ``on_api_call`` */
     PyObject *head = ac_text(env, rt_inputs, args, kwargs);
     if (head == NULL) {
-        if (!PyErr_ExceptionMatches(PyExc_Exception)) { ac_depth(tls, -1); return NULL; }
+        if (!PyErr_ExceptionMatches(PyExc_Exception)) { ac_depth(local, MINUS_ONE); return NULL; }
         PyErr_Clear();  /* the usual route says what went wrong */
     }
     if (head == NULL || head == Py_None) {  /* an argument the C text does not read: the usual record */
         Py_XDECREF(head);
-        if (ac_depth(tls, -1) < 0) return NULL;
+        if (ac_depth(local, MINUS_ONE) < 0) return NULL;
         return PyObject_CallFunctionObjArgs(env[ENV_ON_API_CALL], self->original, PyTuple_GET_ITEM(self->key, 1),
                                             PyTuple_GET_ITEM(self->key, 2), args, kwargs, NULL);
     }
@@ -295,7 +330,7 @@ static PyObject *ac_record(ApiCallObject *self, PyObject **env, PyObject *args, 
 fail:
     Py_XDECREF(head); Py_XDECREF(n); Py_XDECREF(name);
     Py_XDECREF(rec); Py_XDECREF(stack); Py_XDECREF(parent);
-    if (ac_depth(tls, -1) < 0) Py_CLEAR(out);
+    if (ac_depth(local, MINUS_ONE) < 0) Py_CLEAR(out);
     return out;
 }
 
@@ -305,13 +340,15 @@ static PyObject *ac_vectorcall(ApiCallObject *self, PyObject *const *argv, size_
         return NULL;
     }
     PyObject **env = &PyTuple_GET_ITEM(self->env, 0);
-    switch (ac_gate(env)) {
-    case 0: return ac_plain(self->original, argv[0], argv[1]);
-    case 1: return ac_record(self, env, argv[0], argv[1]);
-    case 2: return PyObject_CallFunctionObjArgs(env[ENV_ON_API_CALL], self->original, PyTuple_GET_ITEM(self->key, 1),
-                                                PyTuple_GET_ITEM(self->key, 2), argv[0], argv[1], NULL);
-    default: return NULL;
+    PyObject *local = NULL, *out = NULL;
+    switch (ac_gate(env, &local)) {
+    case 0: out = ac_plain(self->original, argv[0], argv[1]); break;
+    case 1: out = ac_record(self, env, local, argv[0], argv[1]); break;
+    case 2: out = PyObject_CallFunctionObjArgs(env[ENV_ON_API_CALL], self->original, PyTuple_GET_ITEM(self->key, 1),
+                                               PyTuple_GET_ITEM(self->key, 2), argv[0], argv[1], NULL);
     }
+    Py_XDECREF(local);
+    return out;
 }
 
 /* ApiCall(original, (key, prefix, api), env) */
@@ -323,7 +360,8 @@ static PyObject *ac_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     }
     if (!PyArg_ParseTuple(args, "OO!O!:ApiCall", &original, &PyTuple_Type, &key, &PyTuple_Type, &env)) return NULL;
     if (PyTuple_GET_SIZE(key) != 3 || !PyUnicode_Check(PyTuple_GET_ITEM(key, 0)) || PyTuple_GET_SIZE(env) != ENV_N
-        || !PyObject_TypeCheck(PyTuple_GET_ITEM(env, ENV_RT), &RecordTextType) || !PyCallable_Check(original)) {
+        || !PyObject_TypeCheck(PyTuple_GET_ITEM(env, ENV_RT), &RecordTextType) || !PyCallable_Check(original)
+        || !PyDict_Check(PyTuple_GET_ITEM(env, ENV_INTERNED))) {
         PyErr_SetString(PyExc_TypeError, "ApiCall(original, (key, prefix, api), env): see _fast_api.c");
         return NULL;
     }
@@ -378,10 +416,11 @@ static int add_api_call(PyObject *m) {
     INTERN(S_recording, "_recording") INTERN(S_depth, "depth") INTERN(S_dumping_thread, "dumping_thread")
     INTERN(S_other_thread, "_other_thread") INTERN(S_step_state, "step_state") INTERN(S_counters, "counters")
     INTERN(S_recorder, "recorder") INTERN(S_open_step, "_open_step") INTERN(S_module_stack, "module_stack")
-    INTERN(S_mode, "_mode") INTERN(S_enter, "__enter__") INTERN(S_exit, "__exit__") INTERN(S_reserve, "reserve")
+    INTERN(S_mode, "_mode") INTERN(S_dict, "__dict__") INTERN(S_reserve, "reserve")
     INTERN(S_put_text, "put_text") INTERN(S_error, "_error")
 #undef INTERN
-    if ((ONE = PyLong_FromLong(1)) == NULL) return -1;
+    if ((ZERO = PyLong_FromLong(0)) == NULL || (ONE = PyLong_FromLong(1)) == NULL
+        || (MINUS_ONE = PyLong_FromLong(-1)) == NULL) return -1;
     if (PyType_Ready(&ApiCallType) < 0) return -1;
     Py_INCREF(&ApiCallType);
     if (PyModule_AddObject(m, "ApiCall", (PyObject *)&ApiCallType) < 0) { Py_DECREF(&ApiCallType); return -1; }

@@ -326,21 +326,10 @@ static PyObject *csv_rows(PyObject *self, PyObject *const *args, Py_ssize_t narg
 static PyObject *raw_ops(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 static int add_tensor_rows(PyObject *m);
 
-static PyObject *frame_key(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 1) {
-        PyErr_SetString(PyExc_TypeError, "frame_key(depth) takes 1 argument");
-        return NULL;
-    }
-    long depth = PyLong_AsLong(args[0]);
-    if (depth == -1 && PyErr_Occurred()) return NULL;
-    uintptr_t key[256];
-    PyFrameObject *f = PyEval_GetFrame();  /* borrowed */
-    Py_XINCREF(f);
-    for (long i = 0; i < depth && f != NULL; i++) {
-        PyFrameObject *back = PyFrame_GetBack(f);
-        Py_DECREF(f);
-        f = back;
-    }
+/* The bytes naming the stack from frame f (a reference taken over) outward: each frame's code address and
+ * instruction offset. */
+static PyObject *stack_key(PyFrameObject *f) {
+    uintptr_t key[256] = {0};
     PyObject *out = NULL;
     Py_ssize_t cap = 256, used = 0;
     uintptr_t *buf = key;
@@ -364,6 +353,23 @@ static PyObject *frame_key(PyObject *self, PyObject *const *args, Py_ssize_t nar
     out = PyBytes_FromStringAndSize((const char *)buf, used * (Py_ssize_t)sizeof(uintptr_t));
     if (buf != key) PyMem_Free(buf);
     return out;
+}
+
+static PyObject *frame_key(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 1) {
+        PyErr_SetString(PyExc_TypeError, "frame_key(depth) takes 1 argument");
+        return NULL;
+    }
+    long depth = PyLong_AsLong(args[0]);
+    if (depth == -1 && PyErr_Occurred()) return NULL;
+    PyFrameObject *f = PyEval_GetFrame();  /* borrowed */
+    Py_XINCREF(f);
+    for (long i = 0; i < depth && f != NULL; i++) {
+        PyFrameObject *back = PyFrame_GetBack(f);
+        Py_DECREF(f);
+        f = back;
+    }
+    return stack_key(f);
 }
 
 #include <structmember.h>

@@ -158,3 +158,85 @@ def test_without_the_kernel_there_is_no_fast_route(tmp_path, monkeypatch):
     monkeypatch.setattr(tensor_stats, "_fast_stats", None)  # MSPROBE_FAST_STATS=0
     dbg = PrecisionDebugger({"dump_path": str(tmp_path), "level": "L1", "task": "statistics"})
     assert api_fast.fast_wrapper_maker(dbg.service) is None
+
+
+@pytest.fixture(params=["c", "python"])
+def route(request, monkeypatch):
+    """The fast route's call in C (``ApiCall``) and in Python (``_python_call``)."""
+    if request.param == "python":
+        monkeypatch.setattr(api_fast, "_ApiCall", None)
+    elif api_fast._ApiCall is None:
+        pytest.skip("the extension has no ApiCall")
+    return request.param
+
+
+@needs_kernel
+def test_the_tools_errors_never_reach_the_users_call(tmp_path, route, monkeypatch):
+    """A failing journal goes to dump_error_info.log; the user's result comes back, the user's own error
+    goes up unchanged; the tool's depth is restored either way."""
+    from msprobe_core.common.tool_guard import TOOL
+    from msprobe_core.files.step_recorder import StepRecorder
+    dbg = PrecisionDebugger({"dump_path": str(tmp_path), "level": "L1", "task": "statistics"})
+    dbg.start()
+    try:
+        def broken(*args, **kwargs):
+            raise OSError("journal full")
+        monkeypatch.setattr(StepRecorder, "put_text", broken)
+        with torch.no_grad():
+            t = torch.ones(3)
+            assert torch.equal(t.mul_(2.0), torch.full((3,), 2.0))
+            with pytest.raises(RuntimeError):
+                torch.ones(2).add_(torch.ones(3))
+        assert TOOL.depth == 0
+    finally:
+        dbg.stop()
+    log = next(tmp_path.rglob("dump_error_info.log")).read_text()
+    assert "Tensor.mul_.0.forward" in log and "journal full" in log
+
+
+@needs_kernel
+def test_the_c_call_checks_what_it_is_given(tmp_path):
+    if api_fast._ApiCall is None:
+        pytest.skip("the extension has no ApiCall")
+    dbg = PrecisionDebugger({"dump_path": str(tmp_path), "level": "L1", "task": "statistics"})
+    dbg.start()
+    try:
+        call = api_fast.FastApi(dbg.service).call(torch.Tensor.add, "Tensor", "add")
+        with pytest.raises(TypeError):
+            call([torch.ones(1)], {})  # a list: the Python function standing for the API always passes a tuple
+        with pytest.raises(TypeError):
+            api_fast._ApiCall(torch.add, ("Torch.add", "Torch", "add"), ())
+        assert torch.equal(call((torch.ones(1), torch.ones(1)), {}), torch.full((1,), 2.0))
+        assert call.__wrapped__ is torch.Tensor.add
+    finally:
+        dbg.stop()
+
+
+@needs_kernel
+def test_the_c_call_leaks_nothing(tmp_path):
+    """100,000 recorded calls (records dropped at each step's end): the process's memory stays flat."""
+    import gc
+    import tracemalloc
+    if api_fast._ApiCall is None:
+        pytest.skip("the extension has no ApiCall")
+    dbg = PrecisionDebugger({"dump_path": str(tmp_path), "level": "L1", "task": "structure"})
+    t = torch.ones(2)
+
+    def steps(n: int) -> None:
+        for _ in range(n):
+            dbg.start()
+            with torch.no_grad():
+                for _ in range(1000):
+                    t.mul_(1.0)
+            dbg.stop()
+            dbg.step()
+
+    steps(5)
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    steps(100)
+    gc.collect()
+    grown = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    assert grown < 2_000_000, grown
