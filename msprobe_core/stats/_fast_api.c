@@ -14,7 +14,9 @@
  *                       and ``rec.put_text``; an input the text does not read goes to ``on_api_call``, an
  *                       output it does not read to ``end_dict``, the tool's errors to ``svc._error``.
  * Dynamo never sees this object: the Python function standing for the API (``api_fast``) sends traced calls
- * to the usual wrapper before calling it. */
+ * to the usual wrapper before calling it.
+ *
+ *   ModePass(funcs, record)       the operator mode's pass-through for the calls it does not record (below) */
 
 enum {
     ENV_SVC, ENV_TLS, ENV_RECORDS, ENV_RT, ENV_PATCHER, ENV_CAPTURE, ENV_INTERNED, ENV_CONSTRUCT, ENV_NO_PARENT,
@@ -410,7 +412,93 @@ static PyTypeObject ApiCallType = {
     .tp_members = ac_members,
 };
 
-/* Adds ApiCall to the module (and interns the attribute names it reads). */
+/* ---------------------------------------------------------------------------------------- ModePass
+ *   ModePass(funcs, record)   the operator mode's __torch_function__ (``pytorch/api_patch._DunderMode``), set
+ *                             on the mode instance: torch calls it for every overridable call while the dump is
+ *                             on; ``funcs`` is the plan's dict of the functions the mode records, ``record`` the
+ *                             mode's Python method (its ``__self__``, the mode, is this one's: torch checks it)
+ *     (func, types, args=(), kwargs=None) -> func(*args, **kwargs) for a function not in ``funcs`` (no Python
+ *                             frame), ``record(func, types, args, kwargs)`` (the Python method, which Dynamo
+ *                             never traces) for the others and for anything unusual. */
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *funcs, *record, *owner;
+} ModePassObject;
+
+static PyObject *mp_vectorcall(ModePassObject *self, PyObject *const *argv, size_t nargsf, PyObject *kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (kwnames == NULL && nargs >= 2 && nargs <= 4) {
+        PyObject *entry = PyDict_GetItemWithError(self->funcs, argv[0]);
+        if (entry == NULL && !PyErr_Occurred()) {
+            PyObject *args = nargs > 2 ? argv[2] : NULL, *kwargs = nargs > 3 ? argv[3] : Py_None;
+            if ((args == NULL || PyTuple_Check(args)) && (kwargs == Py_None || PyDict_Check(kwargs))) {
+                if (args == NULL) return PyObject_CallNoArgs(argv[0]);
+                return PyObject_Call(argv[0], args, kwargs != Py_None && PyDict_GET_SIZE(kwargs) ? kwargs : NULL);
+            }
+        }
+        PyErr_Clear();  /* an unhashable func: the Python method says so */
+    }
+    return PyObject_Vectorcall(self->record, argv, nargsf, kwnames);
+}
+static PyObject *mp_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    PyObject *funcs, *record;
+    if (kwds != NULL && PyDict_GET_SIZE(kwds)) {
+        PyErr_SetString(PyExc_TypeError, "ModePass takes no keyword arguments");
+        return NULL;
+    }
+    if (!PyArg_ParseTuple(args, "O!O:ModePass", &PyDict_Type, &funcs, &record)) return NULL;
+    if (!PyCallable_Check(record)) {
+        PyErr_SetString(PyExc_TypeError, "ModePass(funcs, record): record must be callable");
+        return NULL;
+    }
+    ModePassObject *self = (ModePassObject *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    self->vectorcall = (vectorcallfunc)mp_vectorcall;
+    self->funcs = Py_NewRef(funcs);
+    self->record = Py_NewRef(record);
+    self->owner = PyObject_GetAttrString(record, "__self__");  /* torch checks handler.__self__ is the mode */
+    if (self->owner == NULL) { Py_DECREF(self); return NULL; }
+    return (PyObject *)self;
+}
+
+static int mp_traverse(ModePassObject *self, visitproc visit, void *arg) {
+    Py_VISIT(self->funcs); Py_VISIT(self->record); Py_VISIT(self->owner);
+    return 0;
+}
+
+static int mp_clear(ModePassObject *self) {
+    Py_CLEAR(self->funcs); Py_CLEAR(self->record); Py_CLEAR(self->owner);
+    return 0;
+}
+
+static void mp_dealloc(ModePassObject *self) {
+    PyObject_GC_UnTrack(self);
+    mp_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMemberDef mp_members[] = {
+    {"__self__", T_OBJECT, offsetof(ModePassObject, owner), READONLY, "the mode (record's __self__)"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject ModePassType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "msprobe_core.stats._fast_stats.ModePass",
+    .tp_basicsize = sizeof(ModePassObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "The L1 operator mode's pass-through (see _fast_api.c, pytorch/api_patch.py)",
+    .tp_new = mp_new,
+    .tp_dealloc = (destructor)mp_dealloc,
+    .tp_traverse = (traverseproc)mp_traverse,
+    .tp_clear = (inquiry)mp_clear,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(ModePassObject, vectorcall),
+    .tp_members = mp_members,
+};
+
+/* Adds ApiCall and ModePass to the module (and interns the attribute names it reads). */
 static int add_api_call(PyObject *m) {
 #define INTERN(var, s) if ((var = PyUnicode_InternFromString(s)) == NULL) return -1;
     INTERN(S_recording, "_recording") INTERN(S_depth, "depth") INTERN(S_dumping_thread, "dumping_thread")
@@ -421,9 +509,11 @@ static int add_api_call(PyObject *m) {
 #undef INTERN
     if ((ZERO = PyLong_FromLong(0)) == NULL || (ONE = PyLong_FromLong(1)) == NULL
         || (MINUS_ONE = PyLong_FromLong(-1)) == NULL) return -1;
-    if (PyType_Ready(&ApiCallType) < 0) return -1;
+    if (PyType_Ready(&ApiCallType) < 0 || PyType_Ready(&ModePassType) < 0) return -1;
     Py_INCREF(&ApiCallType);
     if (PyModule_AddObject(m, "ApiCall", (PyObject *)&ApiCallType) < 0) { Py_DECREF(&ApiCallType); return -1; }
+    Py_INCREF(&ModePassType);
+    if (PyModule_AddObject(m, "ModePass", (PyObject *)&ModePassType) < 0) { Py_DECREF(&ModePassType); return -1; }
     return 0;
 }
 /* ===================================================================================== end of API call */

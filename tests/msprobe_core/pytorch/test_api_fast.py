@@ -27,9 +27,10 @@ SCRIPT = textwrap.dedent("""
     if {route!r} == "usual":  # the usual route for every API
         from msprobe_core.pytorch import dump_service
         dump_service.fast_wrapper_maker = lambda service: None
-    elif {route!r} == "python":  # the fast route's steps in Python (no ApiCall in the extension)
-        from msprobe_core.pytorch import api_fast
+    elif {route!r} == "python":  # the fast route's steps and the mode's pass-through in Python (the extension
+        from msprobe_core.pytorch import api_fast, api_patch  # without ApiCall and ModePass)
         api_fast._ApiCall = None
+        api_patch._ModePass = None
     from msprobe_core.pytorch import PrecisionDebugger
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 8), nn.GELU(), nn.Linear(8, 4))
@@ -240,3 +241,28 @@ def test_the_c_call_leaks_nothing(tmp_path):
     grown = tracemalloc.get_traced_memory()[0] - before
     tracemalloc.stop()
     assert grown < 2_000_000, grown
+
+
+def test_the_operator_modes_pass_through_calls_what_it_does_not_record(tmp_path):
+    """The mode's compiled ``__torch_function__`` (``ModePass``) passes any call outside the plan straight on
+    (keyword arguments too) and gives planned functions to the mode's own method; torch sees it as the mode's."""
+    from msprobe_core.pytorch import api_patch
+    if api_patch._ModePass is None:
+        pytest.skip("the extension has no ModePass")
+    dbg = PrecisionDebugger({"dump_path": str(tmp_path), "level": "L1", "task": "statistics"})
+    dbg.start()
+    try:
+        mode = dbg.service.patcher._mode
+        assert type(mode.__torch_function__) is api_patch._ModePass and mode.__torch_function__.__self__ is mode
+        t = torch.arange(6.0).reshape(2, 3)
+        with torch.no_grad():
+            assert torch.equal(torch.sum(t, dim=1), torch.tensor([3.0, 12.0]))  # a keyword, outside the plan
+            assert t.is_complex() is False and t.grad is None
+            assert torch.equal(t / 2, torch.arange(6.0).reshape(2, 3) / 2)  # an operator the mode records
+        with pytest.raises(TypeError):
+            mode.__torch_function__([], (), (), None)  # an unhashable func: the Python method's own error
+    finally:
+        dbg.stop()
+        dbg.step()
+    data = json.loads(next(tmp_path.rglob("dump.json")).read_text())["data"]
+    assert any(k.startswith("Tensor.__truediv__.0.forward") or k.startswith("Tensor.div.0.forward") for k in data)
