@@ -11,7 +11,13 @@ statistics are shared) keep the usual route.
 A call takes the route when it is recorded and autograd is off; its record is then exactly what
 ``CallRecords.on_api_call`` writes (the same text, stack, parent and journal frame). Anything else (autograd
 on, Dynamo tracing, an argument or output the C text does not read, an error) goes through
-``on_api_call`` as before."""
+``on_api_call`` as before.
+
+Each API of the route gets, when the plan is built, one call object holding what its calls need (``call``):
+the compiled ``ApiCall`` (``stats/_fast_api.c``: gates, inputs' text, name, stack, parent, the original, the
+output's text and the journal frame in one C call), or, without it in the extension, the same steps in Python
+(``_python_call``); the two write the same bytes. The function standing for the API stays a Python function,
+which sends a call Dynamo traces to the usual wrapper, so torch.compile sees what it saw before."""
 
 from __future__ import annotations
 
@@ -21,6 +27,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from msprobe_core.dump.api_wrap import next_call
 from msprobe_core.dump.call import Call
 from msprobe_core.files.step_recorder import NO_PARENT
 from msprobe_core.stats.kernel import KERNEL
@@ -128,10 +135,7 @@ class FastApi:
                 return on_api_call(original, prefix, api, args, kwargs)
             try:
                 state = records.step_state
-                counters = state.counters
-                n = counters.get(key, 0)
-                counters[key] = n + 1
-                name = f"{key}.{n}.forward"
+                n, name = next_call(state.counters, key)
                 try:
                     rec = svc.recorder or svc._open_step()
                     stack = capture() if capture is not None else None
