@@ -40,7 +40,6 @@ _is_compiling = torch.compiler.is_compiling
 _thread_id = threading.get_ident
 # the torch function mode stack, as ``api_patch.ApiPatcher.call`` reads it
 _stack_len = torch._C._len_torch_function_stack
-_stack_at = torch._C._get_function_stack_at
 _stack_pop = torch._C._pop_torch_function_stack
 _stack_push = torch._C._push_on_torch_function_stack
 _ApiCall = getattr(KERNEL, "ApiCall", None)
@@ -91,7 +90,7 @@ class FastApi:
         guard = _no_torch_function()  # one guard for every call: only the dumping thread enters it, never nested
         return (svc, svc._tls, records, records._fast_text, svc.patcher, self._capture(), svc.stacks.interned,
                 records._construct, NO_PARENT, svc._on_api_call, partial(_end_as_dict, svc), _graph_task_id,
-                _is_grad_enabled, guard.__enter__, guard.__exit__, _stack_len, _stack_at, _stack_pop, _stack_push)
+                _is_grad_enabled, guard.__enter__, guard.__exit__, _stack_len, _stack_pop, _stack_push)
 
     def _capture(self) -> Optional[Callable[[], Any]]:
         """The caller's stack (frames of the toolkit left out), without a method call on the way; None

@@ -21,7 +21,7 @@
 enum {
     ENV_SVC, ENV_TLS, ENV_RECORDS, ENV_RT, ENV_PATCHER, ENV_CAPTURE, ENV_INTERNED, ENV_CONSTRUCT, ENV_NO_PARENT,
     ENV_ON_API_CALL, ENV_END_DICT, ENV_GRAPH_TASK, ENV_GRAD_ENABLED, ENV_TF_OFF, ENV_TF_ON,
-    ENV_STACK_LEN, ENV_STACK_AT, ENV_STACK_POP, ENV_STACK_PUSH, ENV_N
+    ENV_STACK_LEN, ENV_STACK_POP, ENV_STACK_PUSH, ENV_N
 };
 
 typedef struct {
@@ -117,18 +117,14 @@ static PyObject *ac_original(PyObject **env, PyObject *original, PyObject *args,
         Py_ssize_t depth = n == NULL ? -1 : PyLong_AsSsize_t(n);
         Py_XDECREF(n);
         if (depth < 0) { Py_DECREF(mode); return NULL; }
-        if (depth > 0) {
-            PyObject *at = PyLong_FromSsize_t(depth - 1);
-            PyObject *top = at == NULL ? NULL : PyObject_CallOneArg(env[ENV_STACK_AT], at);
-            Py_XDECREF(at);
+        if (depth > 0) {  /* the innermost mode, popped; pushed back at once if it is another one */
+            PyObject *top = PyObject_CallNoArgs(env[ENV_STACK_POP]);
             if (top == NULL) { Py_DECREF(mode); return NULL; }
             popped = top == mode;
+            PyObject *r = popped ? Py_NewRef(Py_None) : PyObject_CallOneArg(env[ENV_STACK_PUSH], top);
             Py_DECREF(top);
-            if (popped) {
-                PyObject *r = PyObject_CallNoArgs(env[ENV_STACK_POP]);
-                if (r == NULL) { Py_DECREF(mode); return NULL; }
-                Py_DECREF(r);
-            }
+            if (r == NULL) { Py_DECREF(mode); return NULL; }
+            Py_DECREF(r);
         }
     }
     PyObject *out = ac_plain(original, args, kwargs);
@@ -214,9 +210,16 @@ static PyObject *ac_name(PyObject **env, PyObject *key, PyObject **n) {
     const char *k = PyUnicode_AsUTF8AndSize(key, &klen);
     if (k == NULL) goto done;
     if (c >= 0 && klen < 200) {  /* the usual case, without a format string */
-        char buf[256];
-        int len = snprintf(buf, sizeof(buf), "%s.%lld.forward", k, c);
-        name = PyUnicode_DecodeUTF8(buf, len, NULL);
+        static const char tail[] = ".forward";
+        char digits[24], buf[256];
+        int nd = 0;
+        do { digits[nd++] = (char)('0' + c % 10); c /= 10; } while (c > 0);
+        Py_ssize_t len = klen;
+        memcpy(buf, k, klen);
+        buf[len++] = '.';
+        while (nd > 0) buf[len++] = digits[--nd];
+        memcpy(buf + len, tail, sizeof(tail) - 1);
+        name = PyUnicode_DecodeUTF8(buf, len + (Py_ssize_t)sizeof(tail) - 1, NULL);
     } else {
         PyErr_Clear();
         name = PyUnicode_FromFormat("%U.%S.forward", key, count);
