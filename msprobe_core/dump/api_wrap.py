@@ -44,6 +44,15 @@ def load_wrap_list(path: str, sections: Iterable[str], not_hooked: Iterable[str]
     return {section: names for section, names in doc.items() if section not in left_out}
 
 
+def next_call(counters: dict, key: str) -> tuple[int, str]:
+    """Count a call of the API ``key`` (``{prefix}.{api}``) in the step's ``counters``: its index ``n`` in the step
+    and its record's name ``{key}.{n}.forward``. The one naming of API records (``CallRecords.on_api_call``, the
+    PyTorch fast route's ``api_fast``; ``stats/_fast_api.c`` writes the same in C)."""
+    n = counters.get(key, 0)
+    counters[key] = n + 1
+    return n, f"{key}.{n}.forward"
+
+
 def make_wrapper(original: Callable, prefix: str, api: str, handler: ApiHandler,
                  should_record: Callable[[], bool]) -> Callable:
     """A wrapper that calls ``handler`` while recording, and ``original`` directly otherwise."""

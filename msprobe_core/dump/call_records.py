@@ -14,6 +14,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from msprobe_core.common.tool_guard import TOOL
+from msprobe_core.dump.api_wrap import next_call
 from msprobe_core.dump.call import Call
 from msprobe_core.dump.step_state import StepState
 from msprobe_core.files.step_recorder import NO_PARENT, TextFields
@@ -144,9 +145,7 @@ class CallRecords:
         as ``{prefix}.{api}.{n}.forward`` (and its backward); returns the original's result unchanged."""
         key = f"{prefix}.{api}"
         state = self.step_state
-        n = state.counters.get(key, 0)
-        state.counters[key] = n + 1
-        name = f"{key}.{n}.forward"
+        n, name = next_call(state.counters, key)
         tls = self._tls
         tls.depth += 1
         try:

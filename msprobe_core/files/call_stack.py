@@ -73,6 +73,12 @@ class StackCapture:
         self._interned: dict[tuple, CallStack] = {}
         self._made = 0
 
+    @property
+    def interned(self) -> dict:
+        """The stacks made so far by key (``frame_key``'s bytes): a compiled caller looks its key up here and
+        calls ``capture`` only when it is missing (``stats/_fast_api.c``)."""
+        return self._interned
+
     def capture(self, depth: int = 2) -> CallStack:
         """The stack of the caller ``depth`` frames up (2: the caller of the function that calls this)."""
         if _frame_key is not None:

@@ -11,7 +11,13 @@ statistics are shared) keep the usual route.
 A call takes the route when it is recorded and autograd is off; its record is then exactly what
 ``CallRecords.on_api_call`` writes (the same text, stack, parent and journal frame). Anything else (autograd
 on, Dynamo tracing, an argument or output the C text does not read, an error) goes through
-``on_api_call`` as before."""
+``on_api_call`` as before.
+
+Each API of the route gets, when the plan is built, one call object holding what its calls need (``call``):
+the compiled ``ApiCall`` (``stats/_fast_api.c``: gates, inputs' text, name, stack, parent, the original, the
+output's text and the journal frame in one C call), or, without it in the extension, the same steps in Python
+(``_python_call``); the two write the same bytes. The function standing for the API stays a Python function,
+which sends a call Dynamo traces to the usual wrapper, so torch.compile sees what it saw before."""
 
 from __future__ import annotations
 
@@ -21,8 +27,10 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from msprobe_core.dump.api_wrap import next_call
 from msprobe_core.dump.call import Call
 from msprobe_core.files.step_recorder import NO_PARENT
+from msprobe_core.stats.kernel import KERNEL
 
 
 _graph_task_id = torch._C._current_graph_task_id
@@ -30,6 +38,12 @@ _is_grad_enabled = torch._C.is_grad_enabled
 _no_torch_function = torch._C.DisableTorchFunction  # the tool's own tensor reads skip every TorchFunctionMode
 _is_compiling = torch.compiler.is_compiling
 _thread_id = threading.get_ident
+# the torch function mode stack, as ``api_patch.ApiPatcher.call`` reads it
+_stack_len = torch._C._len_torch_function_stack
+_stack_pop = torch._C._pop_torch_function_stack
+_stack_push = torch._C._push_on_torch_function_stack
+_ApiCall = getattr(KERNEL, "ApiCall", None)
+"""The route's call in C (``stats/_fast_api.c``); None without the extension (the same steps in Python)."""
 
 
 class FastApi:
@@ -42,14 +56,51 @@ class FastApi:
                        and not records._tensor_list and not records._filters and records._keep_in
                        and records._keep_out)
         """Can any call take the route under this configuration (decided once)?"""
+        self._env: Optional[tuple] = None  # what the C calls read (``_c_env``), built with the first one
 
     def wants(self, prefix: str, api: str) -> bool:
         """Does ``{prefix}.{api}`` take the route (its record needs nothing the usual route alone does)?"""
         return self.usable and prefix != "Distributed" and api not in self.service.same_values
 
     def wrapper(self, original: Callable, prefix: str, api: str, plain: Callable) -> Callable:
-        """The function standing for ``original`` while patched: the fast route for a recorded call with
-        autograd off, ``plain`` (the usual wrapper) while Dynamo traces, the usual record otherwise."""
+        """The function standing for ``original`` while patched: ``plain`` (the usual wrapper) while Dynamo
+        traces, otherwise the route's call (``call``), which records a call with autograd off itself."""
+        call = self.call(original, prefix, api)
+
+        def api_call(*args: Any, **kwargs: Any) -> Any:
+            if _is_compiling():  # Dynamo traces what it traced before (the usual wrapper), never the C call
+                return plain(*args, **kwargs)
+            return call(args, kwargs)
+
+        return api_call
+
+    def call(self, original: Callable, prefix: str, api: str) -> Callable[[tuple, dict], Any]:
+        """``original``'s call on the route, (args, kwargs) -> its result: the compiled ``ApiCall`` where the
+        extension has it, the same steps in Python (``_python_call``) otherwise."""
+        if _ApiCall is None:
+            return self._python_call(original, prefix, api)
+        if self._env is None:
+            self._env = self._c_env()
+        return _ApiCall(original, (f"{prefix}.{api}", prefix, api), self._env)
+
+    def _c_env(self) -> tuple:
+        """What every ``ApiCall`` reads, in ``_fast_api.c``'s ENV_* order."""
+        svc = self.service
+        records = svc.records
+        guard = _no_torch_function()  # one guard for every call: only the dumping thread enters it, never nested
+        return (svc, svc._tls, records, records._fast_text, svc.patcher, self._capture(), svc.stacks.interned,
+                records._construct, NO_PARENT, svc._on_api_call, partial(_end_as_dict, svc), _graph_task_id,
+                _is_grad_enabled, guard.__enter__, guard.__exit__, _stack_len, _stack_pop, _stack_push)
+
+    def _capture(self) -> Optional[Callable[[], Any]]:
+        """The caller's stack (frames of the toolkit left out), without a method call on the way; None
+        without stacks."""
+        svc = self.service
+        return partial(svc.stacks.capture, 1) if svc.cfg.extra_info else None
+
+    def _python_call(self, original: Callable, prefix: str, api: str) -> Callable[[tuple, dict], Any]:
+        """``ApiCall`` in Python: the route where the extension does not have it (``_fast_api.c`` says why
+        each step is there)."""
         svc = self.service
         records = svc.records
         tls = svc._tls
@@ -57,14 +108,11 @@ class FastApi:
         on_api_call = svc._on_api_call
         inputs = records._fast_text.inputs
         text_of = records._fast_text.record
-        # the caller's stack (frames of the toolkit left out), without a method call on the way
-        capture = partial(svc.stacks.capture, 1) if svc.cfg.extra_info else None
+        capture = self._capture()
         construct = records._construct
         key = f"{prefix}.{api}"
 
-        def api_call(*args: Any, **kwargs: Any) -> Any:
-            if _is_compiling():  # Dynamo traces what it traced before: the usual wrapper
-                return plain(*args, **kwargs)
+        def api_call(args: tuple, kwargs: dict) -> Any:
             if not svc._recording or tls.depth or _graph_task_id() != -1:
                 return original(*args, **kwargs)
             if svc.dumping_thread != _thread_id():
@@ -86,10 +134,7 @@ class FastApi:
                 return on_api_call(original, prefix, api, args, kwargs)
             try:
                 state = records.step_state
-                counters = state.counters
-                n = counters.get(key, 0)
-                counters[key] = n + 1
-                name = f"{key}.{n}.forward"
+                n, name = next_call(state.counters, key)
                 try:
                     rec = svc.recorder or svc._open_step()
                     stack = capture() if capture is not None else None
@@ -113,10 +158,7 @@ class FastApi:
                         if text is not None:  # nothing was recorded during the call: its place is taken now
                             rec.put_text(name, text, None, stack, parent)
                         else:  # an output the C text does not read: the usual end makes it a dict
-                            call = Call(name, f"{key}.{n}.backward", rec.reserve(name, stack), head, False,
-                                        None if parent is NO_PARENT else parent)
-                            call.stack = stack
-                            svc._end(call, out)
+                            _end_as_dict(svc, key, name, n, head, rec, stack, parent, out)
                     except Exception as e:
                         svc._error(name, e)
                 return out
@@ -124,6 +166,16 @@ class FastApi:
                 tls.depth -= 1
 
         return api_call
+
+
+def _end_as_dict(svc: Any, key: str, name: str, n: int, head: str, rec: Any, stack: Any, parent: Any,
+                 out: Any) -> None:
+    """The end of a call on the route whose output the C text does not read: the usual end makes the record a
+    dict (its place in execution order taken now: nothing was recorded during the call)."""
+    call = Call(name, f"{key}.{n}.backward", rec.reserve(name, stack), head, False,
+                None if parent is NO_PARENT else parent)
+    call.stack = stack
+    svc._end(call, out)
 
 
 def fast_wrapper_maker(service: Any) -> Optional[Callable[[Callable, str, str, Callable], Optional[Callable]]]:

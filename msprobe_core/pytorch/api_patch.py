@@ -28,6 +28,7 @@ from msprobe_core.dump import api_wrap
 from msprobe_core.dump.api_wrap import make_wrapper
 from msprobe_core.pytorch.aten_dispatch import AtenDispatch
 from msprobe_core.pytorch.wrapper_names import never_traced
+from msprobe_core.stats.kernel import KERNEL
 
 DEFAULT_WRAP_LIST = os.path.join(os.path.dirname(__file__), "support_wrap_ops.yaml")
 
@@ -47,6 +48,8 @@ _stack_len = torch._C._len_torch_function_stack
 _stack_at = torch._C._get_function_stack_at
 _stack_pop = torch._C._pop_torch_function_stack
 _stack_push = torch._C._push_on_torch_function_stack
+_ModePass = getattr(KERNEL, "ModePass", None)
+"""The mode's pass-through in C (``_DunderMode``); None without the extension."""
 
 ApiHandler = api_wrap.ApiHandler
 # (original, prefix, api, the usual wrapper) -> a faster wrapper for that API, or None (``api_fast``)
@@ -103,6 +106,11 @@ class _DunderMode(TorchFunctionMode):
     """Sees the inherited operator dunders of the plan (``funcs``: mode func -> (prefix, dunder name, the fast
     route's wrapper or None)).
 
+    torch sends every overridable call through the mode while it is on (``.grad``, ``is_complex``, ``item``...):
+    where the extension has it, the instance's ``__torch_function__`` is ``ModePass`` (``stats/_fast_api.c``),
+    which calls a function outside the plan itself, without a Python frame, and gives the others to the method
+    below.
+
     Invisible to ``torch.compile`` (``never_traced``): a function compiled while the mode is on (vLLM compiles
     ``get_masked_input_and_mask`` even in eager mode) would otherwise have Dynamo trace the mode's lookups and
     the dump's state, guard on them and fail ("Guard failed on the same frame it was created") or recompile at
@@ -114,6 +122,8 @@ class _DunderMode(TorchFunctionMode):
         self.funcs = funcs
         self.handler = handler
         self.should_record = should_record
+        if _ModePass is not None:  # torch looks ``__torch_function__`` up on the mode: the compiled pass-through
+            self.__torch_function__ = _ModePass(funcs, self.__torch_function__)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}

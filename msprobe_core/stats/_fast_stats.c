@@ -327,21 +327,10 @@ static PyObject *raw_ops(PyObject *self, PyObject *const *args, Py_ssize_t nargs
 static int add_tensor_rows(PyObject *m);
 static int add_fast_monitor(PyObject *m); /* _fast_monitor.c, #included after the monitor's step values */
 
-static PyObject *frame_key(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 1) {
-        PyErr_SetString(PyExc_TypeError, "frame_key(depth) takes 1 argument");
-        return NULL;
-    }
-    long depth = PyLong_AsLong(args[0]);
-    if (depth == -1 && PyErr_Occurred()) return NULL;
-    uintptr_t key[256];
-    PyFrameObject *f = PyEval_GetFrame();  /* borrowed */
-    Py_XINCREF(f);
-    for (long i = 0; i < depth && f != NULL; i++) {
-        PyFrameObject *back = PyFrame_GetBack(f);
-        Py_DECREF(f);
-        f = back;
-    }
+/* The bytes naming the stack from frame f (a reference taken over) outward: each frame's code address and
+ * instruction offset. */
+static PyObject *stack_key(PyFrameObject *f) {
+    uintptr_t key[256] = {0};
     PyObject *out = NULL;
     Py_ssize_t cap = 256, used = 0;
     uintptr_t *buf = key;
@@ -365,6 +354,23 @@ static PyObject *frame_key(PyObject *self, PyObject *const *args, Py_ssize_t nar
     out = PyBytes_FromStringAndSize((const char *)buf, used * (Py_ssize_t)sizeof(uintptr_t));
     if (buf != key) PyMem_Free(buf);
     return out;
+}
+
+static PyObject *frame_key(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 1) {
+        PyErr_SetString(PyExc_TypeError, "frame_key(depth) takes 1 argument");
+        return NULL;
+    }
+    long depth = PyLong_AsLong(args[0]);
+    if (depth == -1 && PyErr_Occurred()) return NULL;
+    PyFrameObject *f = PyEval_GetFrame();  /* borrowed */
+    Py_XINCREF(f);
+    for (long i = 0; i < depth && f != NULL; i++) {
+        PyFrameObject *back = PyFrame_GetBack(f);
+        Py_DECREF(f);
+        f = back;
+    }
+    return stack_key(f);
 }
 
 #include <structmember.h>
@@ -1386,6 +1392,7 @@ done:
 /* ================================================================================== end of autograd walk */
 
 #include "_fast_journal.c"
+#include "_fast_api.c"
 
 static PyMethodDef methods[] = {
     {"walk", (PyCFunction)(void (*)(void))walk, METH_FASTCALL,
@@ -1415,7 +1422,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fast_stats", "One-p
 
 PyMODINIT_FUNC PyInit__fast_stats(void) {
     PyObject *m = PyModule_Create(&module);
-    if (m != NULL && (add_record_text(m) < 0 || add_grad_text(m) < 0 || add_tensor_rows(m) < 0 || add_fast_monitor(m) < 0 || add_text_journal(m) < 0))
+    if (m != NULL && (add_record_text(m) < 0 || add_grad_text(m) < 0 || add_tensor_rows(m) < 0 || add_fast_monitor(m) < 0 || add_text_journal(m) < 0 || add_api_call(m) < 0))
         Py_CLEAR(m);
     return m;
 }

@@ -24,9 +24,13 @@ needs_kernel = pytest.mark.skipif(KERNEL is None, reason="the kernel is not buil
 SCRIPT = textwrap.dedent("""
     import os, signal, torch
     from torch import nn
-    if not {fast}:  # the usual route for every API
+    if {route!r} == "usual":  # the usual route for every API
         from msprobe_core.pytorch import dump_service
         dump_service.fast_wrapper_maker = lambda service: None
+    elif {route!r} == "python":  # the fast route's steps and the mode's pass-through in Python (the extension
+        from msprobe_core.pytorch import api_fast, api_patch  # without ApiCall and ModePass)
+        api_fast._ApiCall = None
+        api_patch._ModePass = None
     from msprobe_core.pytorch import PrecisionDebugger
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 8), nn.GELU(), nn.Linear(8, 4))
@@ -56,8 +60,9 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def _run(out: Path, level: str, fast: bool, kill: bool = False) -> subprocess.CompletedProcess:
-    script = SCRIPT.format(out=str(out), level=level, fast=fast, kill=kill)
+def _run(out: Path, level: str, route: str, kill: bool = False) -> subprocess.CompletedProcess:
+    """The script's run with the fast route in C (``c``), in Python (``python``) or without it (``usual``)."""
+    script = SCRIPT.format(out=str(out), level=level, route=route, kill=kill)
     return subprocess.run([sys.executable, "-c", script], env=dict(os.environ, PYTHONPATH=str(ROOT)),
                           capture_output=True, text=True, timeout=600, cwd=out.parent)
 
@@ -70,30 +75,32 @@ def _step_dir(out: Path, step: int) -> Path:
 @pytest.mark.parametrize("level", ["L1", "mix"])
 def test_the_fast_route_writes_what_the_usual_route_writes(tmp_path, level):
     outs = {}
-    for fast in (True, False):
-        out = tmp_path / f"fast{fast}" / "dump"
+    for route in ("c", "python", "usual"):
+        out = tmp_path / route / "dump"
         out.parent.mkdir()
-        proc = _run(out, level, fast)
+        proc = _run(out, level, route)
         assert proc.returncode == 0, proc.stderr
-        outs[fast] = out
+        outs[route] = out
     for step in range(3):
-        a, b = (_step_dir(outs[f], step) for f in (True, False))
-        for name in ("dump.json", "stack.json", "construct.json"):
-            assert (a / name).read_bytes() == (b / name).read_bytes(), (step, name)
-    data = json.loads((_step_dir(outs[True], 1) / "dump.json").read_text())["data"]
+        for route in ("c", "python"):
+            a, b = (_step_dir(outs[r], step) for r in (route, "usual"))
+            for name in ("dump.json", "stack.json", "construct.json"):
+                assert (a / name).read_bytes() == (b / name).read_bytes(), (route, step, name)
+    data = json.loads((_step_dir(outs["c"], 1) / "dump.json").read_text())["data"]
     assert "Tensor.lerp_.0.forward" in data and "Tensor.addcdiv_.0.forward" in data  # the optimizer's updates
     assert "Torch.polar.0.forward" in data and "Torch.view_as_complex.0.forward" in data
 
 
 @needs_kernel
-def test_a_killed_process_keeps_the_fast_routes_records(tmp_path):
+@pytest.mark.parametrize("route", ["c", "python"])
+def test_a_killed_process_keeps_the_fast_routes_records(tmp_path, route):
     """Each record is journaled when its call ends: the recovered step equals the step of a run not killed."""
     killed_out, full_out = tmp_path / "killed" / "dump", tmp_path / "full" / "dump"
     for out in (killed_out, full_out):
         out.parent.mkdir()
-    killed = _run(killed_out, "L1", True, kill=True)
+    killed = _run(killed_out, "L1", route, kill=True)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
-    full = _run(full_out, "L1", True)
+    full = _run(full_out, "L1", route)
     assert full.returncode == 0, full.stderr
     res = subprocess.run([sys.executable, "-m", "msprobe_core", "recover", str(killed_out)], capture_output=True,
                          text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
@@ -152,3 +159,110 @@ def test_without_the_kernel_there_is_no_fast_route(tmp_path, monkeypatch):
     monkeypatch.setattr(tensor_stats, "_fast_stats", None)  # MSPROBE_FAST_STATS=0
     dbg = PrecisionDebugger({"dump_path": str(tmp_path), "level": "L1", "task": "statistics"})
     assert api_fast.fast_wrapper_maker(dbg.service) is None
+
+
+@pytest.fixture(params=["c", "python"])
+def route(request, monkeypatch):
+    """The fast route's call in C (``ApiCall``) and in Python (``_python_call``)."""
+    if request.param == "python":
+        monkeypatch.setattr(api_fast, "_ApiCall", None)
+    elif api_fast._ApiCall is None:
+        pytest.skip("the extension has no ApiCall")
+    return request.param
+
+
+@needs_kernel
+def test_the_tools_errors_never_reach_the_users_call(tmp_path, route, monkeypatch):
+    """A failing journal goes to dump_error_info.log; the user's result comes back, the user's own error
+    goes up unchanged; the tool's depth is restored either way."""
+    from msprobe_core.common.tool_guard import TOOL
+    from msprobe_core.files.step_recorder import StepRecorder
+    dbg = PrecisionDebugger({"dump_path": str(tmp_path), "level": "L1", "task": "statistics"})
+    dbg.start()
+    try:
+        def broken(*args, **kwargs):
+            raise OSError("journal full")
+        monkeypatch.setattr(StepRecorder, "put_text", broken)
+        with torch.no_grad():
+            t = torch.ones(3)
+            assert torch.equal(t.mul_(2.0), torch.full((3,), 2.0))
+            with pytest.raises(RuntimeError):
+                torch.ones(2).add_(torch.ones(3))
+        assert TOOL.depth == 0
+    finally:
+        dbg.stop()
+    log = next(tmp_path.rglob("dump_error_info.log")).read_text()
+    assert "Tensor.mul_.0.forward" in log and "journal full" in log
+
+
+@needs_kernel
+def test_the_c_call_checks_what_it_is_given(tmp_path):
+    if api_fast._ApiCall is None:
+        pytest.skip("the extension has no ApiCall")
+    dbg = PrecisionDebugger({"dump_path": str(tmp_path), "level": "L1", "task": "statistics"})
+    dbg.start()
+    try:
+        call = api_fast.FastApi(dbg.service).call(torch.Tensor.add, "Tensor", "add")
+        with pytest.raises(TypeError):
+            call([torch.ones(1)], {})  # a list: the Python function standing for the API always passes a tuple
+        with pytest.raises(TypeError):
+            api_fast._ApiCall(torch.add, ("Torch.add", "Torch", "add"), ())
+        assert torch.equal(call((torch.ones(1), torch.ones(1)), {}), torch.full((1,), 2.0))
+        assert call.__wrapped__ is torch.Tensor.add
+    finally:
+        dbg.stop()
+
+
+@needs_kernel
+def test_the_c_call_leaks_nothing(tmp_path):
+    """100,000 recorded calls (records dropped at each step's end): the process's memory stays flat."""
+    import gc
+    import tracemalloc
+    if api_fast._ApiCall is None:
+        pytest.skip("the extension has no ApiCall")
+    dbg = PrecisionDebugger({"dump_path": str(tmp_path), "level": "L1", "task": "structure"})
+    t = torch.ones(2)
+
+    def steps(n: int) -> None:
+        for _ in range(n):
+            dbg.start()
+            with torch.no_grad():
+                for _ in range(1000):
+                    t.mul_(1.0)
+            dbg.stop()
+            dbg.step()
+
+    steps(5)
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    steps(100)
+    gc.collect()
+    grown = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    assert grown < 2_000_000, grown
+
+
+def test_the_operator_modes_pass_through_calls_what_it_does_not_record(tmp_path):
+    """The mode's compiled ``__torch_function__`` (``ModePass``) passes any call outside the plan straight on
+    (keyword arguments too) and gives planned functions to the mode's own method; torch sees it as the mode's."""
+    from msprobe_core.pytorch import api_patch
+    if api_patch._ModePass is None:
+        pytest.skip("the extension has no ModePass")
+    dbg = PrecisionDebugger({"dump_path": str(tmp_path), "level": "L1", "task": "statistics"})
+    dbg.start()
+    try:
+        mode = dbg.service.patcher._mode
+        assert type(mode.__torch_function__) is api_patch._ModePass and mode.__torch_function__.__self__ is mode
+        t = torch.arange(6.0).reshape(2, 3)
+        with torch.no_grad():
+            assert torch.equal(torch.sum(t, dim=1), torch.tensor([3.0, 12.0]))  # a keyword, outside the plan
+            assert t.is_complex() is False and t.grad is None
+            assert torch.equal(t / 2, torch.arange(6.0).reshape(2, 3) / 2)  # an operator the mode records
+        with pytest.raises(TypeError):
+            mode.__torch_function__([], (), (), None)  # an unhashable func: the Python method's own error
+    finally:
+        dbg.stop()
+        dbg.step()
+    data = json.loads(next(tmp_path.rglob("dump.json")).read_text())["data"]
+    assert any(k.startswith("Tensor.__truediv__.0.forward") or k.startswith("Tensor.div.0.forward") for k in data)

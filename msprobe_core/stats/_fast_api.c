@@ -1,0 +1,522 @@
+/* ============================================================================================ API call
+ * The L1 dump's fast route of one recorded API call in one C call (``pytorch/api_fast.py``: ``FastApi``; its
+ * Python ``api_call`` is the same route, kept where this type is not built or turned off). #included by
+ * _fast_stats.c, after RecordText (whose text functions it calls directly).
+ *
+ *   ApiCall(original, key, env)   one per API, made when the patch plan is built; ``key`` is "{prefix}.{api}",
+ *                                 ``env`` the service's tuple of what every call reads (ENV_* below, built
+ *                                 once by ``FastApi``)
+ *     (args, kwargs) -> original(*args, **kwargs), recorded as ``api_call`` records it: the gates (not
+ *                       recording, the tool's own work or a backward pass: the original alone; another
+ *                       thread: said once, the original alone; autograd on: ``on_api_call``), the inputs'
+ *                       text, the counter and record name, stack and parent, the original with the operator
+ *                       mode popped when it is the innermost mode (``ApiPatcher.call``), the output's text
+ *                       and ``rec.put_text``; an input the text does not read goes to ``on_api_call``, an
+ *                       output it does not read to ``end_dict``, the tool's errors to ``svc._error``.
+ * Dynamo never sees this object: the Python function standing for the API (``api_fast``) sends traced calls
+ * to the usual wrapper before calling it.
+ *
+ *   ModePass(funcs, record)       the operator mode's pass-through for the calls it does not record (below) */
+
+enum {
+    ENV_SVC, ENV_TLS, ENV_RECORDS, ENV_RT, ENV_PATCHER, ENV_CAPTURE, ENV_INTERNED, ENV_CONSTRUCT, ENV_NO_PARENT,
+    ENV_ON_API_CALL, ENV_END_DICT, ENV_GRAPH_TASK, ENV_GRAD_ENABLED, ENV_TF_OFF, ENV_TF_ON,
+    ENV_STACK_LEN, ENV_STACK_POP, ENV_STACK_PUSH, ENV_N
+};
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *original, *key, *env;
+} ApiCallObject;
+
+static PyObject *S_recording, *S_depth, *S_dumping_thread, *S_other_thread, *S_step_state, *S_counters,
+    *S_recorder, *S_open_step, *S_module_stack, *S_mode, *S_dict, *S_reserve, *S_put_text, *S_error, *ZERO, *ONE,
+    *MINUS_ONE;
+
+/* original(*args, **kwargs) */
+static PyObject *ac_plain(PyObject *original, PyObject *args, PyObject *kwargs) {
+    return PyObject_Call(original, args, PyDict_GET_SIZE(kwargs) ? kwargs : NULL);
+}
+
+/* This thread's ``tls.depth`` (``tls``: a ``threading.local``; ``local``: its ``__dict__`` for this thread, where
+ * the value lives once set; the class's 0 before), a new reference. */
+static PyObject *ac_get_depth(PyObject *local) {
+    PyObject *v = PyDict_GetItemWithError(local, S_depth);
+    if (v == NULL && PyErr_Occurred()) return NULL;
+    return Py_NewRef(v != NULL ? v : ZERO);
+}
+
+/* tls.depth += d (ONE or MINUS_ONE), keeping any exception already set (a ``finally``: that exception wins). */
+static int ac_depth(PyObject *local, PyObject *d) {
+    PyObject *et, *ev, *etb;
+    PyErr_Fetch(&et, &ev, &etb);
+    int rc = -1;
+    PyObject *v = ac_get_depth(local);
+    if (v != NULL) {
+        PyObject *nv = PyNumber_Add(v, d);
+        Py_DECREF(v);
+        if (nv != NULL) {
+            rc = PyDict_SetItem(local, S_depth, nv);
+            Py_DECREF(nv);
+        }
+    }
+    if (et != NULL) {
+        if (rc < 0) PyErr_Clear();
+        PyErr_Restore(et, ev, etb);
+        return -1;
+    }
+    return rc;
+}
+
+/* The pending exception, if an ``Exception``, goes to svc._error(name, e) and 0 is returned; anything else
+ * (KeyboardInterrupt...) stays pending: -1. */
+static int ac_report(PyObject *svc, PyObject *name) {
+    if (!PyErr_ExceptionMatches(PyExc_Exception)) return -1;
+    PyObject *et, *ev, *etb;
+    PyErr_Fetch(&et, &ev, &etb);
+    PyErr_NormalizeException(&et, &ev, &etb);
+    if (etb != NULL && ev != NULL) PyException_SetTraceback(ev, etb);
+    PyObject *r = PyObject_CallMethodObjArgs(svc, S_error, name, ev != NULL ? ev : Py_None, NULL);
+    Py_XDECREF(et); Py_XDECREF(ev); Py_XDECREF(etb);
+    if (r == NULL) return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+/* fn(a, b) of RecordText with torch functions off (``with DisableTorchFunction()``: the tool's own tensor
+ * reads skip every TorchFunctionMode); one guard serves every call (its __enter__ and __exit__ in ``env``): the
+ * dumping thread alone comes here, and nothing here calls an API of the plan. */
+typedef PyObject *(*rt_fn)(RecordTextObject *, PyObject *const *, Py_ssize_t);
+static PyObject *ac_text(PyObject **env, rt_fn fn, PyObject *a, PyObject *b) {
+    PyObject *r = PyObject_CallNoArgs(env[ENV_TF_OFF]);
+    if (r == NULL) return NULL;
+    Py_DECREF(r);
+    PyObject *argv[2] = {a, b};
+    PyObject *text = fn((RecordTextObject *)env[ENV_RT], argv, 2);
+    PyObject *et, *ev, *etb;
+    PyErr_Fetch(&et, &ev, &etb);
+    r = PyObject_CallNoArgs(env[ENV_TF_ON]);
+    if (r == NULL) {  /* __exit__ failed: its error stands */
+        Py_XDECREF(text); Py_XDECREF(et); Py_XDECREF(ev); Py_XDECREF(etb);
+        return NULL;
+    }
+    Py_DECREF(r);
+    PyErr_Restore(et, ev, etb);
+    return text;
+}
+
+/* original(*args, **kwargs) with the operator mode popped while it is the innermost TorchFunctionMode (it would
+ * only pass the call through again): ``ApiPatcher.call``. */
+static PyObject *ac_original(PyObject **env, PyObject *original, PyObject *args, PyObject *kwargs) {
+    PyObject *mode = PyObject_GetAttr(env[ENV_PATCHER], S_mode);
+    if (mode == NULL) return NULL;
+    int popped = 0;
+    if (mode != Py_None) {
+        PyObject *n = PyObject_CallNoArgs(env[ENV_STACK_LEN]);
+        Py_ssize_t depth = n == NULL ? -1 : PyLong_AsSsize_t(n);
+        Py_XDECREF(n);
+        if (depth < 0) { Py_DECREF(mode); return NULL; }
+        if (depth > 0) {  /* the innermost mode, popped; pushed back at once if it is another one */
+            PyObject *top = PyObject_CallNoArgs(env[ENV_STACK_POP]);
+            if (top == NULL) { Py_DECREF(mode); return NULL; }
+            popped = top == mode;
+            PyObject *r = popped ? Py_NewRef(Py_None) : PyObject_CallOneArg(env[ENV_STACK_PUSH], top);
+            Py_DECREF(top);
+            if (r == NULL) { Py_DECREF(mode); return NULL; }
+            Py_DECREF(r);
+        }
+    }
+    PyObject *out = ac_plain(original, args, kwargs);
+    if (popped) {  /* a ``finally``: the mode goes back whatever happened */
+        PyObject *et, *ev, *etb;
+        PyErr_Fetch(&et, &ev, &etb);
+        PyObject *r = PyObject_CallOneArg(env[ENV_STACK_PUSH], mode);
+        if (r == NULL) {
+            Py_CLEAR(out);
+            Py_XDECREF(et); Py_XDECREF(ev); Py_XDECREF(etb);
+        } else {
+            Py_DECREF(r);
+            PyErr_Restore(et, ev, etb);
+        }
+    }
+    Py_DECREF(mode);
+    return out;
+}
+
+/* Which way a call goes: 0 the original alone, 1 the fast route (*local: this thread's dict of ``tls``, a new
+ * reference), 2 ``on_api_call``; -1 an error. */
+static int ac_gate(PyObject **env, PyObject **local) {
+    PyObject *svc = env[ENV_SVC];
+    PyObject *v = PyObject_GetAttr(svc, S_recording);
+    int on = v == NULL ? -1 : PyObject_IsTrue(v);
+    Py_XDECREF(v);
+    if (on <= 0) return on;
+    PyObject *d = PyObject_GetAttr(env[ENV_TLS], S_dict);
+    if (d == NULL) return -1;
+    if (!PyDict_Check(d)) { Py_DECREF(d); PyErr_SetString(PyExc_TypeError, "tls.__dict__ is not a dict"); return -1; }
+    v = ac_get_depth(d);
+    on = v == NULL ? -1 : PyObject_IsTrue(v);
+    Py_XDECREF(v);
+    if (on != 0) { Py_DECREF(d); return on < 0 ? -1 : 0; }
+    *local = d;
+    v = PyObject_CallNoArgs(env[ENV_GRAPH_TASK]);
+    if (v == NULL) return -1;
+    long task = PyLong_AsLong(v);
+    Py_DECREF(v);
+    if (task == -1 && PyErr_Occurred()) return -1;
+    if (task != -1) return 0;
+    v = PyObject_GetAttr(svc, S_dumping_thread);
+    if (v == NULL) return -1;
+    unsigned long thread = PyLong_AsUnsignedLong(v);
+    Py_DECREF(v);
+    if (thread == (unsigned long)-1 && PyErr_Occurred()) return -1;
+    if (thread != PyThread_get_thread_ident()) {
+        v = PyObject_CallMethodNoArgs(svc, S_other_thread);
+        if (v == NULL) return -1;
+        Py_DECREF(v);
+        return 0;
+    }
+    v = PyObject_CallNoArgs(env[ENV_GRAD_ENABLED]);
+    on = v == NULL ? -1 : PyObject_IsTrue(v);
+    Py_XDECREF(v);
+    return on < 0 ? -1 : on ? 2 : 1;
+}
+
+/* The record's name "{key}.{n}.forward", the step's counter of key taken (n). */
+static PyObject *ac_name(PyObject **env, PyObject *key, PyObject **n) {
+    PyObject *state = PyObject_GetAttr(env[ENV_RECORDS], S_step_state);
+    if (state == NULL) return NULL;
+    PyObject *counters = PyObject_GetAttr(state, S_counters);
+    Py_DECREF(state);
+    if (counters == NULL) return NULL;
+    PyObject *name = NULL, *count = NULL, *next = NULL;
+    if (PyDict_CheckExact(counters)) {
+        count = PyDict_GetItemWithError(counters, key);
+        if (count == NULL && PyErr_Occurred()) goto done;
+        Py_XINCREF(count);
+    } else {
+        count = PyObject_GetItem(counters, key);
+        if (count == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_KeyError)) goto done;
+            PyErr_Clear();
+        }
+    }
+    if (count == NULL) count = Py_NewRef(ZERO);
+    next = PyNumber_Add(count, ONE);
+    if (next == NULL || PyObject_SetItem(counters, key, next) < 0) goto done;
+    long long c = PyLong_Check(count) ? PyLong_AsLongLong(count) : -1;
+    Py_ssize_t klen;
+    const char *k = PyUnicode_AsUTF8AndSize(key, &klen);
+    if (k == NULL) goto done;
+    if (c >= 0 && klen < 200) {  /* the usual case, without a format string */
+        static const char tail[] = ".forward";
+        char digits[24], buf[256];
+        int nd = 0;
+        do { digits[nd++] = (char)('0' + c % 10); c /= 10; } while (c > 0);
+        Py_ssize_t len = klen;
+        memcpy(buf, k, klen);
+        buf[len++] = '.';
+        while (nd > 0) buf[len++] = digits[--nd];
+        memcpy(buf + len, tail, sizeof(tail) - 1);
+        name = PyUnicode_DecodeUTF8(buf, len + (Py_ssize_t)sizeof(tail) - 1, NULL);
+    } else {
+        PyErr_Clear();
+        name = PyUnicode_FromFormat("%U.%S.forward", key, count);
+    }
+    if (name != NULL) { *n = count; count = NULL; }
+done:
+    Py_DECREF(counters);
+    Py_XDECREF(count);
+    Py_XDECREF(next);
+    return name;
+}
+
+/* The caller's interned stack (``StackCapture.capture(1)`` from the Python function that called this): looked up
+ * by its key in the capture's table, and made by ``capture`` only the first time. */
+static PyObject *ac_stack(PyObject **env) {
+    if (env[ENV_CAPTURE] == Py_None) return Py_NewRef(Py_None);
+    PyFrameObject *f = PyEval_GetFrame();  /* the Python function standing for the API */
+    Py_XINCREF(f);
+    PyObject *key = stack_key(f);
+    if (key == NULL) return NULL;
+    PyObject *stack = PyDict_GetItemWithError(env[ENV_INTERNED], key);
+    Py_DECREF(key);
+    if (stack != NULL) return Py_NewRef(stack);
+    if (PyErr_Occurred()) return NULL;
+    return PyObject_CallNoArgs(env[ENV_CAPTURE]);
+}
+
+/* rec, stack and parent of the record: svc.recorder or svc._open_step(), capture() or None, the innermost
+ * module (construct.json) or NO_PARENT. -1 with an exception set. */
+static int ac_where(PyObject **env, PyObject **rec, PyObject **stack, PyObject **parent) {
+    PyObject *svc = env[ENV_SVC];
+    *rec = PyObject_GetAttr(svc, S_recorder);
+    if (*rec == NULL) return -1;
+    int ok = PyObject_IsTrue(*rec);
+    if (ok < 0) return -1;
+    if (!ok) {
+        Py_SETREF(*rec, PyObject_CallMethodNoArgs(svc, S_open_step));
+        if (*rec == NULL) return -1;
+    }
+    *stack = ac_stack(env);
+    if (*stack == NULL) return -1;
+    ok = PyObject_IsTrue(env[ENV_CONSTRUCT]);
+    if (ok < 0) return -1;
+    if (!ok) {
+        *parent = Py_NewRef(env[ENV_NO_PARENT]);
+        return 0;
+    }
+    PyObject *state = PyObject_GetAttr(env[ENV_RECORDS], S_step_state);
+    if (state == NULL) return -1;
+    PyObject *modules = PyObject_GetAttr(state, S_module_stack);
+    Py_DECREF(state);
+    if (modules == NULL) return -1;
+    ok = PyObject_IsTrue(modules);
+    if (ok < 0) { Py_DECREF(modules); return -1; }
+    if (ok) {
+        PyObject *at = PyLong_FromLong(-1);
+        *parent = at == NULL ? NULL : PyObject_GetItem(modules, at);
+        Py_XDECREF(at);
+    } else {
+        *parent = Py_NewRef(Py_None);
+    }
+    Py_DECREF(modules);
+    return *parent == NULL ? -1 : 0;
+}
+
+/* The fast route of a call that passed the gates (``api_call`` after its gates). */
+static PyObject *ac_record(ApiCallObject *self, PyObject **env, PyObject *local, PyObject *args, PyObject *kwargs) {
+    PyObject *svc = env[ENV_SVC];
+    if (ac_depth(local, ONE) < 0) return NULL;  /* the tool's own work, as in ``on_api_call`` */
+    PyObject *head = ac_text(env, rt_inputs, args, kwargs);
+    if (head == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_Exception)) { ac_depth(local, MINUS_ONE); return NULL; }
+        PyErr_Clear();  /* the usual route says what went wrong */
+    }
+    if (head == NULL || head == Py_None) {  /* an argument the C text does not read: the usual record */
+        Py_XDECREF(head);
+        if (ac_depth(local, MINUS_ONE) < 0) return NULL;
+        return PyObject_CallFunctionObjArgs(env[ENV_ON_API_CALL], self->original, PyTuple_GET_ITEM(self->key, 1),
+                                            PyTuple_GET_ITEM(self->key, 2), args, kwargs, NULL);
+    }
+    PyObject *key = PyTuple_GET_ITEM(self->key, 0);
+    PyObject *n = NULL, *rec = NULL, *stack = NULL, *parent = NULL, *out = NULL;
+    PyObject *name = ac_name(env, key, &n);
+    if (name == NULL) goto fail;
+    if (ac_where(env, &rec, &stack, &parent) < 0) {
+        if (ac_report(svc, name) < 0) goto fail;  /* the tool must never break the user's call */
+        Py_CLEAR(head);
+    }
+    out = ac_original(env, self->original, args, kwargs);
+    if (out == NULL) {  /* what the usual route leaves of a call that raised: its place and stack */
+        if (head != NULL) {
+            PyObject *et, *ev, *etb;
+            PyErr_Fetch(&et, &ev, &etb);
+            PyObject *r = PyObject_CallMethodObjArgs(rec, S_reserve, name, stack, NULL);
+            int rc = r != NULL ? 0 : ac_report(svc, name);
+            Py_XDECREF(r);
+            if (rc < 0) { Py_XDECREF(et); Py_XDECREF(ev); Py_XDECREF(etb); }
+            else PyErr_Restore(et, ev, etb);
+        }
+        goto fail;
+    }
+    if (head != NULL) {
+        PyObject *text = ac_text(env, rt_record, head, out);
+        PyObject *r = NULL;
+        if (text == Py_None)  /* an output the C text does not read: the usual end makes it a dict */
+            r = PyObject_CallFunctionObjArgs(env[ENV_END_DICT], key, name, n, head, rec, stack, parent, out, NULL);
+        else if (text != NULL)  /* nothing was recorded during the call: its place is taken now */
+            r = PyObject_CallMethodObjArgs(rec, S_put_text, name, text, Py_None, stack, parent, NULL);
+        Py_XDECREF(text);
+        if (r == NULL && ac_report(svc, name) < 0) { Py_CLEAR(out); goto fail; }
+        Py_XDECREF(r);
+    }
+fail:
+    Py_XDECREF(head); Py_XDECREF(n); Py_XDECREF(name);
+    Py_XDECREF(rec); Py_XDECREF(stack); Py_XDECREF(parent);
+    if (ac_depth(local, MINUS_ONE) < 0) Py_CLEAR(out);
+    return out;
+}
+
+static PyObject *ac_vectorcall(ApiCallObject *self, PyObject *const *argv, size_t nargsf, PyObject *kwnames) {
+    if (PyVectorcall_NARGS(nargsf) != 2 || kwnames != NULL || !PyTuple_Check(argv[0]) || !PyDict_Check(argv[1])) {
+        PyErr_SetString(PyExc_TypeError, "ApiCall(args, kwargs) takes a tuple and a dict");
+        return NULL;
+    }
+    PyObject **env = &PyTuple_GET_ITEM(self->env, 0);
+    PyObject *local = NULL, *out = NULL;
+    switch (ac_gate(env, &local)) {
+    case 0: out = ac_plain(self->original, argv[0], argv[1]); break;
+    case 1: out = ac_record(self, env, local, argv[0], argv[1]); break;
+    case 2: out = PyObject_CallFunctionObjArgs(env[ENV_ON_API_CALL], self->original, PyTuple_GET_ITEM(self->key, 1),
+                                               PyTuple_GET_ITEM(self->key, 2), argv[0], argv[1], NULL);
+    }
+    Py_XDECREF(local);
+    return out;
+}
+
+/* ApiCall(original, (key, prefix, api), env) */
+static PyObject *ac_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    PyObject *original, *key, *env;
+    if (kwds != NULL && PyDict_GET_SIZE(kwds)) {
+        PyErr_SetString(PyExc_TypeError, "ApiCall takes no keyword arguments");
+        return NULL;
+    }
+    if (!PyArg_ParseTuple(args, "OO!O!:ApiCall", &original, &PyTuple_Type, &key, &PyTuple_Type, &env)) return NULL;
+    if (PyTuple_GET_SIZE(key) != 3 || !PyUnicode_Check(PyTuple_GET_ITEM(key, 0)) || PyTuple_GET_SIZE(env) != ENV_N
+        || !PyObject_TypeCheck(PyTuple_GET_ITEM(env, ENV_RT), &RecordTextType) || !PyCallable_Check(original)
+        || !PyDict_Check(PyTuple_GET_ITEM(env, ENV_INTERNED))) {
+        PyErr_SetString(PyExc_TypeError, "ApiCall(original, (key, prefix, api), env): see _fast_api.c");
+        return NULL;
+    }
+    ApiCallObject *self = (ApiCallObject *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    self->vectorcall = (vectorcallfunc)ac_vectorcall;
+    self->original = Py_NewRef(original);
+    self->key = Py_NewRef(key);
+    self->env = Py_NewRef(env);
+    return (PyObject *)self;
+}
+
+static int ac_traverse(ApiCallObject *self, visitproc visit, void *arg) {
+    Py_VISIT(self->original); Py_VISIT(self->key); Py_VISIT(self->env);
+    return 0;
+}
+
+static int ac_clear(ApiCallObject *self) {
+    Py_CLEAR(self->original); Py_CLEAR(self->key); Py_CLEAR(self->env);
+    return 0;
+}
+
+static void ac_dealloc(ApiCallObject *self) {
+    PyObject_GC_UnTrack(self);
+    ac_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMemberDef ac_members[] = {
+    {"__wrapped__", T_OBJECT, offsetof(ApiCallObject, original), READONLY, "the API this call records"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject ApiCallType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "msprobe_core.stats._fast_stats.ApiCall",
+    .tp_basicsize = sizeof(ApiCallObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "The L1 dump's fast route of one API's calls (see _fast_api.c, pytorch/api_fast.py)",
+    .tp_new = ac_new,
+    .tp_dealloc = (destructor)ac_dealloc,
+    .tp_traverse = (traverseproc)ac_traverse,
+    .tp_clear = (inquiry)ac_clear,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(ApiCallObject, vectorcall),
+    .tp_members = ac_members,
+};
+
+/* ---------------------------------------------------------------------------------------- ModePass
+ *   ModePass(funcs, record)   the operator mode's __torch_function__ (``pytorch/api_patch._DunderMode``), set
+ *                             on the mode instance: torch calls it for every overridable call while the dump is
+ *                             on; ``funcs`` is the plan's dict of the functions the mode records, ``record`` the
+ *                             mode's Python method (its ``__self__``, the mode, is this one's: torch checks it)
+ *     (func, types, args=(), kwargs=None) -> func(*args, **kwargs) for a function not in ``funcs`` (no Python
+ *                             frame), ``record(func, types, args, kwargs)`` (the Python method, which Dynamo
+ *                             never traces) for the others and for anything unusual. */
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *funcs, *record, *owner;
+} ModePassObject;
+
+static PyObject *mp_vectorcall(ModePassObject *self, PyObject *const *argv, size_t nargsf, PyObject *kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (kwnames == NULL && nargs >= 2 && nargs <= 4) {
+        PyObject *entry = PyDict_GetItemWithError(self->funcs, argv[0]);
+        if (entry == NULL && !PyErr_Occurred()) {
+            PyObject *args = nargs > 2 ? argv[2] : NULL, *kwargs = nargs > 3 ? argv[3] : Py_None;
+            if ((args == NULL || PyTuple_Check(args)) && (kwargs == Py_None || PyDict_Check(kwargs))) {
+                if (args == NULL) return PyObject_CallNoArgs(argv[0]);
+                return PyObject_Call(argv[0], args, kwargs != Py_None && PyDict_GET_SIZE(kwargs) ? kwargs : NULL);
+            }
+        }
+        PyErr_Clear();  /* an unhashable func: the Python method says so */
+    }
+    return PyObject_Vectorcall(self->record, argv, nargsf, kwnames);
+}
+static PyObject *mp_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    PyObject *funcs, *record;
+    if (kwds != NULL && PyDict_GET_SIZE(kwds)) {
+        PyErr_SetString(PyExc_TypeError, "ModePass takes no keyword arguments");
+        return NULL;
+    }
+    if (!PyArg_ParseTuple(args, "O!O:ModePass", &PyDict_Type, &funcs, &record)) return NULL;
+    if (!PyCallable_Check(record)) {
+        PyErr_SetString(PyExc_TypeError, "ModePass(funcs, record): record must be callable");
+        return NULL;
+    }
+    ModePassObject *self = (ModePassObject *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    self->vectorcall = (vectorcallfunc)mp_vectorcall;
+    self->funcs = Py_NewRef(funcs);
+    self->record = Py_NewRef(record);
+    self->owner = PyObject_GetAttrString(record, "__self__");  /* torch checks handler.__self__ is the mode */
+    if (self->owner == NULL) { Py_DECREF(self); return NULL; }
+    return (PyObject *)self;
+}
+
+static int mp_traverse(ModePassObject *self, visitproc visit, void *arg) {
+    Py_VISIT(self->funcs); Py_VISIT(self->record); Py_VISIT(self->owner);
+    return 0;
+}
+
+static int mp_clear(ModePassObject *self) {
+    Py_CLEAR(self->funcs); Py_CLEAR(self->record); Py_CLEAR(self->owner);
+    return 0;
+}
+
+static void mp_dealloc(ModePassObject *self) {
+    PyObject_GC_UnTrack(self);
+    mp_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMemberDef mp_members[] = {
+    {"__self__", T_OBJECT, offsetof(ModePassObject, owner), READONLY, "the mode (record's __self__)"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject ModePassType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "msprobe_core.stats._fast_stats.ModePass",
+    .tp_basicsize = sizeof(ModePassObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "The L1 operator mode's pass-through (see _fast_api.c, pytorch/api_patch.py)",
+    .tp_new = mp_new,
+    .tp_dealloc = (destructor)mp_dealloc,
+    .tp_traverse = (traverseproc)mp_traverse,
+    .tp_clear = (inquiry)mp_clear,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(ModePassObject, vectorcall),
+    .tp_members = mp_members,
+};
+
+/* Adds ApiCall and ModePass to the module (and interns the attribute names it reads). */
+static int add_api_call(PyObject *m) {
+#define INTERN(var, s) if ((var = PyUnicode_InternFromString(s)) == NULL) return -1;
+    INTERN(S_recording, "_recording") INTERN(S_depth, "depth") INTERN(S_dumping_thread, "dumping_thread")
+    INTERN(S_other_thread, "_other_thread") INTERN(S_step_state, "step_state") INTERN(S_counters, "counters")
+    INTERN(S_recorder, "recorder") INTERN(S_open_step, "_open_step") INTERN(S_module_stack, "module_stack")
+    INTERN(S_mode, "_mode") INTERN(S_dict, "__dict__") INTERN(S_reserve, "reserve")
+    INTERN(S_put_text, "put_text") INTERN(S_error, "_error")
+#undef INTERN
+    if ((ZERO = PyLong_FromLong(0)) == NULL || (ONE = PyLong_FromLong(1)) == NULL
+        || (MINUS_ONE = PyLong_FromLong(-1)) == NULL) return -1;
+    if (PyType_Ready(&ApiCallType) < 0 || PyType_Ready(&ModePassType) < 0) return -1;
+    Py_INCREF(&ApiCallType);
+    if (PyModule_AddObject(m, "ApiCall", (PyObject *)&ApiCallType) < 0) { Py_DECREF(&ApiCallType); return -1; }
+    Py_INCREF(&ModePassType);
+    if (PyModule_AddObject(m, "ModePass", (PyObject *)&ModePassType) < 0) { Py_DECREF(&ModePassType); return -1; }
+    return 0;
+}
+/* ===================================================================================== end of API call */
