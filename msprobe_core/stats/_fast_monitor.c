@@ -56,7 +56,7 @@ static PyTypeObject ActivationCoreType, ActivationType;
 /* ------------------------------------------------------------------------------------------ shared helpers */
 
 /* The row of a tensor tr_plain accepted (p, n, code) appended to the core's host rows: its index. */
-static PyObject *ac_row(ActivationCoreObject *core, void *p, Py_ssize_t n, long code) {
+static PyObject *acore_row(ActivationCoreObject *core, void *p, Py_ssize_t n, long code) {
     long threads = 1;
     double r[ROW_WIDTH];
     if (n >= PARALLEL_MIN) {  /* only then does the thread count matter (reduce_row) */
@@ -78,7 +78,7 @@ static PyObject *ac_row(ActivationCoreObject *core, void *p, Py_ssize_t n, long 
 }
 
 /* One entry (StepCollector's flat list: kind, name, module, micro, numel, slot, alias, external) appended. */
-static int ac_entry(ActivationCoreObject *core, PyObject *kind, PyObject *name, PyObject *module, PyObject *micro,
+static int acore_entry(ActivationCoreObject *core, PyObject *kind, PyObject *name, PyObject *module, PyObject *micro,
                     Py_ssize_t n, PyObject *slot, int alias, int external) {
     PyObject *numel = PyLong_FromSsize_t(n);
     if (numel == NULL) return -1;
@@ -100,7 +100,7 @@ static int ac_entry(ActivationCoreObject *core, PyObject *kind, PyObject *name, 
 
 /* Hand an error to the hooks' Python reporter (logged once, the training goes on): forward 1 for a forward
  * hook, 0 for a gradient hook. */
-static void ac_failed(ActivationCoreObject *core, int forward, PyObject *name) {
+static void acore_failed(ActivationCoreObject *core, int forward, PyObject *name) {
     PyObject *exc_type, *exc, *tb;
     PyErr_Fetch(&exc_type, &exc, &tb);
     PyErr_NormalizeException(&exc_type, &exc, &tb);
@@ -116,7 +116,7 @@ static void ac_failed(ActivationCoreObject *core, int forward, PyObject *name) {
 
 /* ------------------------------------------------------------------------------------------ ActivationCore */
 
-static PyObject *ac_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+static PyObject *acore_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     static char *kw[] = {"hooks", "rows", "raw", "entries", "eps", "actv", "actv_grad", "graph_task_id",
                          "get_num_threads", "ordered_dict", "handle_class", "tensor_base", NULL};
     PyObject *hooks, *rows, *raw, *entries, *actv, *actv_grad, *task, *threads, *od, *handle, *base;
@@ -151,24 +151,24 @@ static PyObject *ac_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     return (PyObject *)self;
 }
 
-static int ac_traverse(ActivationCoreObject *self, visitproc visit, void *arg) {
+static int acore_traverse(ActivationCoreObject *self, visitproc visit, void *arg) {
     AC_OBJECTS(RT_VISIT)
     for (int i = 0; i < AC_N; i++) Py_VISIT(self->descr[i]);
     Py_VISIT(self->weak);
     return 0;
 }
 
-static int ac_clear(ActivationCoreObject *self) {
+static int acore_clear(ActivationCoreObject *self) {
     AC_OBJECTS(RT_CLEAR)
     for (int i = 0; i < AC_N; i++) Py_CLEAR(self->descr[i]);
     Py_CLEAR(self->weak);
     return 0;
 }
 
-static void ac_dealloc(ActivationCoreObject *self) {
+static void acore_dealloc(ActivationCoreObject *self) {
     PyObject_GC_UnTrack(self);
     if (self->weak != NULL) PyObject_ClearWeakRefs((PyObject *)self);
-    ac_clear(self);
+    acore_clear(self);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -179,10 +179,10 @@ static PyTypeObject ActivationCoreType = {
     .tp_weaklistoffset = offsetof(ActivationCoreObject, weaklist),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_doc = "What the C activation hooks of one ActivationHooks share (monitor/module_hooks.py)",
-    .tp_new = ac_new,
-    .tp_traverse = (traverseproc)ac_traverse,
-    .tp_clear = (inquiry)ac_clear,
-    .tp_dealloc = (destructor)ac_dealloc,
+    .tp_new = acore_new,
+    .tp_traverse = (traverseproc)acore_traverse,
+    .tp_clear = (inquiry)acore_clear,
+    .tp_dealloc = (destructor)acore_dealloc,
 };
 
 /* ------------------------------------------------------------------------------------------ Activation */
@@ -251,7 +251,7 @@ static PyObject *act_record(ActivationObject *self, ActivationCoreObject *core, 
     if (plain == 0 || !PyTuple_CheckExact(self->names)) {
         return PyObject_CallMethodObjArgs(core->hooks, s_on_grad, (PyObject *)self, grad, NULL);
     }
-    PyObject *slot = ac_row(core, p, n, code);
+    PyObject *slot = acore_row(core, p, n, code);
     if (slot == NULL) goto failed;
     Py_ssize_t k = PyTuple_GET_SIZE(self->names);
     for (Py_ssize_t i = 0; i < k; i++) {
@@ -261,7 +261,7 @@ static PyObject *act_record(ActivationObject *self, ActivationCoreObject *core, 
             Py_DECREF(slot);
             goto failed;
         }
-        if (ac_entry(core, core->actv_grad, PyTuple_GET_ITEM(pair, 0), PyTuple_GET_ITEM(pair, 1), self->micro, n,
+        if (acore_entry(core, core->actv_grad, PyTuple_GET_ITEM(pair, 0), PyTuple_GET_ITEM(pair, 1), self->micro, n,
                      slot, i > 0, 0) < 0) {
             Py_DECREF(slot);
             goto failed;
@@ -277,7 +277,7 @@ failed:
             if (PyTuple_Check(pair) && PyTuple_GET_SIZE(pair) > 0) first = PyTuple_GET_ITEM(pair, 0);
         }
         Py_XINCREF(first);
-        ac_failed(core, 0, first);
+        acore_failed(core, 0, first);
         Py_XDECREF(first);
     }
     Py_RETURN_NONE;
@@ -414,11 +414,11 @@ static int fs_leaf(ForwardSiteObject *s, PyObject *seen, PyObject *state, PyObje
     Py_DECREF(rg);
     if (s->fwd[i] != NULL) {
         if (known->slot == Py_None) {
-            PyObject *slot = ac_row(core, p, n, code);
+            PyObject *slot = acore_row(core, p, n, code);
             if (slot == NULL) goto done;
             Py_SETREF(known->slot, slot);
-            if (ac_entry(core, core->actv, s->fwd[i], s->name, micro, n, slot, 0, !requires_grad) < 0) goto done;
-        } else if (ac_entry(core, core->actv, s->fwd[i], s->name, micro, n, known->slot, 1, !requires_grad) < 0) {
+            if (acore_entry(core, core->actv, s->fwd[i], s->name, micro, n, slot, 0, !requires_grad) < 0) goto done;
+        } else if (acore_entry(core, core->actv, s->fwd[i], s->name, micro, n, known->slot, 1, !requires_grad) < 0) {
             goto done;
         }
     }
@@ -522,7 +522,7 @@ static PyObject *fs_call(ForwardSiteObject *s, PyObject *const *args, size_t nar
     ret = Py_NewRef(Py_None);
     goto done;
 failed:
-    ac_failed(core, 1, s->name);
+    acore_failed(core, 1, s->name);
     ret = Py_NewRef(Py_None);
     goto done;
 fallback:
