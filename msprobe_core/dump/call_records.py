@@ -95,7 +95,12 @@ class CallRecords:
         self._filters = selection.filters            # scope / list: asked per call; otherwise every call is kept
         self._tensor_list = bool(service.cfg.tensor_list)
         self._fast_text = service.summarizer.record_text  # the compiled text maker, or None (``SummarizerBase``)
-        self._hook_fns: dict[tuple, Callable] = {}  # the module hooks, made once (``_hook_fn``)
+        # module hooks in C for the usual call (``DumpBackend._module_hooks``): a configuration whose forward
+        # record is text made at once and journaled whole, its backward one taken by node
+        self._fast_modules = self._fast_text is not None and self._as_text and self._keep_in and self._keep_out \
+            and not self._saves and not self._tensor_list and not self._filters and self._construct \
+            and (not selection.backward or (selection.keeps("backward", "output") and self._keep_grad_in))
+        self._hook_fns: dict[tuple, Any] = {}  # the module hooks, made once (``_hook_fn``, ``_fast_hooks``)
         self._grad_hook = self.on_grad            # bound once: a gradient hook's partial holds no new object
         self.hooked_models: list[Any] = []
         # the service's methods
@@ -128,6 +133,7 @@ class CallRecords:
         self._grad_parameters = backend._grad_parameters
         self._opaque = backend._opaque
         self._in_graph_hooks = backend._in_graph_hooks
+        self._module_hooks = backend._module_hooks
         self._class_name = backend._class_name
         self._named_modules = backend._named_modules
         self._before_hooking = backend._before_hooking
@@ -430,6 +436,8 @@ class CallRecords:
             by_node = not exclusive and self._grads_by_node(module)
             pre = self._opaque(self._hook_fn(self._module_pre, base, exclusive, by_node))
             post = self._opaque(self._hook_fn(self._module_post, base))
+            if by_node and self._fast_modules:
+                pre, post = self._fast_hooks(base, pre, post)
         handles = [module.register_forward_pre_hook(pre, with_kwargs=True),
                    module.register_forward_hook(post, with_kwargs=True)]
         self._keep_forward_handles(handles)
@@ -448,6 +456,15 @@ class CallRecords:
         if fn is None:
             fn = self._hook_fns[key] = partial(method, *args)
         return fn
+
+    def _fast_hooks(self, base: str, pre: Callable, post: Callable) -> tuple[Callable, Callable]:
+        """The back-end's faster hooks for ``pre`` and ``post`` (``_module_hooks``), made once per process as
+        ``_hook_fn``'s; ``pre`` and ``post`` themselves where it has none."""
+        key = (self._fast_hooks, base)
+        hooks = self._hook_fns.get(key)
+        if hooks is None:
+            hooks = self._hook_fns[key] = self._module_hooks(base, pre, post) or (pre, post)
+        return hooks
 
     def _module_pre(self, base: str, exclusive: bool, by_node: bool, module: Any, args: tuple, kwargs: dict):
         if _thread_id() != self.service.dumping_thread:  # another thread's call: neither recorded nor in the stacks

@@ -25,6 +25,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from msprobe_core.dump.config import DumpConfig
+from msprobe_core.dump.call_records import SKIPPED
 from msprobe_core.dump.service import Call, DumpServiceBase, saves_files
 from msprobe_core.files.call_stack import StackCapture
 from msprobe_core.pytorch.api_fast import fast_wrapper_maker
@@ -41,14 +42,17 @@ from msprobe_core.pytorch.sharded_grads import Combined, ShardedGrads, every_ran
 from msprobe_core.pytorch.summarize import Summarizer, tensors_in
 from msprobe_core.pytorch.tensor_stats import has_inf_or_nan
 from msprobe_core.pytorch.wrapper_names import is_compiled, opaque_to_compiler, unwrapped_class_name, unwrapped_modules
+from msprobe_core.stats.kernel import KERNEL
 
 _graph_task_id = torch._C._current_graph_task_id
 _is_grad_enabled = torch._C.is_grad_enabled
 _set_grad_enabled = torch._C._set_grad_enabled
 _no_torch_function = torch._C.DisableTorchFunction  # the tool's own tensor work skips every TorchFunctionMode
 _thread_id = threading.get_ident
+_torch_function_mode_on = torch._C._is_torch_function_mode_enabled
 _is_compiling = torch.compiler.is_compiling  # constant True while Dynamo traces, a flag read otherwise
 _Uninitialized = torch.nn.parameter.UninitializedTensorMixin
+_ModuleHooks = getattr(KERNEL, "ModuleHooks", None)  # L0 module hooks in C (None: the kernel is not built or is off)
 _OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -254,6 +258,20 @@ class DumpService(DumpServiceBase):
             return False
         edges.output = t  # ``capture`` hooks the node that makes it, or the tensor itself
         return True
+
+    def _module_hooks(self, base: str, pre: Callable, post: Callable) -> Optional[tuple[Callable, Callable]]:
+        text = self.summarizer.record_text
+        if _ModuleHooks is None or text is None:
+            return None
+        hooks = _ModuleHooks(
+            records=self.records, service=self, text=text, base=base, pre=pre, post=post, call=Call, skipped=SKIPPED,
+            tensor=torch.Tensor, parameter=torch.nn.Parameter, graph_task_id=_graph_task_id,
+            grad_enabled=_is_grad_enabled, mode_enabled=_torch_function_mode_on, tls=self._tls,
+            # the stack from the hook's caller on (no Python frame of the tool's between)
+            capture_stack=partial(_STACKS.capture, 1) if self.cfg.extra_info else None,
+            prepare_backward=self._prepare_backward if self.selection.backward else None,
+            hook_own_grads=self._hook_own_grads)
+        return hooks.pre, hooks.post
 
     def _own_parameters(self, module: torch.nn.Module) -> list[tuple[str, Any]]:
         return [(k, v) for k, v in module._parameters.items() if v is not None]  # without named_parameters' generator

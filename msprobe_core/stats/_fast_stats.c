@@ -1298,6 +1298,8 @@ done:
 }
 /* ================================================================================== end of autograd walk */
 
+#include "_fast_l0.c"
+
 static PyMethodDef methods[] = {
     {"walk", (PyCFunction)(void (*)(void))walk, METH_FASTCALL,
      "walk(roots, slots, skip, begin, end, leaf_inputs, accumulate_grad) -> (hits, counts): backward_capture._walk"},
@@ -1326,7 +1328,8 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fast_stats", "One-p
 
 PyMODINIT_FUNC PyInit__fast_stats(void) {
     PyObject *m = PyModule_Create(&module);
-    if (m != NULL && (add_record_text(m) < 0 || add_grad_text(m) < 0 || add_tensor_rows(m) < 0)) Py_CLEAR(m);
+    if (m != NULL && (add_record_text(m) < 0 || add_grad_text(m) < 0 || add_tensor_rows(m) < 0
+                      || add_module_hooks(m) < 0)) Py_CLEAR(m);
     return m;
 }
 
