@@ -142,6 +142,13 @@ class DumpBackend(ABC):
         records' name stem); None: ``pre`` and ``post`` are the hooks (default)."""
         return None
 
+    def _param_grad_hook(self, base: str, pname: str, count: int, hook: Callable, fields: Callable) -> Callable:
+        """A parameter's gradient hook doing the work of ``hook`` (the records' Python route, which it takes for
+        any gradient it does not handle) faster, for the modules and configurations ``_module_hooks`` serves
+        (``base``: the module's records' name stem, ``pname`` the parameter's name, ``count`` how many the
+        record holds, ``fields`` its ``TextFields`` maker); default ``hook`` itself."""
+        return hook
+
     def _call_inputs(self, call: Call, args: tuple, kwargs: dict, api: str) -> tuple[tuple, dict]:
         """The arguments the call runs on (a framework may pass views to see each input's gradient)."""
         return args, kwargs

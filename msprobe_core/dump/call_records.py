@@ -92,6 +92,8 @@ class CallRecords:
         # cache (an API's backward or the optimizer's calls read the same gradients)
         grad_text = getattr(service.summarizer, "grad_text", None)
         self._grad_text = grad_text.text if grad_text is not None and service.cfg.level == "L0" else None
+        # L0's gradients in C hooks (``DumpBackend._param_grad_hook``, a call's two at once): text without cache
+        self.grads_by_c = self._grad_text is not None and self._grads_as_text and self._construct
         self._filters = selection.filters            # scope / list: asked per call; otherwise every call is kept
         self._tensor_list = bool(service.cfg.tensor_list)
         self._fast_text = service.summarizer.record_text  # the compiled text maker, or None (``SummarizerBase``)
@@ -134,6 +136,7 @@ class CallRecords:
         self._opaque = backend._opaque
         self._in_graph_hooks = backend._in_graph_hooks
         self._module_hooks = backend._module_hooks
+        self._param_grad_hook = backend._param_grad_hook
         self._class_name = backend._class_name
         self._named_modules = backend._named_modules
         self._before_hooking = backend._before_hooking
@@ -430,10 +433,10 @@ class CallRecords:
         """Record ``module``'s forward, backward and parameter gradients under ``base``; returns the
         forward hook handles (also removed by stop())."""
         traced = None if exclusive else self._in_graph_hooks(module, base)
+        by_node = traced is None and not exclusive and self._grads_by_node(module)
         if traced is not None:  # a compiled model: hooks its compiler traces (they replay into the two below)
             pre, post = traced
         else:
-            by_node = not exclusive and self._grads_by_node(module)
             pre = self._opaque(self._hook_fn(self._module_pre, base, exclusive, by_node))
             post = self._opaque(self._hook_fn(self._module_post, base))
             if by_node and self._fast_modules:
@@ -444,7 +447,10 @@ class CallRecords:
         if self.selection.backward:
             params = self._grad_parameters(module)
             for pname, p in params:
-                self._hook_param_grad(p, self._hook_fn(self._on_param_grad, base, pname, len(params)))
+                hook = self._hook_fn(self._on_param_grad, base, pname, len(params))
+                if self._fast_modules and by_node and self.grads_by_c:
+                    hook = self._fast_param_hook(base, pname, len(params), hook)
+                self._hook_param_grad(p, hook)
         return handles
 
     def _hook_fn(self, method: Callable, *args: Any) -> Callable:
@@ -465,6 +471,14 @@ class CallRecords:
         if hooks is None:
             hooks = self._hook_fns[key] = self._module_hooks(base, pre, post) or (pre, post)
         return hooks
+
+    def _fast_param_hook(self, base: str, pname: str, count: int, hook: Callable) -> Callable:
+        """The back-end's faster ``hook`` of a parameter's gradient (``_param_grad_hook``), made once per process."""
+        key = (self._fast_param_hook, base, pname, count)
+        fast = self._hook_fns.get(key)
+        if fast is None:
+            fast = self._hook_fns[key] = self._param_grad_hook(base, pname, count, hook, _param_fields)
+        return fast
 
     def _module_pre(self, base: str, exclusive: bool, by_node: bool, module: Any, args: tuple, kwargs: dict):
         if _thread_id() != self.service.dumping_thread:  # another thread's call: neither recorded nor in the stacks
@@ -543,11 +557,17 @@ class CallRecords:
         # each of the module's parameters' gradients: one slot of the record
         if self._grads_as_text and not save and self._put_grad_text(rec, name, pname, 0, grad, _param_fields, count):
             return None
+        self._param_grad_dict(rec, base, name, pname, count, grad, save)
+        return None
+
+    def _param_grad_dict(self, rec: Any, base: str, name: str, pname: str, count: int, grad: Any,
+                         save: bool = False) -> None:
+        """Parameter ``pname``'s gradient in the record ``name`` as its summary's dict (saved, checked for
+        overflow, or a summary not known at once)."""
         with self._own(base), self._quiet():
             if self._overflow_check and self._skips_grad(grad):
-                return None
+                return
             summary = self.summarizer.summarize(grad, f"{name}.{pname}" if save else None, save)
             if len(rec.put_field(name, [pname, 0], summary, dict)) == count:  # each of the module's parameters'
                 rec.seal(name)
             self._sync(record_on_device=self._on_device([grad]))
-        return None

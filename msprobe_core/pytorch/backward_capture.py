@@ -169,7 +169,7 @@ def _single_edge(hooks: Optional[dict], report: Report, fail: Callable, context:
     key = (context, index, edge, out_nr)
     hook = hooks.get(key) if hooks is not None else None
     if hook is None:
-        hook = _SingleEdge(report, fail, context, index, edge, report_output, out_nr, report_both)
+        hook = _single_edge_type(report, fail, context, index, edge, report_output, out_nr, report_both)
         if hooks is not None:
             if len(hooks) >= _MAX_HOOKS:
                 hooks.clear()
@@ -216,6 +216,10 @@ class _SingleEdge:
                 self.report(self.context, self.index, grad)
             except Exception as e:  # the tool never breaks the user's backward
                 self.fail(self.context, e)
+
+
+_single_edge_type: Any = getattr(KERNEL, "SingleEdge", None) or _SingleEdge
+"""``_SingleEdge`` in C (the same fields and calls), or the Python class without the kernel."""
 
 
 def _report_output(hook: Any, grad: Optional[torch.Tensor]) -> None:

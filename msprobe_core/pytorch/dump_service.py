@@ -52,7 +52,10 @@ _thread_id = threading.get_ident
 _torch_function_mode_on = torch._C._is_torch_function_mode_enabled
 _is_compiling = torch.compiler.is_compiling  # constant True while Dynamo traces, a flag read otherwise
 _Uninitialized = torch.nn.parameter.UninitializedTensorMixin
-_ModuleHooks = getattr(KERNEL, "ModuleHooks", None)  # L0 module hooks in C (None: the kernel is not built or is off)
+# L0 module and gradient hooks in C (None: the kernel is not built or is off)
+_ModuleHooks = getattr(KERNEL, "ModuleHooks", None)
+_ParamGrad = getattr(KERNEL, "ParamGrad", None)
+_CallGrads = getattr(KERNEL, "CallGrads", None)
 _OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -111,6 +114,11 @@ class DumpService(DumpServiceBase):
         self._own_grad_error = self._on_own_grad_error
         self._output_grad_hook = self._on_output_grad
         self._both_grads_hook = self._on_both_grads
+        grad_text = self.summarizer.grad_text
+        if _CallGrads is not None and grad_text is not None and self.records.grads_by_c:
+            self._both_grads_hook = _CallGrads(records=self.records, service=self, grad_text=grad_text,
+                                               grad_enabled=_is_grad_enabled, mode_enabled=_torch_function_mode_on,
+                                               tls=self._tls)
         self._call_hooks: dict = {}  # the hooks of calls with one edge to one input, reused step after step
         self._step_hooks = StepHooks()  # torch hook handles of the step, removed with the step's other handles
         self._module_hooks = StepHooks()  # module hook handles, removed at stop() with the other forward handles
@@ -272,6 +280,14 @@ class DumpService(DumpServiceBase):
             prepare_backward=self._prepare_backward if self.selection.backward else None,
             hook_own_grads=self._hook_own_grads)
         return hooks.pre, hooks.post
+
+    def _param_grad_hook(self, base: str, pname: str, count: int, hook: Callable, fields: Callable) -> Callable:
+        grad_text = self.summarizer.grad_text
+        if _ParamGrad is None or grad_text is None:
+            return hook
+        return _ParamGrad(records=self.records, service=self, grad_text=grad_text, grad_enabled=_is_grad_enabled,
+                          mode_enabled=_torch_function_mode_on, tls=self._tls, base=base, pname=pname, count=count,
+                          fallback=hook, fields=fields)
 
     def _own_parameters(self, module: torch.nn.Module) -> list[tuple[str, Any]]:
         return [(k, v) for k, v in module._parameters.items() if v is not None]  # without named_parameters' generator

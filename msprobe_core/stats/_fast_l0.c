@@ -26,30 +26,33 @@ typedef struct {
 enum { A_STEP_STATE, A_MODULE_CALLS, A_COUNTERS, A_MODULE_STACK, A_RECORDER, A_OPEN_STEP, A_RESERVE, A_PUT_TEXT,
        A_STACK, A_BWD_SIZES, A_RECORDED_MODULES, A_EDGES, A_BY_NODE, A_DEPTH, A_RECORDING, A_DUMPING_THREAD,
        A_PARAMETERS, A_ERROR, A_INPUT_RECORD, A_NAME, A_BACKWARD, A_SEQ, A_RECORD, A_PARENT, A_OUTPUT,
-       A_REQUIRES_GRAD, A_HOOK_OUTPUTS, A_PUT_STACK, N_ATTRS };
+       A_REQUIRES_GRAD, A_HOOK_OUTPUTS, A_PUT_STACK, A_DATA, A_ON_CALL_GRADS, A_TENSOR_TEXT, A_PUT_TEXT_FIELD,
+       A_SYNC, A_PARAM_GRAD_DICT, N_ATTRS };
 static const char *const L0_ATTR_NAMES[N_ATTRS] = {
     "step_state", "module_calls", "counters", "module_stack", "recorder", "_open_step", "reserve", "put_text",
     "stack", "bwd_sizes", "recorded_modules", "edges", "by_node", "depth", "_recording", "dumping_thread",
     "_parameters", "_error", "_input_record", "name", "backward", "seq", "record", "parent", "output",
-    "requires_grad", "_hook_outputs", "put_stack"};
+    "requires_grad", "_hook_outputs", "put_stack", "data", "on_call_grads", "_tensor_text", "put_text_field",
+    "_sync", "_param_grad_dict"};
 static PyObject *l0_attr[N_ATTRS];
 static PyObject *l0_no_sizes;  /* (0, 0) */
 
 #define L0_GET(obj, a) PyObject_GetAttr((obj), l0_attr[a])
 
-/* TOOL.depth += delta (the tool's own work, as ``_own``). */
-static int l0_depth(ModuleHooksObject *self, long delta) {
-    PyObject *d = L0_GET(self->tls, A_DEPTH);
+/* tls.depth += delta (the tool's own work, as ``_own``): 0, or -1 with an error. */
+static int l0_depth_of(PyObject *tls, long delta) {
+    PyObject *d = L0_GET(tls, A_DEPTH);
     if (d == NULL) return -1;
     long v = PyLong_AsLong(d);
     Py_DECREF(d);
     if (v == -1 && PyErr_Occurred()) return -1;
     PyObject *n = PyLong_FromLong(v + delta);
     if (n == NULL) return -1;
-    int rc = PyObject_SetAttr(self->tls, l0_attr[A_DEPTH], n);
+    int rc = PyObject_SetAttr(tls, l0_attr[A_DEPTH], n);
     Py_DECREF(n);
     return rc;
 }
+#define l0_depth(self, delta) l0_depth_of((self)->tls, (delta))
 
 /* The value of a no-argument callable as a C truth value: 1, 0, or -1 with an error. */
 static int l0_call_true(PyObject *fn) {
@@ -60,21 +63,22 @@ static int l0_call_true(PyObject *fn) {
     return r;
 }
 
-/* The raised error to ``records._error(base, exc)``, as the Python route's ``except Exception``; a
+/* The raised error to ``records._error(name, exc)``, as the Python route's ``except Exception``; a
  * BaseException that is no Exception (KeyboardInterrupt) stays raised: -1. */
-static int l0_report(ModuleHooksObject *self) {
+static int l0_report_to(PyObject *records, PyObject *name) {
     if (!PyErr_ExceptionMatches(PyExc_Exception)) return -1;
     PyObject *type, *value, *tb;
     PyErr_Fetch(&type, &value, &tb);
     PyErr_NormalizeException(&type, &value, &tb);
     if (tb != NULL && value != NULL) PyException_SetTraceback(value, tb);
-    PyObject *r = PyObject_CallMethodObjArgs(self->records, l0_attr[A_ERROR], self->base,
-                                             value ? value : Py_None, NULL);
+    PyObject *r = PyObject_CallMethodObjArgs(records, l0_attr[A_ERROR], name, value ? value : Py_None, NULL);
     Py_XDECREF(type); Py_XDECREF(value); Py_XDECREF(tb);
     if (r == NULL) return -1;
     Py_DECREF(r);
     return 0;
 }
+
+#define l0_report(self) l0_report_to((self)->records, (self)->base)
 
 /* Is this call the dumping thread's, while recording, outside the tool's work, a backward pass and any
  * TorchFunctionMode (``DumpService.should_record`` for the thread that records)? 1, 0, -1 with an error. */
@@ -452,16 +456,407 @@ static PyTypeObject ModuleHooksType = {
     .tp_methods = mh_methods,
 };
 
-/* Adds ModuleHooks to the module. */
+
+/* ----------------------------------------------------------------------------------------- backward records
+ *   CallGrads(records, service, grad_text, grad_enabled, mode_enabled, tls)
+ *     (context, index, received, sent) -> bool: ``CallRecords.on_call_grads(*context, index, received, sent)``
+ *   SingleEdge(report, fail, context, index, edge, report_output, out_nr, report_both)
+ *     (grad_inputs, grad_outputs) -> None: ``backward_capture._SingleEdge`` (the same object, in C)
+ *   ParamGrad(records, service, grad_text, grad_enabled, mode_enabled, tls, base, pname, count, fallback)
+ *     (grad) -> None: ``CallRecords._on_param_grad(base, pname, count, grad)``
+ * Where autograd records (create_graph) or a TorchFunctionMode is on, or a gradient's text is not known at
+ * once, they take the Python route (``records``' methods) for the whole gradient. */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *records, *service, *grad_text, *grad_enabled, *mode_enabled, *tls;
+} CallGradsObject;
+
+/* May the gradients be read here without ``_quiet()`` (autograd off, no TorchFunctionMode)? 1, 0, -1. */
+static int g_quiet(CallGradsObject *self) {
+    int on = l0_call_true(self->grad_enabled);
+    if (on != 0) return on < 0 ? -1 : 0;
+    on = l0_call_true(self->mode_enabled);
+    return on < 0 ? -1 : !on;
+}
+
+#define g_depth(self, delta) l0_depth_of((self)->tls, (delta))
+
+/* A gradient's summary text (``GradText.text``, else ``records._tensor_text``): a new str, Py_None, or NULL. */
+static PyObject *g_text(CallGradsObject *self, PyObject *grad, int remember) {
+    PyObject *a[2] = {grad, remember ? Py_True : Py_False};
+    PyObject *text = gt_text((GradTextObject *)self->grad_text, a, 2);
+    if (text == Py_None) {
+        Py_DECREF(text);
+        text = PyObject_CallMethodOneArg(self->records, l0_attr[A_TENSOR_TEXT], grad);
+    }
+    return text;
+}
+
+/* ``service.recorder``'s record named ``name`` is there already? 1, 0, -1. */
+static int g_has(PyObject *rec, PyObject *name) {
+    PyObject *data = L0_GET(rec, A_DATA);
+    if (data == NULL) return -1;
+    int r = PySequence_Contains(data, name);
+    Py_DECREF(data);
+    return r;
+}
+
+static PyObject *cg_call(CallGradsObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (nargs != 4 || kwnames != NULL || !PyTuple_CheckExact(args[0]) || PyTuple_GET_SIZE(args[0]) != 3) {
+        PyErr_SetString(PyExc_TypeError, "CallGrads takes (context, index, received, sent)");
+        return NULL;
+    }
+    PyObject *backward = PyTuple_GET_ITEM(args[0], 0), *save = PyTuple_GET_ITEM(args[0], 1);
+    PyObject *parent = PyTuple_GET_ITEM(args[0], 2);
+    int quiet = g_quiet(self);
+    if (quiet <= 0) {
+        if (quiet < 0) return NULL;
+        PyObject *a[7] = {self->records, backward, save, parent, args[1], args[2], args[3]};
+        return PyObject_VectorcallMethod(l0_attr[A_ON_CALL_GRADS], a, 7 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    }
+    PyObject *rec = L0_GET(self->service, A_RECORDER);
+    if (rec == NULL) return NULL;
+    int usual = rec != Py_None && save == Py_False && PyLong_CheckExact(args[1]) && PyLong_AsLong(args[1]) == 0;
+    if (usual) {
+        int has = g_has(rec, backward);
+        if (has < 0) { Py_DECREF(rec); return NULL; }
+        usual = !has;
+    }
+    if (usual) {  /* its backward record's sizes are (1, 1) */
+        PyObject *state = L0_GET(self->records, A_STEP_STATE);
+        PyObject *sizes = state == NULL ? NULL : L0_GET(state, A_BWD_SIZES);
+        PyObject *size = sizes == NULL ? NULL : PyDict_GetItemWithError(sizes, backward);
+        usual = size != NULL && PyTuple_CheckExact(size) && PyTuple_GET_SIZE(size) == 2
+                && PyLong_CheckExact(PyTuple_GET_ITEM(size, 0)) && PyLong_AsLong(PyTuple_GET_ITEM(size, 0)) == 1
+                && PyLong_CheckExact(PyTuple_GET_ITEM(size, 1)) && PyLong_AsLong(PyTuple_GET_ITEM(size, 1)) == 1;
+        Py_XDECREF(state);
+        Py_XDECREF(sizes);
+        if (PyErr_Occurred()) { Py_DECREF(rec); return NULL; }
+    }
+    if (!usual) {
+        Py_DECREF(rec);
+        Py_RETURN_FALSE;
+    }
+    if (g_depth(self, 1) < 0) { Py_DECREF(rec); return NULL; }
+    PyObject *result = NULL, *received = NULL, *sent = NULL, *seq = NULL;
+    received = g_text(self, args[2], 0);
+    sent = received == NULL || received == Py_None ? NULL : g_text(self, args[3], 1);
+    if (received == Py_None || sent == Py_None) {
+        result = Py_NewRef(Py_False);
+    } else if (sent != NULL) {
+        PyObject *text = PyUnicode_FromFormat("{\"input\": [%U], \"output\": [%U]}", received, sent);
+        seq = text == NULL ? NULL : PyObject_CallMethodOneArg(rec, l0_attr[A_RESERVE], backward);
+        PyObject *r = seq == NULL ? NULL
+                      : PyObject_CallMethodObjArgs(rec, l0_attr[A_PUT_TEXT], backward, text, seq, Py_None, parent, NULL);
+        Py_XDECREF(text);
+        if (r != NULL) {
+            Py_DECREF(r);
+            result = Py_NewRef(Py_True);
+        }
+    }
+    Py_XDECREF(received); Py_XDECREF(sent); Py_XDECREF(seq);
+    Py_DECREF(rec);
+    if (g_depth(self, -1) < 0) Py_CLEAR(result);
+    return result;
+}
+
+#define CG_OBJECTS(X) X(records) X(service) X(grad_text) X(grad_enabled) X(mode_enabled) X(tls)
+
+static PyObject *cg_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    static char *kw[] = {"records", "service", "grad_text", "grad_enabled", "mode_enabled", "tls", NULL};
+    PyObject *o[6];
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO!OOO:CallGrads", kw, &o[0], &o[1], &GradTextType, &o[2], &o[3],
+                                     &o[4], &o[5]))
+        return NULL;
+    CallGradsObject *self = (CallGradsObject *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    PyObject **slots[] = {&self->records, &self->service, &self->grad_text, &self->grad_enabled, &self->mode_enabled,
+                          &self->tls};
+    for (int i = 0; i < 6; i++) *slots[i] = Py_NewRef(o[i]);
+    return (PyObject *)self;
+}
+
+static PyObject *cg_tp_call(PyObject *self, PyObject *args, PyObject *kwds) {
+    return PyVectorcall_Call(self, args, kwds);
+}
+
+#define CG_VISIT(f) Py_VISIT(self->f);
+#define CG_CLEAR(f) Py_CLEAR(self->f);
+static int cg_traverse(CallGradsObject *self, visitproc visit, void *arg) { CG_OBJECTS(CG_VISIT) return 0; }
+static int cg_clear(CallGradsObject *self) { CG_OBJECTS(CG_CLEAR) return 0; }
+
+typedef struct {
+    CallGradsObject head;
+    vectorcallfunc vectorcall;
+} CallGradsCallObject;
+
+static PyObject *cgc_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    CallGradsCallObject *self = (CallGradsCallObject *)cg_new(type, args, kwds);
+    if (self != NULL) self->vectorcall = (vectorcallfunc)cg_call;
+    return (PyObject *)self;
+}
+
+static void cg_dealloc(CallGradsObject *self) {
+    PyObject_GC_UnTrack(self);
+    cg_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyTypeObject CallGradsType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "msprobe_core.stats._fast_stats.CallGrads",
+    .tp_basicsize = sizeof(CallGradsCallObject),
+    .tp_vectorcall_offset = offsetof(CallGradsCallObject, vectorcall),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "CallRecords.on_call_grads in C for L0 (see _fast_l0.c)",
+    .tp_new = cgc_new,
+    .tp_call = cg_tp_call,
+    .tp_dealloc = (destructor)cg_dealloc,
+    .tp_traverse = (traverseproc)cg_traverse,
+    .tp_clear = (inquiry)cg_clear,
+};
+
+/* ``_on_param_grad`` */
+typedef struct {
+    CallGradsObject head;
+    vectorcallfunc vectorcall;
+    PyObject *base, *pname, *count, *key, *fallback, *fields;
+} ParamGradObject;
+
+static PyObject *pg_call(ParamGradObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    CallGradsObject *g = &self->head;
+    if (nargs != 1 || kwnames != NULL) return PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);
+    PyObject *grad = args[0];
+    int quiet = g_quiet(g);
+    if (quiet <= 0) return quiet < 0 ? NULL : PyObject_Vectorcall(self->fallback, args, nargsf, NULL);
+    PyObject *rec = L0_GET(g->service, A_RECORDER);
+    if (rec == NULL) return NULL;
+    if (rec == Py_None || grad == Py_None) { Py_DECREF(rec); Py_RETURN_NONE; }
+    PyObject *state = L0_GET(g->records, A_STEP_STATE), *recorded = NULL, *counters = NULL, *name = NULL;
+    PyObject *result = NULL;
+    recorded = state == NULL ? NULL : L0_GET(state, A_RECORDED_MODULES);
+    int in = recorded == NULL ? -1 : PySequence_Contains(recorded, self->base);
+    if (in <= 0) {
+        if (in == 0) result = Py_NewRef(Py_None);
+        goto done;
+    }
+    counters = L0_GET(state, A_COUNTERS);
+    PyObject *old = counters == NULL ? NULL : PyDict_GetItemWithError(counters, self->key);
+    if (counters == NULL || (old == NULL && PyErr_Occurred())) goto done;
+    Py_ssize_t k = old != NULL ? PyLong_AsSsize_t(old) : 0;
+    if (k == -1 && PyErr_Occurred()) goto done;
+    PyObject *next = PyLong_FromSsize_t(k + 1);
+    int rc = next == NULL ? -1 : PyDict_SetItem(counters, self->key, next);
+    Py_XDECREF(next);
+    if (rc < 0 || (name = PyUnicode_FromFormat("%U.parameters_grad.%zd", self->base, k)) == NULL) goto done;
+    if (g_depth(g, 1) < 0) goto done;
+    PyObject *text = g_text(g, grad, 0);
+    if (text == Py_None) {  /* the dict route for this gradient (``_param_grad_dict``) */
+        Py_DECREF(text);
+        if (g_depth(g, -1) < 0) goto done;
+        PyObject *a[7] = {g->records, rec, self->base, name, self->pname, self->count, grad};
+        result = PyObject_VectorcallMethod(l0_attr[A_PARAM_GRAD_DICT], a, 7 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        goto done;
+    }
+    PyObject *r = NULL;
+    if (text != NULL) {
+        PyObject *a[8] = {rec, name, self->pname, PyTuple_GET_ITEM(l0_no_sizes, 0), text, self->fields, self->count,
+                          Py_False};
+        r = PyObject_VectorcallMethod(l0_attr[A_PUT_TEXT_FIELD], a, 8 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        Py_DECREF(text);
+        if (r != NULL && PyObject_IsTrue(r)) {
+            Py_DECREF(r);
+            r = PyObject_CallMethodNoArgs(g->service, l0_attr[A_SYNC]);
+        }
+    }
+    int ok = r != NULL || l0_report_to(g->records, name) == 0;
+    Py_XDECREF(r);
+    if (g_depth(g, -1) == 0 && ok) result = Py_NewRef(Py_None);
+done:
+    Py_XDECREF(rec); Py_XDECREF(state); Py_XDECREF(recorded); Py_XDECREF(counters); Py_XDECREF(name);
+    return result;
+}
+
+static PyObject *pg_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    static char *kw[] = {"records", "service", "grad_text", "grad_enabled", "mode_enabled", "tls", "base", "pname",
+                         "count", "fallback", "fields", NULL};
+    PyObject *a[11];
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO!OOOUUO!OO:ParamGrad", kw, &a[0], &a[1], &GradTextType, &a[2],
+                                     &a[3], &a[4], &a[5], &a[6], &a[7], &PyLong_Type, &a[8], &a[9], &a[10]))
+        return NULL;
+    ParamGradObject *self = (ParamGradObject *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    PyObject **slots[] = {&self->head.records, &self->head.service, &self->head.grad_text, &self->head.grad_enabled,
+                          &self->head.mode_enabled, &self->head.tls, &self->base, &self->pname, &self->count,
+                          &self->fallback, &self->fields};
+    for (int i = 0; i < 11; i++) *slots[i] = Py_NewRef(a[i]);
+    self->key = PyUnicode_FromFormat("%U#%U", self->base, self->pname);
+    if (self->key == NULL) { Py_DECREF(self); return NULL; }
+    self->vectorcall = (vectorcallfunc)pg_call;
+    return (PyObject *)self;
+}
+
+#define PG_OBJECTS(X) X(base) X(pname) X(count) X(key) X(fallback) X(fields)
+#define PG_VISIT(f) Py_VISIT(self->f);
+#define PG_CLEAR(f) Py_CLEAR(self->f);
+static int pg_traverse(ParamGradObject *self, visitproc visit, void *arg) {
+    PG_OBJECTS(PG_VISIT)
+    return cg_traverse(&self->head, visit, arg);
+}
+static int pg_clear(ParamGradObject *self) {
+    PG_OBJECTS(PG_CLEAR)
+    return cg_clear(&self->head);
+}
+static void pg_dealloc(ParamGradObject *self) {
+    PyObject_GC_UnTrack(self);
+    pg_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyTypeObject ParamGradType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "msprobe_core.stats._fast_stats.ParamGrad",
+    .tp_basicsize = sizeof(ParamGradObject),
+    .tp_vectorcall_offset = offsetof(ParamGradObject, vectorcall),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "CallRecords._on_param_grad in C for L0 (see _fast_l0.c)",
+    .tp_new = pg_new,
+    .tp_call = cg_tp_call,
+    .tp_dealloc = (destructor)pg_dealloc,
+    .tp_traverse = (traverseproc)pg_traverse,
+    .tp_clear = (inquiry)pg_clear,
+};
+
+/* ``backward_capture._SingleEdge`` */
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *report, *fail, *context, *index, *report_output, *report_both;
+    Py_ssize_t edge, out_nr;
+} SingleEdgeObject;
+
+/* fn(context, *args), its error to fail(context, exc) (the tool never breaks the user's backward): the result
+ * (a new reference), or NULL when it raised (reported) or failing failed (error set). */
+static PyObject *se_try(SingleEdgeObject *self, PyObject *fn, PyObject *const *args, Py_ssize_t n, int *failed) {
+    PyObject *a[4] = {self->context, n > 0 ? args[0] : NULL, n > 1 ? args[1] : NULL, n > 2 ? args[2] : NULL};
+    PyObject *r = PyObject_Vectorcall(fn, a, 1 + n, NULL);
+    *failed = 0;
+    if (r != NULL) return r;
+    if (!PyErr_ExceptionMatches(PyExc_Exception)) { *failed = -1; return NULL; }
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (tb != NULL && value != NULL) PyException_SetTraceback(value, tb);
+    PyObject *fa[2] = {self->context, value ? value : Py_None};
+    PyObject *f = PyObject_Vectorcall(self->fail, fa, 2, NULL);
+    Py_XDECREF(type); Py_XDECREF(value); Py_XDECREF(tb);
+    *failed = f == NULL ? -1 : 1;
+    Py_XDECREF(f);
+    return NULL;
+}
+
+static PyObject *se_call(SingleEdgeObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (nargs != 2 || kwnames != NULL) {
+        PyErr_SetString(PyExc_TypeError, "SingleEdge takes (grad_inputs, grad_outputs)");
+        return NULL;
+    }
+    PyObject *grad = PySequence_GetItem(args[0], self->edge);
+    if (grad == NULL) return NULL;
+    int failed = 0;
+    PyObject *r;
+    if (self->out_nr >= 0) {
+        PyObject *received = PySequence_GetItem(args[1], self->out_nr);
+        if (received == NULL) { Py_DECREF(grad); return NULL; }
+        if (grad != Py_None && received != Py_None && self->report_both != Py_None) {
+            PyObject *a[3] = {self->index, received, grad};
+            r = se_try(self, self->report_both, a, 3, &failed);
+            int took = r == NULL ? 0 : PyObject_IsTrue(r);
+            Py_XDECREF(r);
+            if (failed || took) {
+                Py_DECREF(received); Py_DECREF(grad);
+                if (failed < 0 || took < 0) return NULL;
+                Py_RETURN_NONE;
+            }
+        }
+        if (received != Py_None) {  /* ``_report_output`` */
+            PyObject *a[2] = {PyTuple_GET_ITEM(l0_no_sizes, 0), received};
+            r = se_try(self, self->report_output, a, 2, &failed);
+            Py_XDECREF(r);
+        }
+        Py_DECREF(received);
+        if (failed < 0) { Py_DECREF(grad); return NULL; }
+    }
+    if (grad != Py_None) {
+        PyObject *a[2] = {self->index, grad};
+        r = se_try(self, self->report, a, 2, &failed);
+        Py_XDECREF(r);
+    }
+    Py_DECREF(grad);
+    if (failed < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *se_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    static char *kw[] = {"report", "fail", "context", "index", "edge", "report_output", "out_nr", "report_both", NULL};
+    PyObject *report, *fail, *context, *index, *report_output, *report_both;
+    Py_ssize_t edge, out_nr;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOO!nOnO:SingleEdge", kw, &report, &fail, &context, &PyLong_Type,
+                                     &index, &edge, &report_output, &out_nr, &report_both))
+        return NULL;
+    SingleEdgeObject *self = (SingleEdgeObject *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    self->report = Py_NewRef(report);
+    self->fail = Py_NewRef(fail);
+    self->context = Py_NewRef(context);
+    self->index = Py_NewRef(index);
+    self->report_output = Py_NewRef(report_output);
+    self->report_both = Py_NewRef(out_nr >= 0 ? report_both : Py_None);
+    self->edge = edge;
+    self->out_nr = out_nr;
+    self->vectorcall = (vectorcallfunc)se_call;
+    return (PyObject *)self;
+}
+
+#define SE_OBJECTS(X) X(report) X(fail) X(context) X(index) X(report_output) X(report_both)
+#define SE_VISIT(f) Py_VISIT(self->f);
+#define SE_CLEAR(f) Py_CLEAR(self->f);
+static int se_traverse(SingleEdgeObject *self, visitproc visit, void *arg) { SE_OBJECTS(SE_VISIT) return 0; }
+static int se_clear(SingleEdgeObject *self) { SE_OBJECTS(SE_CLEAR) return 0; }
+static void se_dealloc(SingleEdgeObject *self) {
+    PyObject_GC_UnTrack(self);
+    se_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyTypeObject SingleEdgeType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "msprobe_core.stats._fast_stats.SingleEdge",
+    .tp_basicsize = sizeof(SingleEdgeObject),
+    .tp_vectorcall_offset = offsetof(SingleEdgeObject, vectorcall),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "backward_capture._SingleEdge in C (see _fast_l0.c)",
+    .tp_new = se_new,
+    .tp_call = cg_tp_call,
+    .tp_dealloc = (destructor)se_dealloc,
+    .tp_traverse = (traverseproc)se_traverse,
+    .tp_clear = (inquiry)se_clear,
+};
+
+/* Adds ModuleHooks, CallGrads, ParamGrad and SingleEdge to the module. */
 static int add_module_hooks(PyObject *m) {
     for (int i = 0; i < N_ATTRS; i++)
         if (l0_attr[i] == NULL && (l0_attr[i] = PyUnicode_InternFromString(L0_ATTR_NAMES[i])) == NULL) return -1;
     if (l0_no_sizes == NULL && (l0_no_sizes = Py_BuildValue("(ii)", 0, 0)) == NULL) return -1;
-    if (PyType_Ready(&ModuleHooksType) < 0) return -1;
-    Py_INCREF(&ModuleHooksType);
-    if (PyModule_AddObject(m, "ModuleHooks", (PyObject *)&ModuleHooksType) < 0) {
-        Py_DECREF(&ModuleHooksType);
-        return -1;
+    PyTypeObject *types[] = {&ModuleHooksType, &CallGradsType, &ParamGradType, &SingleEdgeType};
+    const char *names[] = {"ModuleHooks", "CallGrads", "ParamGrad", "SingleEdge"};
+    for (int i = 0; i < 4; i++) {
+        if (PyType_Ready(types[i]) < 0) return -1;
+        Py_INCREF(types[i]);
+        if (PyModule_AddObject(m, names[i], (PyObject *)types[i]) < 0) { Py_DECREF(types[i]); return -1; }
     }
     return 0;
 }
