@@ -30,7 +30,7 @@ from msprobe_core.dump.service import Call, DumpServiceBase, saves_files
 from msprobe_core.files.call_stack import StackCapture
 from msprobe_core.pytorch.api_fast import fast_wrapper_maker
 from msprobe_core.pytorch.api_patch import ApiPatcher
-from msprobe_core.pytorch.backward_capture import InputEdges, capture
+from msprobe_core.pytorch.backward_capture import InputEdges, capture, usual_capture
 from msprobe_core.pytorch.step_hooks import HookPlan, StepHooks
 from msprobe_core.pytorch.compiled_records import CompiledModuleRecords
 from msprobe_core.pytorch.compiled_taps import compiled_as_a_whole
@@ -50,6 +50,7 @@ _set_grad_enabled = torch._C._set_grad_enabled
 _no_torch_function = torch._C.DisableTorchFunction  # the tool's own tensor work skips every TorchFunctionMode
 _thread_id = threading.get_ident
 _torch_function_mode_on = torch._C._is_torch_function_mode_enabled
+_sequence_nr = torch._C._autograd._get_sequence_nr
 _is_compiling = torch.compiler.is_compiling  # constant True while Dynamo traces, a flag read otherwise
 _Uninitialized = torch.nn.parameter.UninitializedTensorMixin
 # L0 module and gradient hooks in C (None: the kernel is not built or is off)
@@ -120,6 +121,7 @@ class DumpService(DumpServiceBase):
                                                grad_enabled=_is_grad_enabled, mode_enabled=_torch_function_mode_on,
                                                tls=self._tls)
         self._call_hooks: dict = {}  # the hooks of calls with one edge to one input, reused step after step
+        self._own_grads_c: Optional[Callable] = None  # ``_hook_own_grads`` in C (``_usual_capture``)
         self._step_hooks = StepHooks()  # torch hook handles of the step, removed with the step's other handles
         self._module_hooks = StepHooks()  # module hook handles, removed at stop() with the other forward handles
         self._plans: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # root -> its HookPlan (``_rehook``)
@@ -277,9 +279,17 @@ class DumpService(DumpServiceBase):
             grad_enabled=_is_grad_enabled, mode_enabled=_torch_function_mode_on, tls=self._tls,
             # the stack from the hook's caller on (no Python frame of the tool's between)
             capture_stack=partial(_STACKS.capture, 1) if self.cfg.extra_info else None,
-            prepare_backward=self._prepare_backward if self.selection.backward else None,
-            hook_own_grads=self._hook_own_grads)
+            backward=bool(self.selection.backward),
+            hook_own_grads=self._usual_capture(), input_edges=InputEdges, sequence_nr=_sequence_nr)
         return hooks.pre, hooks.post
+
+    def _usual_capture(self) -> Callable[[Call, Any], None]:
+        """``_hook_own_grads``, in C for the usual call (``backward_capture.usual_capture``), made once."""
+        if self._own_grads_c is None:
+            self._own_grads_c = usual_capture(self._hook_own_grads, self._own_grad_hook, self._own_grad_error,
+                                              self._output_grad_hook, self._both_grads_hook, self._keep_hook,
+                                              self._call_hooks) or self._hook_own_grads
+        return self._own_grads_c
 
     def _param_grad_hook(self, base: str, pname: str, count: int, hook: Callable, fields: Callable) -> Callable:
         grad_text = self.summarizer.grad_text

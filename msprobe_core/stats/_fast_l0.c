@@ -4,7 +4,8 @@
  * work of ``CallRecords._module_pre`` / ``_module_post`` for the usual call, the Python route for every other.
  *
  *   ModuleHooks(records, service, text, base, pre, post, call, skipped, tensor, parameter, graph_task_id,
- *               grad_enabled, mode_enabled, tls, capture_stack, prepare_backward, hook_own_grads)
+ *               grad_enabled, mode_enabled, tls, capture_stack, backward, hook_own_grads, input_edges,
+ *               sequence_nr)
  *     .pre(module, args, kwargs)          -> None: ``_module_pre``'s work (``pre``: the Python route)
  *     .post(module, args, kwargs, output) -> None: ``_module_post``'s work (``post``: the Python route)
  *
@@ -18,8 +19,8 @@
 typedef struct {
     PyObject_HEAD
     PyObject *records, *service, *text, *base, *pre, *post, *call, *skipped, *tensor, *parameter;
-    PyObject *graph_task_id, *grad_enabled, *mode_enabled, *tls, *capture_stack, *prepare_backward;
-    PyObject *hook_own_grads;
+    PyObject *graph_task_id, *grad_enabled, *mode_enabled, *tls, *capture_stack, *backward;
+    PyObject *hook_own_grads, *input_edges, *sequence_nr;
 } ModuleHooksObject;
 
 /* attribute names, interned once */
@@ -27,13 +28,15 @@ enum { A_STEP_STATE, A_MODULE_CALLS, A_COUNTERS, A_MODULE_STACK, A_RECORDER, A_O
        A_STACK, A_BWD_SIZES, A_RECORDED_MODULES, A_EDGES, A_BY_NODE, A_DEPTH, A_RECORDING, A_DUMPING_THREAD,
        A_PARAMETERS, A_ERROR, A_INPUT_RECORD, A_NAME, A_BACKWARD, A_SEQ, A_RECORD, A_PARENT, A_OUTPUT,
        A_REQUIRES_GRAD, A_HOOK_OUTPUTS, A_PUT_STACK, A_DATA, A_ON_CALL_GRADS, A_TENSOR_TEXT, A_PUT_TEXT_FIELD,
-       A_SYNC, A_PARAM_GRAD_DICT, N_ATTRS };
+       A_SYNC, A_PARAM_GRAD_DICT, A_BEGIN, A_SLOTS, A_LEAF, A_GRAD_FN, A_OUTPUT_NR, A_SEQUENCE_NR, A_SAVE,
+       A_REGISTER_HOOK, N_ATTRS };
 static const char *const L0_ATTR_NAMES[N_ATTRS] = {
     "step_state", "module_calls", "counters", "module_stack", "recorder", "_open_step", "reserve", "put_text",
     "stack", "bwd_sizes", "recorded_modules", "edges", "by_node", "depth", "_recording", "dumping_thread",
     "_parameters", "_error", "_input_record", "name", "backward", "seq", "record", "parent", "output",
     "requires_grad", "_hook_outputs", "put_stack", "data", "on_call_grads", "_tensor_text", "put_text_field",
-    "_sync", "_param_grad_dict"};
+    "_sync", "_param_grad_dict", "begin", "slots", "leaf", "grad_fn", "output_nr", "_sequence_nr", "save",
+    "register_hook"};
 static PyObject *l0_attr[N_ATTRS];
 static PyObject *l0_no_sizes;  /* (0, 0) */
 
@@ -156,10 +159,62 @@ static PyObject *l0_recorder(ModuleHooksObject *self) {
     return rec;
 }
 
+static long long og_long(PyObject *obj, int a, int call);
+
+/* ``InputEdges.of(list(args))`` (``backward_capture``) of plain tensors: a new reference (Py_None: no input
+ * requires grad), or NULL with an error. */
+static PyObject *l0_edges(ModuleHooksObject *self, PyObject *args) {
+    PyObject *slots = PyDict_New(), *alive = PyList_New(0), *result = NULL;
+    int leaf = 0;
+    if (slots == NULL || alive == NULL) goto done;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(args); i++) {
+        PyObject *t = PyTuple_GET_ITEM(args, i);
+        int grad = tensor_flag((RecordTextObject *)self->text, t, D_REQUIRES_GRAD);
+        if (grad < 0) goto done;
+        if (!grad) continue;
+        PyObject *fn = L0_GET(t, A_GRAD_FN), *key = NULL, *obj = fn;  /* ``_key`` */
+        if (fn == NULL) goto done;
+        if (fn == Py_None) {
+            key = edge_key(t, 0);
+            obj = t;
+        } else {
+            long long nr = og_long(t, A_OUTPUT_NR, 0);
+            key = nr == -1 && PyErr_Occurred() ? NULL : edge_key(fn, (long)nr + 1);
+        }
+        PyObject *index = key == NULL ? NULL : PyLong_FromSsize_t(i);
+        PyObject *had = index == NULL ? NULL : PyDict_GetItemWithError(slots, key);
+        int rc = index == NULL || (had == NULL && PyErr_Occurred()) ? -1 : 0;
+        if (rc == 0 && had == NULL) {
+            rc = PyDict_SetItem(slots, key, index) < 0 || PyList_Append(alive, obj) < 0 ? -1 : 0;
+            leaf = leaf || obj == t;
+        } else if (rc == 0) {  /* the same tensor again: the tuple of its indices */
+            PyObject *prev = PyTuple_Check(had) ? Py_NewRef(had) : PyTuple_Pack(1, had);
+            PyObject *one = prev == NULL ? NULL : PyTuple_Pack(1, index);
+            PyObject *indices = one == NULL ? NULL : PySequence_Concat(prev, one);
+            rc = indices == NULL || PyDict_SetItem(slots, key, indices) < 0 ? -1 : 0;
+            Py_XDECREF(prev); Py_XDECREF(one); Py_XDECREF(indices);
+        }
+        Py_DECREF(fn); Py_XDECREF(key); Py_XDECREF(index);
+        if (rc < 0) goto done;
+    }
+    if (!PyDict_GET_SIZE(slots)) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    PyObject *begin = PyObject_CallNoArgs(self->sequence_nr);
+    if (begin == NULL) goto done;
+    PyObject *a[4] = {begin, slots, alive, leaf ? Py_True : Py_False};
+    result = PyObject_Vectorcall(self->input_edges, a, 4, NULL);
+    Py_DECREF(begin);
+done:
+    Py_XDECREF(slots); Py_XDECREF(alive);
+    return result;
+}
+
 /* ``_begin_record`` of the usual call, after ``calls`` got its place: the new Call, or NULL with an error. */
 static PyObject *l0_begin(ModuleHooksObject *self, PyObject *state, PyObject *module, PyObject *args,
                           PyObject *kwargs, PyObject *name, PyObject *backward, PyObject *parent) {
-    PyObject *rec = NULL, *seq = NULL, *params = NULL, *record = NULL, *call = NULL, *pylist = NULL;
+    PyObject *rec = NULL, *seq = NULL, *params = NULL, *record = NULL, *call = NULL;
     rec = l0_recorder(self);
     if (rec == NULL) goto done;
     seq = PyObject_CallMethodOneArg(rec, l0_attr[A_RESERVE], name);
@@ -175,7 +230,7 @@ static PyObject *l0_begin(ModuleHooksObject *self, PyObject *state, PyObject *mo
         Py_XDECREF(items);
     }
     if (record == NULL) goto done;
-    int grad = self->prepare_backward != Py_None ? l0_call_true(self->grad_enabled) : 0;
+    int grad = self->backward == Py_True ? l0_call_true(self->grad_enabled) : 0;
     if (grad < 0) goto done;
     PyObject *cargs[7] = {name, backward, seq, record, Py_False, parent, grad ? Py_True : Py_False};
     call = PyObject_Vectorcall(self->call, cargs, 7, NULL);
@@ -192,10 +247,12 @@ static PyObject *l0_begin(ModuleHooksObject *self, PyObject *state, PyObject *mo
         Py_XDECREF(size);
         Py_DECREF(sizes);
         if (rc < 0) goto fail;
-        pylist = PySequence_List(args);
-        PyObject *r = pylist == NULL ? NULL : PyObject_CallFunctionObjArgs(self->prepare_backward, call, pylist, NULL);
-        if (r == NULL) goto fail;
-        Py_DECREF(r);
+        PyObject *edges = l0_edges(self, args);
+        if (edges == NULL || (edges != Py_None && PyObject_SetAttr(call, l0_attr[A_EDGES], edges) < 0)) {
+            Py_XDECREF(edges);
+            goto fail;
+        }
+        Py_DECREF(edges);
     }
     if (self->capture_stack != Py_None) {
         PyObject *stack = PyObject_CallNoArgs(self->capture_stack);
@@ -219,7 +276,7 @@ static PyObject *l0_begin(ModuleHooksObject *self, PyObject *state, PyObject *mo
 fail:
     Py_CLEAR(call);
 done:
-    Py_XDECREF(rec); Py_XDECREF(seq); Py_XDECREF(params); Py_XDECREF(record); Py_XDECREF(pylist);
+    Py_XDECREF(rec); Py_XDECREF(seq); Py_XDECREF(params); Py_XDECREF(record);
     return call;
 }
 
@@ -313,7 +370,7 @@ static int l0_end(ModuleHooksObject *self, PyObject *state, PyObject *call, PyOb
     Py_DECREF(rec);
     if (r == NULL) return -1;
     Py_DECREF(r);
-    if (self->prepare_backward == Py_None) return 0;
+    if (self->backward != Py_True) return 0;
     int grad = l0_call_true(self->grad_enabled);
     if (grad <= 0) return grad;
     /* ``_hook_outputs``: the output's gradient from the call's own node when its edges are known */
@@ -398,17 +455,17 @@ static PyObject *mh_post(ModuleHooksObject *self, PyObject *const *args, Py_ssiz
 }
 
 #define MH_OBJECTS(X) X(records) X(service) X(text) X(base) X(pre) X(post) X(call) X(skipped) X(tensor) X(parameter) \
-                      X(graph_task_id) X(grad_enabled) X(mode_enabled) X(tls) X(capture_stack) X(prepare_backward) \
-                      X(hook_own_grads)
+                      X(graph_task_id) X(grad_enabled) X(mode_enabled) X(tls) X(capture_stack) X(backward) \
+                      X(hook_own_grads) X(input_edges) X(sequence_nr)
 
 static PyObject *mh_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     static char *kw[] = {"records", "service", "text", "base", "pre", "post", "call", "skipped", "tensor", "parameter",
-                         "graph_task_id", "grad_enabled", "mode_enabled", "tls", "capture_stack", "prepare_backward",
-                         "hook_own_grads", NULL};
-    PyObject *o[17];
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO!UOOOOOOOOOOOOO:ModuleHooks", kw, &o[0], &o[1], &RecordTextType,
+                         "graph_task_id", "grad_enabled", "mode_enabled", "tls", "capture_stack", "backward",
+                         "hook_own_grads", "input_edges", "sequence_nr", NULL};
+    PyObject *o[19];
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO!UOOOOOOOOOOOOOOO:ModuleHooks", kw, &o[0], &o[1], &RecordTextType,
                                      &o[2], &o[3], &o[4], &o[5], &o[6], &o[7], &o[8], &o[9], &o[10], &o[11], &o[12],
-                                     &o[13], &o[14], &o[15], &o[16]))
+                                     &o[13], &o[14], &o[15], &o[16], &o[17], &o[18]))
         return NULL;
     if (!PyType_Check(o[6]) || !PyType_Check(o[8]) || !PyType_Check(o[9])) {
         PyErr_SetString(PyExc_TypeError, "call, tensor and parameter must be types");
@@ -419,8 +476,8 @@ static PyObject *mh_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     PyObject **slots[] = {&self->records, &self->service, &self->text, &self->base, &self->pre, &self->post,
                           &self->call, &self->skipped, &self->tensor, &self->parameter, &self->graph_task_id,
                           &self->grad_enabled, &self->mode_enabled, &self->tls, &self->capture_stack,
-                          &self->prepare_backward, &self->hook_own_grads};
-    for (int i = 0; i < 17; i++) *slots[i] = Py_NewRef(o[i]);
+                          &self->backward, &self->hook_own_grads, &self->input_edges, &self->sequence_nr};
+    for (int i = 0; i < 19; i++) *slots[i] = Py_NewRef(o[i]);
     return (PyObject *)self;
 }
 
@@ -846,14 +903,209 @@ static PyTypeObject SingleEdgeType = {
     .tp_clear = (inquiry)se_clear,
 };
 
-/* Adds ModuleHooks, CallGrads, ParamGrad and SingleEdge to the module. */
+/* ``DumpService._hook_own_grads`` + ``backward_capture.capture`` of the usual call
+ *   OwnGrads(fallback, sequence_nr, accumulate_grad, report, fail, report_output, report_both, keep, hooks, max_hooks)
+ *     (call, out) -> None
+ * The usual call: one plain output made by the call's one node with one edge to one of its inputs; its node
+ * gets its ``SingleEdge`` (made once per call site and kept in ``hooks``, as ``_single_edge`` does). Any
+ * other call: ``fallback(call, out)`` (nothing of it done here). */
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *fallback, *sequence_nr, *accumulate_grad, *report, *fail, *report_output, *report_both, *keep, *hooks;
+    Py_ssize_t max_hooks;
+} OwnGradsObject;
+
+static PyObject *dot_forward, *dot_backward;  /* ".forward", ".backward" */
+
+/* The number an object's attribute holds (a C long long); -1 with an error (also for a non-int). */
+static long long og_long(PyObject *obj, int a, int call) {
+    PyObject *v = call ? PyObject_CallMethodNoArgs(obj, l0_attr[a]) : L0_GET(obj, a);
+    if (v == NULL) return -1;
+    long long r = PyLong_AsLongLong(v);
+    Py_DECREF(v);
+    return r;
+}
+
+/* The hook of the call site (context, index, edge, out_nr): the one made before, or a new one. */
+static PyObject *og_single_edge(OwnGradsObject *self, PyObject *context, PyObject *index, Py_ssize_t edge,
+                                Py_ssize_t out_nr) {
+    PyObject *key = Py_BuildValue("(OOnn)", context, index, edge, out_nr);
+    if (key == NULL) return NULL;
+    PyObject *hook = PyDict_GetItemWithError(self->hooks, key);
+    if (hook != NULL || PyErr_Occurred()) {
+        Py_XINCREF(hook);
+        Py_DECREF(key);
+        return hook;
+    }
+    SingleEdgeObject *se = (SingleEdgeObject *)SingleEdgeType.tp_alloc(&SingleEdgeType, 0);
+    if (se != NULL) {
+        se->report = Py_NewRef(self->report);
+        se->fail = Py_NewRef(self->fail);
+        se->context = Py_NewRef(context);
+        se->index = Py_NewRef(index);
+        se->report_output = Py_NewRef(self->report_output);
+        se->report_both = Py_NewRef(out_nr >= 0 ? self->report_both : Py_None);
+        se->edge = edge;
+        se->out_nr = out_nr;
+        se->vectorcall = (vectorcallfunc)se_call;
+        if (PyDict_GET_SIZE(self->hooks) >= self->max_hooks) PyDict_Clear(self->hooks);
+        if (PyDict_SetItem(self->hooks, key, (PyObject *)se) < 0) Py_CLEAR(se);
+    }
+    Py_DECREF(key);
+    return (PyObject *)se;
+}
+
+/* The usual call's node and edge: 1 found (node, index, edge, out_nr set; node a new reference), 0 another shape
+ * of graph, -1 with an error. Nothing of the call's state is changed. */
+static int og_find(OwnGradsObject *self, PyObject *edges, PyObject *out, PyObject **node, PyObject **index,
+                   Py_ssize_t *edge, Py_ssize_t *out_nr) {
+    PyObject *slots = L0_GET(edges, A_SLOTS), *fn = NULL, *walked = NULL, *roots = NULL, *end = NULL;
+    int rc = -1;
+    if (slots == NULL) return -1;
+    if (!PyDict_CheckExact(slots)) { rc = 0; goto done; }
+    long long begin = og_long(edges, A_BEGIN, 0);
+    if (begin == -1 && PyErr_Occurred()) goto done;
+    end = PyObject_CallNoArgs(self->sequence_nr);
+    if (end == NULL) goto done;
+    fn = L0_GET(out, A_GRAD_FN);
+    if (fn == NULL) goto done;
+    if (fn == Py_None) { rc = 0; goto done; }  /* a leaf output */
+    long long nr = og_long(out, A_OUTPUT_NR, 0);
+    if (nr == -1 && PyErr_Occurred()) goto done;
+    PyObject *key = edge_key(fn, (long)nr + 1);
+    int passed = key == NULL ? -1 : PyDict_Contains(slots, key);
+    Py_XDECREF(key);
+    if (passed != 0) { rc = passed < 0 ? -1 : 0; goto done; }  /* an output that is an input */
+    long long seq = og_long(fn, A_SEQUENCE_NR, 1);
+    long long stop = PyLong_AsLongLong(end);
+    if (PyErr_Occurred()) goto done;
+    if (!(begin <= seq && seq < stop)) { rc = 0; goto done; }
+    PyObject *leaf = L0_GET(edges, A_LEAF);
+    PyObject *skip = leaf == NULL ? NULL : PyDict_New();
+    PyObject *b = skip == NULL ? NULL : PyLong_FromLongLong(begin);
+    roots = b == NULL ? NULL : PyList_New(1);
+    if (roots != NULL) {
+        PyList_SET_ITEM(roots, 0, Py_NewRef(fn));
+        PyObject *wargs[7] = {roots, slots, skip, b, end, leaf, self->accumulate_grad};
+        walked = walk(NULL, wargs, 7);
+    }
+    Py_XDECREF(leaf); Py_XDECREF(skip); Py_XDECREF(b);
+    if (walked == NULL) goto done;
+    PyObject *hits = PyTuple_GET_ITEM(walked, 0);
+    rc = 0;
+    if (PyList_GET_SIZE(hits) != 1) goto done;
+    PyObject *hit = PyList_GET_ITEM(hits, 0);                       /* (node, ((key, edges), ...)) */
+    PyObject *node_hits = PyTuple_GET_ITEM(hit, 1);
+    if (PyTuple_GET_ITEM(hit, 0) != fn || PyTuple_GET_SIZE(node_hits) != 1) goto done;
+    PyObject *key_edges = PyTuple_GET_ITEM(node_hits, 0);
+    PyObject *edge_list = PyTuple_GET_ITEM(key_edges, 1);
+    PyObject *slot = PyDict_GetItemWithError(slots, PyTuple_GET_ITEM(key_edges, 0));
+    if (slot == NULL) { rc = PyErr_Occurred() ? -1 : 0; goto done; }
+    if (PyTuple_GET_SIZE(edge_list) != 1 || !PyLong_CheckExact(slot)) goto done;
+    *edge = PyLong_AsSsize_t(PyTuple_GET_ITEM(edge_list, 0));
+    *out_nr = (Py_ssize_t)nr;
+    if (*edge == -1 && PyErr_Occurred()) { rc = -1; goto done; }
+    *node = Py_NewRef(fn);
+    *index = Py_NewRef(slot);
+    rc = 1;
+done:
+    Py_XDECREF(slots); Py_XDECREF(fn); Py_XDECREF(walked); Py_XDECREF(roots); Py_XDECREF(end);
+    return rc;
+}
+
+/* ``(call.backward, call.save, call.backward_parent())``: a new tuple or NULL. */
+static PyObject *og_context(PyObject *call) {
+    PyObject *backward = L0_GET(call, A_BACKWARD), *save = L0_GET(call, A_SAVE), *parent = L0_GET(call, A_PARENT);
+    PyObject *context = NULL, *bparent = NULL;
+    if (backward && save && parent) {
+        int set = PyObject_IsTrue(parent);
+        bparent = set < 0 ? NULL : !set ? Py_NewRef(Py_None) : PyUnicode_Replace(parent, dot_forward, dot_backward, -1);
+        if (bparent != NULL) context = PyTuple_Pack(3, backward, save, bparent);
+    }
+    Py_XDECREF(backward); Py_XDECREF(save); Py_XDECREF(parent); Py_XDECREF(bparent);
+    return context;
+}
+
+static PyObject *og_call(OwnGradsObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    if (PyVectorcall_NARGS(nargsf) != 2 || kwnames != NULL) return PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);
+    PyObject *call = args[0], *out = args[1];
+    PyObject *edges = L0_GET(call, A_EDGES);
+    if (edges == NULL) return NULL;
+    if (edges == Py_None) { Py_DECREF(edges); Py_RETURN_NONE; }
+    PyObject *output = L0_GET(edges, A_OUTPUT);
+    PyObject *node = NULL, *index = NULL;
+    Py_ssize_t edge = 0, out_nr = -1;
+    int found = output == NULL ? -1 : output != out ? 0 : og_find(self, edges, out, &node, &index, &edge, &out_nr);
+    Py_XDECREF(output);
+    if (found <= 0) {
+        Py_DECREF(edges);
+        return found < 0 ? NULL : PyObject_Vectorcall(self->fallback, args, 2, NULL);
+    }
+    PyObject *result = NULL, *context = NULL, *hook = NULL, *handle = NULL;
+    if (PyObject_SetAttr(call, l0_attr[A_EDGES], Py_None) < 0 || PyObject_SetAttr(edges, l0_attr[A_OUTPUT], Py_None) < 0)
+        goto done;
+    context = og_context(call);
+    hook = context == NULL ? NULL : og_single_edge(self, context, index, edge, out_nr);
+    handle = hook == NULL ? NULL : PyObject_CallMethodOneArg(node, l0_attr[A_REGISTER_HOOK], hook);
+    result = handle == NULL ? NULL : PyObject_CallOneArg(self->keep, handle);
+done:
+    Py_DECREF(edges); Py_XDECREF(node); Py_XDECREF(index); Py_XDECREF(context); Py_XDECREF(hook); Py_XDECREF(handle);
+    return result;
+}
+
+static PyObject *og_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    static char *kw[] = {"fallback", "sequence_nr", "accumulate_grad", "report", "fail", "report_output", "report_both",
+                         "keep", "hooks", "max_hooks", NULL};
+    PyObject *a[9];
+    Py_ssize_t max_hooks;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOOOOO!n:OwnGrads", kw, &a[0], &a[1], &a[2], &a[3], &a[4], &a[5],
+                                     &a[6], &a[7], &PyDict_Type, &a[8], &max_hooks))
+        return NULL;
+    OwnGradsObject *self = (OwnGradsObject *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    PyObject **slots[] = {&self->fallback, &self->sequence_nr, &self->accumulate_grad, &self->report, &self->fail,
+                          &self->report_output, &self->report_both, &self->keep, &self->hooks};
+    for (int i = 0; i < 9; i++) *slots[i] = Py_NewRef(a[i]);
+    self->max_hooks = max_hooks;
+    self->vectorcall = (vectorcallfunc)og_call;
+    return (PyObject *)self;
+}
+
+#define OG_OBJECTS(X) X(fallback) X(sequence_nr) X(accumulate_grad) X(report) X(fail) X(report_output) X(report_both) \
+                      X(keep) X(hooks)
+static int og_traverse(OwnGradsObject *self, visitproc visit, void *arg) { OG_OBJECTS(SE_VISIT) return 0; }
+static int og_clear(OwnGradsObject *self) { OG_OBJECTS(SE_CLEAR) return 0; }
+static void og_dealloc(OwnGradsObject *self) {
+    PyObject_GC_UnTrack(self);
+    og_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyTypeObject OwnGradsType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "msprobe_core.stats._fast_stats.OwnGrads",
+    .tp_basicsize = sizeof(OwnGradsObject),
+    .tp_vectorcall_offset = offsetof(OwnGradsObject, vectorcall),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "DumpService._hook_own_grads of the usual call in C (see _fast_l0.c)",
+    .tp_new = og_new,
+    .tp_call = cg_tp_call,
+    .tp_dealloc = (destructor)og_dealloc,
+    .tp_traverse = (traverseproc)og_traverse,
+    .tp_clear = (inquiry)og_clear,
+};
+
+/* Adds ModuleHooks, CallGrads, ParamGrad, SingleEdge and OwnGrads to the module. */
 static int add_module_hooks(PyObject *m) {
     for (int i = 0; i < N_ATTRS; i++)
         if (l0_attr[i] == NULL && (l0_attr[i] = PyUnicode_InternFromString(L0_ATTR_NAMES[i])) == NULL) return -1;
     if (l0_no_sizes == NULL && (l0_no_sizes = Py_BuildValue("(ii)", 0, 0)) == NULL) return -1;
-    PyTypeObject *types[] = {&ModuleHooksType, &CallGradsType, &ParamGradType, &SingleEdgeType};
-    const char *names[] = {"ModuleHooks", "CallGrads", "ParamGrad", "SingleEdge"};
-    for (int i = 0; i < 4; i++) {
+    if (dot_forward == NULL && (dot_forward = PyUnicode_InternFromString(".forward")) == NULL) return -1;
+    if (dot_backward == NULL && (dot_backward = PyUnicode_InternFromString(".backward")) == NULL) return -1;
+    PyTypeObject *types[] = {&ModuleHooksType, &CallGradsType, &ParamGradType, &SingleEdgeType, &OwnGradsType};
+    const char *names[] = {"ModuleHooks", "CallGrads", "ParamGrad", "SingleEdge", "OwnGrads"};
+    for (int i = 0; i < 5; i++) {
         if (PyType_Ready(types[i]) < 0) return -1;
         Py_INCREF(types[i]);
         if (PyModule_AddObject(m, names[i], (PyObject *)types[i]) < 0) { Py_DECREF(types[i]); return -1; }
