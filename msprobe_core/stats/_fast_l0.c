@@ -1,20 +1,25 @@
 /* ==================================================================================== L0 module hooks (s11-l0)
- * A module call's forward record at level L0 in one C call per hook (``CallRecords.hook_module`` in
- * ``dump/call_records.py`` plans it, ``pytorch/dump_service.py`` makes it): the pre hook's and the post hook's
- * work of ``CallRecords._module_pre`` / ``_module_post`` for the usual call, the Python route for every other.
+ * A module call's records at level L0 in one C call per hook, planned when the hooks go in
+ * (``CallRecords.hook_module`` in ``dump/call_records.py``; made by ``pytorch/dump_service.py`` and
+ * ``pytorch/backward_capture.usual_capture``):
  *
  *   ModuleHooks(records, service, text, base, pre, post, call, skipped, tensor, parameter, graph_task_id,
  *               grad_enabled, mode_enabled, tls, capture_stack, backward, hook_own_grads, input_edges,
  *               sequence_nr)
- *     .pre(module, args, kwargs)          -> None: ``_module_pre``'s work (``pre``: the Python route)
- *     .post(module, args, kwargs, output) -> None: ``_module_post``'s work (``post``: the Python route)
+ *     .pre(module, args, kwargs)          -> None: ``CallRecords._module_pre``'s work (``pre``: the Python route)
+ *     .post(module, args, kwargs, output) -> None: ``_module_post``'s (``post``: the Python route)
+ *   OwnGrads(...)(call, out)              -> ``DumpService._hook_own_grads`` (``capture``) of the usual call
+ *   SingleEdge(...)(grad_inputs, grad_outputs) -> ``backward_capture._SingleEdge``, the call's node hook
+ *   CallGrads(...)(context, index, received, sent) -> ``CallRecords.on_call_grads``: the backward record
+ *   ParamGrad(...)(grad)                  -> ``CallRecords._on_param_grad``: one parameter's gradient
  *
  * The usual call: the dumping thread, recording, no TorchFunctionMode, positional inputs that are plain
- * tensors (``tensor``, ``parameter``: the exact types) and one plain tensor as output; its record text made by
- * ``text`` (a ``RecordText``) at once. The record, the ``Call`` left in the step's state, stack, construct.json
- * parent and journal frame are the Python route's, byte for byte: the Python route takes any call that is not
- * the usual one before anything of it is done (a post hook then finishes whatever the pre hook began: the same
- * ``Call``). An error once something is done goes to ``records._error`` (the user's call goes on). */
+ * tensors (``tensor``, ``parameter``: the exact types) and one plain tensor as output made by the call's one
+ * node with one edge to one input; its record text made by ``text`` (a ``RecordText``) at once. The records,
+ * the ``Call`` left in the step's state, stacks, construct.json parents and journal frames are the Python
+ * route's, byte for byte: the Python route takes any call that is not the usual one before anything of it is
+ * done (a post hook then finishes whatever the pre hook began: the same ``Call``). An error once something is
+ * done goes to ``records._error`` (the user's call goes on), as the Python route's. */
 
 typedef struct {
     PyObject_HEAD
@@ -409,7 +414,8 @@ static int l0_end(ModuleHooksObject *self, PyObject *state, PyObject *call, PyOb
 }
 
 static PyObject *mh_post(ModuleHooksObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4 || !l0_plain(self, args[3])) return PyObject_Vectorcall(self->post, args, nargs, NULL);
+    if (nargs != 4 || Py_TYPE(args[3]) != (PyTypeObject *)self->tensor)  /* (a Parameter output: tensor hooks) */
+        return PyObject_Vectorcall(self->post, args, nargs, NULL);
     int usual = l0_recording(self);
     if (usual < 0) return NULL;
     if (!usual) return PyObject_Vectorcall(self->post, args, nargs, NULL);

@@ -1,7 +1,7 @@
 """The L0 dump's module and gradient hooks in C (``stats/_fast_l0.c``: ``ModuleHooks``, ``OwnGrads``, ``CallGrads``,
 ``ParamGrad``, ``SingleEdge``): the same dump.json, stack.json and construct.json as the Python route, byte for byte,
 for the usual calls and for every call they hand to the Python route (keyword inputs, tuple outputs, an output that
-is its input, an input taken twice, frozen and shared parameters, a user's gradient hook, a TorchFunctionMode);
+is its input or a parameter, an input taken twice, frozen and shared parameters, a user's gradient hook, a TorchFunctionMode);
 decided once per configuration and module; and no record lost by a process killed mid-step."""
 
 from __future__ import annotations
@@ -50,6 +50,14 @@ SCRIPT = textwrap.dedent("""
         def forward(self, x, factor):
             return x * factor
 
+    class Table(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.table = nn.Parameter(torch.ones(8))
+
+        def forward(self, x):
+            return self.table  # a Parameter output
+
     class Model(nn.Module):
         def __init__(self):
             super().__init__()
@@ -63,6 +71,7 @@ SCRIPT = textwrap.dedent("""
             self.frozen.weight.requires_grad_(False)
             self.tied = nn.Linear(8, 8)
             self.head = nn.Linear(8, 4)
+            self.bias = Table()
 
         def forward(self, x):
             h = self.act(self.first(x))
@@ -71,7 +80,7 @@ SCRIPT = textwrap.dedent("""
             h = self.frozen(input=self.scale(a + b, 0.5))  # keyword input
             h = self.tied(self.act(self.tied(h)))          # a module called twice
             h.register_hook(lambda g: g * 2)               # a user's hook after the call returned
-            return self.head(h)
+            return self.head(h + self.bias(h))
 
     torch.manual_seed(0)
     model = Model()
@@ -124,6 +133,7 @@ def test_the_c_hooks_write_what_the_python_route_writes(tmp_path, level):
                  "Module.tied.Linear.parameters_grad.0", "Module.frozen.Linear.parameters_grad.0"):
         assert name in data, name
     assert list(data["Module.frozen.Linear.parameters_grad.0"]) == ["bias"]
+    assert data["Module.bias.Table.backward.0"]["input"][0]["Max"] is not None
 
 
 @needs_kernel
