@@ -316,7 +316,6 @@ static PyObject *mh_pre(ModuleHooksObject *self, PyObject *const *args, Py_ssize
     PyObject *module = args[0];
     PyObject *state = NULL, *calls = NULL, *key = NULL, *name = NULL, *backward = NULL, *stack = NULL;
     PyObject *call = NULL, *module_calls = NULL;
-    int placed = 0;
     state = L0_GET(self->records, A_STEP_STATE);
     if (state == NULL) return NULL;
     module_calls = L0_GET(state, A_MODULE_CALLS);
@@ -330,7 +329,6 @@ static PyObject *mh_pre(ModuleHooksObject *self, PyObject *const *args, Py_ssize
             goto fail;
     }
     if (!PyList_Check(calls) || PyList_Append(calls, self->skipped) < 0) goto fail;  /* replaced once set up */
-    placed = 1;
     if (l0_depth(self, 1) < 0) goto fail;
     if (l0_names(self, state, &name, &backward) == 0) {
         stack = L0_GET(state, A_MODULE_STACK);
@@ -338,7 +336,10 @@ static PyObject *mh_pre(ModuleHooksObject *self, PyObject *const *args, Py_ssize
             Py_ssize_t depth = PyList_Check(stack) ? PyList_GET_SIZE(stack) : -1;
             PyObject *parent = depth > 0 ? PyList_GET_ITEM(stack, depth - 1) : Py_None;
             Py_INCREF(parent);
-            call = depth < 0 ? NULL : l0_begin(self, state, module, inputs, args[2], name, backward, parent);
+            if (depth < 0)
+                PyErr_SetString(PyExc_TypeError, "the step's module_stack is not a list");
+            else
+                call = l0_begin(self, state, module, inputs, args[2], name, backward, parent);
             Py_DECREF(parent);
             if (call != NULL) {
                 PyObject *recorded = L0_GET(state, A_RECORDED_MODULES);
@@ -357,7 +358,6 @@ static PyObject *mh_pre(ModuleHooksObject *self, PyObject *const *args, Py_ssize
     Py_XDECREF(backward); Py_XDECREF(stack); Py_XDECREF(call);
     Py_RETURN_NONE;
 fail:
-    (void)placed;
     Py_XDECREF(state); Py_XDECREF(module_calls); Py_XDECREF(key); Py_XDECREF(calls); Py_XDECREF(name);
     Py_XDECREF(backward); Py_XDECREF(stack); Py_XDECREF(call);
     return NULL;
