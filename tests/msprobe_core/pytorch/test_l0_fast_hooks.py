@@ -201,3 +201,40 @@ def test_without_the_kernel_the_python_hooks_go_in(tmp_path, monkeypatch):
     dbg = PrecisionDebugger({"dump_path": str(tmp_path), "level": "L0", "task": "statistics"})
     pre, post, grad = _hooks_of(dbg, torch.nn.Linear(2, 2))
     assert pre.func.__name__ == "_module_pre" and grad.func.__name__ == "_on_param_grad"
+
+
+def _errors_and_records(tmp_path: Path, monkeypatch, fast: bool) -> tuple[list[str], list[str]]:
+    """One step whose recorder refuses one forward and one backward record: the errors logged, the names kept."""
+    from msprobe_core.files.step_recorder import StepRecorder
+    if not fast:
+        monkeypatch.setattr(dump_service, "_ModuleHooks", None)
+        monkeypatch.setattr(dump_service, "_ParamGrad", None)
+        monkeypatch.setattr(dump_service, "_CallGrads", None)
+        monkeypatch.setattr(backward_capture, "_OwnGradsC", None)
+        monkeypatch.setattr(backward_capture, "_single_edge_type", backward_capture._SingleEdge)
+    reserve = StepRecorder.reserve
+
+    def refusing(self, name, *args):
+        if name in ("Module.1.GELU.forward.0", "Module.2.Linear.backward.0"):
+            raise RuntimeError(f"no place for {name}")
+        return reserve(self, name, *args)
+
+    monkeypatch.setattr(StepRecorder, "reserve", refusing)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.GELU(), torch.nn.Linear(4, 2))
+    dbg = PrecisionDebugger({"dump_path": str(tmp_path / f"fast{fast}"), "level": "L0", "task": "statistics"})
+    dbg.start(model)
+    model(torch.randn(3, 4, requires_grad=True)).sum().backward()  # the user's step goes on
+    dbg.stop()
+    dbg.step()
+    step = _step_dir(tmp_path / f"fast{fast}", 0)
+    errors = [line.partition(" Module.")[2] for line in (step / "dump_error_info.log").read_text().splitlines() if line.strip()]
+    return errors, sorted(json.loads((step / "dump.json").read_text())["data"])
+
+
+@needs_kernel
+def test_an_error_in_a_c_hook_is_logged_as_the_python_route_logs_it(tmp_path, monkeypatch):
+    fast = _errors_and_records(tmp_path, monkeypatch, True)
+    monkeypatch.undo()
+    assert fast == _errors_and_records(tmp_path, monkeypatch, False)
+    assert fast[0] and "Module.1.GELU.forward.0" not in fast[1] and "Module.0.Linear.forward.0" in fast[1]
