@@ -135,6 +135,20 @@ class DumpBackend(ABC):
         is so (the call's end then hooks its node, or ``t`` where the graph has another shape)."""
         return False
 
+    def _module_hooks(self, base: str, pre: Callable, post: Callable) -> Optional[tuple[Callable, Callable]]:
+        """A module's forward pre and post hooks doing the work of ``pre`` and ``post`` (the records' Python route,
+        which they take for any call they do not handle) faster, for the usual call of a plain module whose
+        output gradient comes by node, at the level and configuration ``CallRecords`` gives them to (``base``: its
+        records' name stem); None: ``pre`` and ``post`` are the hooks (default)."""
+        return None
+
+    def _param_grad_hook(self, base: str, pname: str, count: int, hook: Callable, fields: Callable) -> Callable:
+        """A parameter's gradient hook doing the work of ``hook`` (the records' Python route, which it takes for
+        any gradient it does not handle) faster, for the modules and configurations ``_module_hooks`` serves
+        (``base``: the module's records' name stem, ``pname`` the parameter's name, ``count`` how many the
+        record holds, ``fields`` its ``TextFields`` maker); default ``hook`` itself."""
+        return hook
+
     def _call_inputs(self, call: Call, args: tuple, kwargs: dict, api: str) -> tuple[tuple, dict]:
         """The arguments the call runs on (a framework may pass views to see each input's gradient)."""
         return args, kwargs

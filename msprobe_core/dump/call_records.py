@@ -93,10 +93,17 @@ class CallRecords:
         # cache (an API's backward or the optimizer's calls read the same gradients)
         grad_text = getattr(service.summarizer, "grad_text", None)
         self._grad_text = grad_text.text if grad_text is not None and service.cfg.level == "L0" else None
+        # L0's gradients in C hooks (``DumpBackend._param_grad_hook``, a call's two at once): text without cache
+        self.grads_by_c = self._grad_text is not None and self._grads_as_text and self._construct
         self._filters = selection.filters            # scope / list: asked per call; otherwise every call is kept
         self._tensor_list = bool(service.cfg.tensor_list)
         self._fast_text = service.summarizer.record_text  # the compiled text maker, or None (``SummarizerBase``)
-        self._hook_fns: dict[tuple, Callable] = {}  # the module hooks, made once (``_hook_fn``)
+        # module hooks in C for the usual call (``DumpBackend._module_hooks``): a configuration whose forward
+        # record is text made at once and journaled whole, its backward one taken by node
+        self._fast_modules = self._fast_text is not None and self._as_text and self._keep_in and self._keep_out \
+            and not self._saves and not self._tensor_list and not self._filters and self._construct \
+            and (not selection.backward or (selection.keeps("backward", "output") and self._keep_grad_in))
+        self._hook_fns: dict[tuple, Any] = {}  # the module hooks, made once (``_hook_fn``, ``_fast_hooks``)
         self._grad_hook = self.on_grad            # bound once: a gradient hook's partial holds no new object
         self.hooked_models: list[Any] = []
         # the service's methods
@@ -129,6 +136,8 @@ class CallRecords:
         self._grad_parameters = backend._grad_parameters
         self._opaque = backend._opaque
         self._in_graph_hooks = backend._in_graph_hooks
+        self._module_hooks = backend._module_hooks
+        self._param_grad_hook = backend._param_grad_hook
         self._class_name = backend._class_name
         self._named_modules = backend._named_modules
         self._before_hooking = backend._before_hooking
@@ -423,19 +432,24 @@ class CallRecords:
         """Record ``module``'s forward, backward and parameter gradients under ``base``; returns the
         forward hook handles (also removed by stop())."""
         traced = None if exclusive else self._in_graph_hooks(module, base)
+        by_node = traced is None and not exclusive and self._grads_by_node(module)
         if traced is not None:  # a compiled model: hooks its compiler traces (they replay into the two below)
             pre, post = traced
         else:
-            by_node = not exclusive and self._grads_by_node(module)
             pre = self._opaque(self._hook_fn(self._module_pre, base, exclusive, by_node))
             post = self._opaque(self._hook_fn(self._module_post, base))
+            if by_node and self._fast_modules:
+                pre, post = self._fast_hooks(base, pre, post)
         handles = [module.register_forward_pre_hook(pre, with_kwargs=True),
                    module.register_forward_hook(post, with_kwargs=True)]
         self._keep_forward_handles(handles)
         if self.selection.backward:
             params = self._grad_parameters(module)
             for pname, p in params:
-                self._hook_param_grad(p, self._hook_fn(self._on_param_grad, base, pname, len(params)))
+                hook = self._hook_fn(self._on_param_grad, base, pname, len(params))
+                if self._fast_modules and by_node and self.grads_by_c:
+                    hook = self._fast_param_hook(base, pname, len(params), hook)
+                self._hook_param_grad(p, hook)
         return handles
 
     def _hook_fn(self, method: Callable, *args: Any) -> Callable:
@@ -447,6 +461,23 @@ class CallRecords:
         if fn is None:
             fn = self._hook_fns[key] = partial(method, *args)
         return fn
+
+    def _fast_hooks(self, base: str, pre: Callable, post: Callable) -> tuple[Callable, Callable]:
+        """The back-end's faster hooks for ``pre`` and ``post`` (``_module_hooks``), made once per process as
+        ``_hook_fn``'s; ``pre`` and ``post`` themselves where it has none."""
+        key = (self._fast_hooks, base)
+        hooks = self._hook_fns.get(key)
+        if hooks is None:
+            hooks = self._hook_fns[key] = self._module_hooks(base, pre, post) or (pre, post)
+        return hooks
+
+    def _fast_param_hook(self, base: str, pname: str, count: int, hook: Callable) -> Callable:
+        """The back-end's faster ``hook`` of a parameter's gradient (``_param_grad_hook``), made once per process."""
+        key = (self._fast_param_hook, base, pname, count)
+        fast = self._hook_fns.get(key)
+        if fast is None:
+            fast = self._hook_fns[key] = self._param_grad_hook(base, pname, count, hook, _param_fields)
+        return fast
 
     def _module_pre(self, base: str, exclusive: bool, by_node: bool, module: Any, args: tuple, kwargs: dict):
         if _thread_id() != self.service.dumping_thread:  # another thread's call: neither recorded nor in the stacks
@@ -525,11 +556,17 @@ class CallRecords:
         # each of the module's parameters' gradients: one slot of the record
         if self._grads_as_text and not save and self._put_grad_text(rec, name, pname, 0, grad, _param_fields, count):
             return None
+        self._param_grad_dict(rec, base, name, pname, count, grad, save)
+        return None
+
+    def _param_grad_dict(self, rec: Any, base: str, name: str, pname: str, count: int, grad: Any,
+                         save: bool = False) -> None:
+        """Parameter ``pname``'s gradient in the record ``name`` as its summary's dict (saved, checked for
+        overflow, or a summary not known at once)."""
         with self._own(base), self._quiet():
             if self._overflow_check and self._skips_grad(grad):
-                return None
+                return
             summary = self.summarizer.summarize(grad, f"{name}.{pname}" if save else None, save)
             if len(rec.put_field(name, [pname, 0], summary, dict)) == count:  # each of the module's parameters'
                 rec.seal(name)
             self._sync(record_on_device=self._on_device([grad]))
-        return None

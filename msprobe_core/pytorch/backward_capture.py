@@ -45,6 +45,7 @@ from msprobe_core.stats.kernel import KERNEL
 
 _ACCUMULATE_GRAD = torch._C._functions.AccumulateGrad
 _walk_fast = getattr(KERNEL, "walk", None)  # ``_walk`` in C (None: the kernel is not built or is off)
+_OwnGradsC = getattr(KERNEL, "OwnGrads", None)  # ``usual_capture``'s
 _sequence_nr = torch._C._autograd._get_sequence_nr
 _queue_callback = torch.autograd.Variable._execution_engine.queue_callback
 _no_torch_function = torch._C.DisableTorchFunction
@@ -162,6 +163,20 @@ def capture(edges: InputEdges, outputs: list, report: Report, fail: Callable[[An
         keep(t.register_hook(state.tensor_hook(key)))
 
 
+def usual_capture(fallback: Callable[[Any, Any], None], report: Report, fail: Callable[[Any, BaseException], None],
+                  report_output: Report, report_both: BothReport, keep: Callable[[Any], None],
+                  hooks: dict) -> Optional[Callable[[Any, Any], None]]:
+    """``capture`` in C for the usual call of a module (``OwnGrads``: a ``Call`` whose one plain output is made by
+    the call's one node with one edge to one input, that output's gradient read by that node), taking
+    ``fallback(call, out)`` for any other; None without the kernel. ``call.edges`` are its ``InputEdges``, the
+    context given to the callbacks ``(call.backward, call.save, call.backward_parent())``."""
+    if _OwnGradsC is None:
+        return None
+    return _OwnGradsC(fallback=fallback, sequence_nr=_sequence_nr, accumulate_grad=_ACCUMULATE_GRAD, report=report,
+                     fail=fail, report_output=report_output, report_both=report_both, keep=keep, hooks=hooks,
+                     max_hooks=_MAX_HOOKS)
+
+
 def _single_edge(hooks: Optional[dict], report: Report, fail: Callable, context: Any, index: int, edge: int,
                  report_output: Optional[Report], out_nr: int, report_both: Optional[BothReport]) -> "_SingleEdge":
     """The hook of a call whose one node sends one edge to one input: the one made for the same values
@@ -169,7 +184,7 @@ def _single_edge(hooks: Optional[dict], report: Report, fail: Callable, context:
     key = (context, index, edge, out_nr)
     hook = hooks.get(key) if hooks is not None else None
     if hook is None:
-        hook = _SingleEdge(report, fail, context, index, edge, report_output, out_nr, report_both)
+        hook = _single_edge_type(report, fail, context, index, edge, report_output, out_nr, report_both)
         if hooks is not None:
             if len(hooks) >= _MAX_HOOKS:
                 hooks.clear()
@@ -216,6 +231,10 @@ class _SingleEdge:
                 self.report(self.context, self.index, grad)
             except Exception as e:  # the tool never breaks the user's backward
                 self.fail(self.context, e)
+
+
+_single_edge_type: Any = getattr(KERNEL, "SingleEdge", None) or _SingleEdge
+"""``_SingleEdge`` in C (the same fields and calls), or the Python class without the kernel."""
 
 
 def _report_output(hook: Any, grad: Optional[torch.Tensor]) -> None:

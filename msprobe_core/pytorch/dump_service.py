@@ -25,11 +25,12 @@ from typing import Any, Callable, Optional
 import torch
 
 from msprobe_core.dump.config import DumpConfig
+from msprobe_core.dump.call_records import SKIPPED
 from msprobe_core.dump.service import Call, DumpServiceBase, saves_files
 from msprobe_core.files.call_stack import StackCapture
 from msprobe_core.pytorch.api_fast import fast_wrapper_maker
 from msprobe_core.pytorch.api_patch import ApiPatcher
-from msprobe_core.pytorch.backward_capture import InputEdges, capture
+from msprobe_core.pytorch.backward_capture import InputEdges, capture, usual_capture
 from msprobe_core.pytorch.step_hooks import HookPlan, StepHooks
 from msprobe_core.pytorch.compiled_records import CompiledModuleRecords
 from msprobe_core.pytorch.compiled_taps import compiled_as_a_whole
@@ -41,14 +42,21 @@ from msprobe_core.pytorch.sharded_grads import Combined, ShardedGrads, every_ran
 from msprobe_core.pytorch.summarize import Summarizer, tensors_in
 from msprobe_core.pytorch.tensor_stats import has_inf_or_nan
 from msprobe_core.pytorch.wrapper_names import is_compiled, opaque_to_compiler, unwrapped_class_name, unwrapped_modules
+from msprobe_core.stats.kernel import KERNEL
 
 _graph_task_id = torch._C._current_graph_task_id
 _is_grad_enabled = torch._C.is_grad_enabled
 _set_grad_enabled = torch._C._set_grad_enabled
 _no_torch_function = torch._C.DisableTorchFunction  # the tool's own tensor work skips every TorchFunctionMode
 _thread_id = threading.get_ident
+_torch_function_mode_on = torch._C._is_torch_function_mode_enabled
+_sequence_nr = torch._C._autograd._get_sequence_nr
 _is_compiling = torch.compiler.is_compiling  # constant True while Dynamo traces, a flag read otherwise
 _Uninitialized = torch.nn.parameter.UninitializedTensorMixin
+# L0 module and gradient hooks in C (None: the kernel is not built or is off)
+_ModuleHooks = getattr(KERNEL, "ModuleHooks", None)
+_ParamGrad = getattr(KERNEL, "ParamGrad", None)
+_CallGrads = getattr(KERNEL, "CallGrads", None)
 _OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -107,7 +115,13 @@ class DumpService(DumpServiceBase):
         self._own_grad_error = self._on_own_grad_error
         self._output_grad_hook = self._on_output_grad
         self._both_grads_hook = self._on_both_grads
+        grad_text = self.summarizer.grad_text
+        if _CallGrads is not None and grad_text is not None and self.records.grads_by_c:
+            self._both_grads_hook = _CallGrads(records=self.records, service=self, grad_text=grad_text,
+                                               grad_enabled=_is_grad_enabled, mode_enabled=_torch_function_mode_on,
+                                               tls=self._tls)
         self._call_hooks: dict = {}  # the hooks of calls with one edge to one input, reused step after step
+        self._own_grads_c: Optional[Callable] = None  # ``_hook_own_grads`` in C (``_usual_capture``)
         self._step_hooks = StepHooks()  # torch hook handles of the step, removed with the step's other handles
         self._module_hooks = StepHooks()  # module hook handles, removed at stop() with the other forward handles
         self._plans: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # root -> its HookPlan (``_rehook``)
@@ -254,6 +268,36 @@ class DumpService(DumpServiceBase):
             return False
         edges.output = t  # ``capture`` hooks the node that makes it, or the tensor itself
         return True
+
+    def _module_hooks(self, base: str, pre: Callable, post: Callable) -> Optional[tuple[Callable, Callable]]:
+        text = self.summarizer.record_text
+        if _ModuleHooks is None or text is None:
+            return None
+        hooks = _ModuleHooks(
+            records=self.records, service=self, text=text, base=base, pre=pre, post=post, call=Call, skipped=SKIPPED,
+            tensor=torch.Tensor, parameter=torch.nn.Parameter, graph_task_id=_graph_task_id,
+            grad_enabled=_is_grad_enabled, mode_enabled=_torch_function_mode_on, tls=self._tls,
+            # the stack from the hook's caller on (no Python frame of the tool's between)
+            capture_stack=partial(_STACKS.capture, 1) if self.cfg.extra_info else None,
+            backward=bool(self.selection.backward),
+            hook_own_grads=self._usual_capture(), input_edges=InputEdges, sequence_nr=_sequence_nr)
+        return hooks.pre, hooks.post
+
+    def _usual_capture(self) -> Callable[[Call, Any], None]:
+        """``_hook_own_grads``, in C for the usual call (``backward_capture.usual_capture``), made once."""
+        if self._own_grads_c is None:
+            self._own_grads_c = usual_capture(self._hook_own_grads, self._own_grad_hook, self._own_grad_error,
+                                              self._output_grad_hook, self._both_grads_hook, self._keep_hook,
+                                              self._call_hooks) or self._hook_own_grads
+        return self._own_grads_c
+
+    def _param_grad_hook(self, base: str, pname: str, count: int, hook: Callable, fields: Callable) -> Callable:
+        grad_text = self.summarizer.grad_text
+        if _ParamGrad is None or grad_text is None:
+            return hook
+        return _ParamGrad(records=self.records, service=self, grad_text=grad_text, grad_enabled=_is_grad_enabled,
+                          mode_enabled=_torch_function_mode_on, tls=self._tls, base=base, pname=pname, count=count,
+                          fallback=hook, fields=fields)
 
     def _own_parameters(self, module: torch.nn.Module) -> list[tuple[str, Any]]:
         return [(k, v) for k, v in module._parameters.items() if v is not None]  # without named_parameters' generator

@@ -1,0 +1,1121 @@
+/* ==================================================================================== L0 module hooks (s11-l0)
+ * A module call's records at level L0 in one C call per hook, planned when the hooks go in
+ * (``CallRecords.hook_module`` in ``dump/call_records.py``; made by ``pytorch/dump_service.py`` and
+ * ``pytorch/backward_capture.usual_capture``):
+ *
+ *   ModuleHooks(records, service, text, base, pre, post, call, skipped, tensor, parameter, graph_task_id,
+ *               grad_enabled, mode_enabled, tls, capture_stack, backward, hook_own_grads, input_edges,
+ *               sequence_nr)
+ *     .pre(module, args, kwargs)          -> None: ``CallRecords._module_pre``'s work (``pre``: the Python route)
+ *     .post(module, args, kwargs, output) -> None: ``_module_post``'s (``post``: the Python route)
+ *   OwnGrads(...)(call, out)              -> ``DumpService._hook_own_grads`` (``capture``) of the usual call
+ *   SingleEdge(...)(grad_inputs, grad_outputs) -> ``backward_capture._SingleEdge``, the call's node hook
+ *   CallGrads(...)(context, index, received, sent) -> ``CallRecords.on_call_grads``: the backward record
+ *   ParamGrad(...)(grad)                  -> ``CallRecords._on_param_grad``: one parameter's gradient
+ *
+ * The usual call: the dumping thread, recording, no TorchFunctionMode, positional inputs that are plain
+ * tensors (``tensor``, ``parameter``: the exact types) and one plain tensor as output made by the call's one
+ * node with one edge to one input; its record text made by ``text`` (a ``RecordText``) at once. The records,
+ * the ``Call`` left in the step's state, stacks, construct.json parents and journal frames are the Python
+ * route's, byte for byte: the Python route takes any call that is not the usual one before anything of it is
+ * done (a post hook then finishes whatever the pre hook began: the same ``Call``). An error once something is
+ * done goes to ``records._error`` (the user's call goes on), as the Python route's. */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *records, *service, *text, *base, *pre, *post, *call, *skipped, *tensor, *parameter;
+    PyObject *graph_task_id, *grad_enabled, *mode_enabled, *tls, *capture_stack, *backward;
+    PyObject *hook_own_grads, *input_edges, *sequence_nr;
+} ModuleHooksObject;
+
+/* attribute names, interned once */
+enum { A_STEP_STATE, A_MODULE_CALLS, A_COUNTERS, A_MODULE_STACK, A_RECORDER, A_OPEN_STEP, A_RESERVE, A_PUT_TEXT,
+       A_STACK, A_BWD_SIZES, A_RECORDED_MODULES, A_EDGES, A_BY_NODE, A_DEPTH, A_RECORDING, A_DUMPING_THREAD,
+       A_PARAMETERS, A_ERROR, A_INPUT_RECORD, A_NAME, A_BACKWARD, A_SEQ, A_RECORD, A_PARENT, A_OUTPUT,
+       A_REQUIRES_GRAD, A_HOOK_OUTPUTS, A_PUT_STACK, A_DATA, A_ON_CALL_GRADS, A_TENSOR_TEXT, A_PUT_TEXT_FIELD,
+       A_SYNC, A_PARAM_GRAD_DICT, A_BEGIN, A_SLOTS, A_LEAF, A_GRAD_FN, A_OUTPUT_NR, A_SEQUENCE_NR, A_SAVE,
+       A_REGISTER_HOOK, N_ATTRS };
+static const char *const L0_ATTR_NAMES[N_ATTRS] = {
+    "step_state", "module_calls", "counters", "module_stack", "recorder", "_open_step", "reserve", "put_text",
+    "stack", "bwd_sizes", "recorded_modules", "edges", "by_node", "depth", "_recording", "dumping_thread",
+    "_parameters", "_error", "_input_record", "name", "backward", "seq", "record", "parent", "output",
+    "requires_grad", "_hook_outputs", "put_stack", "data", "on_call_grads", "_tensor_text", "put_text_field",
+    "_sync", "_param_grad_dict", "begin", "slots", "leaf", "grad_fn", "output_nr", "_sequence_nr", "save",
+    "register_hook"};
+static PyObject *l0_attr[N_ATTRS];
+static PyObject *l0_no_sizes;  /* (0, 0) */
+
+#define L0_GET(obj, a) PyObject_GetAttr((obj), l0_attr[a])
+
+/* tls.depth += delta (the tool's own work, as ``_own``): 0, or -1 with an error. */
+static int l0_depth_of(PyObject *tls, long delta) {
+    PyObject *d = L0_GET(tls, A_DEPTH);
+    if (d == NULL) return -1;
+    long v = PyLong_AsLong(d);
+    Py_DECREF(d);
+    if (v == -1 && PyErr_Occurred()) return -1;
+    PyObject *n = PyLong_FromLong(v + delta);
+    if (n == NULL) return -1;
+    int rc = PyObject_SetAttr(tls, l0_attr[A_DEPTH], n);
+    Py_DECREF(n);
+    return rc;
+}
+#define l0_depth(self, delta) l0_depth_of((self)->tls, (delta))
+
+/* The value of a no-argument callable as a C truth value: 1, 0, or -1 with an error. */
+static int l0_call_true(PyObject *fn) {
+    PyObject *v = PyObject_CallNoArgs(fn);
+    if (v == NULL) return -1;
+    int r = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return r;
+}
+
+/* The raised error to ``records._error(name, exc)``, as the Python route's ``except Exception``; a
+ * BaseException that is no Exception (KeyboardInterrupt) stays raised: -1. */
+static int l0_report_to(PyObject *records, PyObject *name) {
+    if (!PyErr_ExceptionMatches(PyExc_Exception)) return -1;
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (tb != NULL && value != NULL) PyException_SetTraceback(value, tb);
+    PyObject *r = PyObject_CallMethodObjArgs(records, l0_attr[A_ERROR], name, value ? value : Py_None, NULL);
+    Py_XDECREF(type); Py_XDECREF(value); Py_XDECREF(tb);
+    if (r == NULL) return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+#define l0_report(self) l0_report_to((self)->records, (self)->base)
+
+/* Is this call the dumping thread's, while recording, outside the tool's work, a backward pass and any
+ * TorchFunctionMode (``DumpService.should_record`` for the thread that records)? 1, 0, -1 with an error. */
+static int l0_recording(ModuleHooksObject *self) {
+    PyObject *thread = L0_GET(self->service, A_DUMPING_THREAD);
+    if (thread == NULL) return -1;
+    unsigned long id = PyLong_AsUnsignedLong(thread);
+    Py_DECREF(thread);
+    if (PyErr_Occurred()) return -1;
+    if (id != PyThread_get_thread_ident()) return 0;
+    PyObject *rec = L0_GET(self->service, A_RECORDING);
+    if (rec == NULL) return -1;
+    int on = rec == Py_True;
+    Py_DECREF(rec);
+    if (!on) return 0;
+    PyObject *d = L0_GET(self->tls, A_DEPTH);
+    if (d == NULL) return -1;
+    int zero = PyLong_CheckExact(d) && PyLong_AsLong(d) == 0;
+    Py_DECREF(d);
+    if (!zero) return 0;
+    PyObject *task = PyObject_CallNoArgs(self->graph_task_id);
+    if (task == NULL) return -1;
+    long t = PyLong_AsLong(task);
+    Py_DECREF(task);
+    if (t != -1) return 0;
+    if (PyErr_Occurred()) return -1;
+    int modes = l0_call_true(self->mode_enabled);
+    return modes < 0 ? -1 : !modes;
+}
+
+/* Is obj a plain tensor (the exact tensor or parameter type)? */
+static inline int l0_plain(ModuleHooksObject *self, PyObject *obj) {
+    PyTypeObject *t = Py_TYPE(obj);
+    return t == (PyTypeObject *)self->tensor || t == (PyTypeObject *)self->parameter;
+}
+
+/* The record's JSON text up to its output (``CallRecords._text_inputs`` with the module's own parameters,
+ * ``params``: a dict), or Py_None when a summary is not known at once. */
+static PyObject *l0_head(ModuleHooksObject *self, PyObject *args, PyObject *params) {
+    RecordTextObject *rt = (RecordTextObject *)self->text;
+    text_t b;
+    text_init(&b);
+    int rc = PUT_LIT(&b, "{\"input_args\": ");
+    if (rc == 0) rc = put_object(rt, &b, args);
+    if (rc == 0) rc = PUT_LIT(&b, ", \"input_kwargs\": {}, \"parameters\": ");
+    if (rc == 0) rc = put_object(rt, &b, params);
+    return finish(&b, rc);
+}
+
+/* The module's parameters that are set, as a new dict (``_own_parameters``), or NULL with an error. */
+static PyObject *l0_parameters(PyObject *module) {
+    PyObject *own = PyObject_GetAttr(module, l0_attr[A_PARAMETERS]);
+    if (own == NULL) return NULL;
+    PyObject *params = PyDict_New();
+    if (params != NULL && PyDict_Check(own)) {
+        Py_ssize_t pos = 0;
+        PyObject *k, *v;
+        while (PyDict_Next(own, &pos, &k, &v))
+            if (v != Py_None && PyDict_SetItem(params, k, v) < 0) { Py_CLEAR(params); break; }
+    } else if (params != NULL) {
+        Py_CLEAR(params);
+        PyErr_SetString(PyExc_TypeError, "module._parameters is not a dict");
+    }
+    Py_DECREF(own);
+    return params;
+}
+
+/* The recorder of the open step (``service.recorder or service._open_step()``): a new reference or NULL. */
+static PyObject *l0_recorder(ModuleHooksObject *self) {
+    PyObject *rec = L0_GET(self->service, A_RECORDER);
+    if (rec == Py_None) {
+        Py_DECREF(rec);
+        rec = PyObject_CallMethodNoArgs(self->service, l0_attr[A_OPEN_STEP]);
+    }
+    return rec;
+}
+
+static long long og_long(PyObject *obj, int a, int call);
+
+/* ``InputEdges.of(list(args))`` (``backward_capture``) of plain tensors: a new reference (Py_None: no input
+ * requires grad), or NULL with an error. */
+static PyObject *l0_edges(ModuleHooksObject *self, PyObject *args) {
+    PyObject *slots = PyDict_New(), *alive = PyList_New(0), *result = NULL;
+    int leaf = 0;
+    if (slots == NULL || alive == NULL) goto done;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(args); i++) {
+        PyObject *t = PyTuple_GET_ITEM(args, i);
+        int grad = tensor_flag((RecordTextObject *)self->text, t, D_REQUIRES_GRAD);
+        if (grad < 0) goto done;
+        if (!grad) continue;
+        PyObject *fn = L0_GET(t, A_GRAD_FN), *key = NULL, *obj = fn;  /* ``_key`` */
+        if (fn == NULL) goto done;
+        if (fn == Py_None) {
+            key = edge_key(t, 0);
+            obj = t;
+        } else {
+            long long nr = og_long(t, A_OUTPUT_NR, 0);
+            key = nr == -1 && PyErr_Occurred() ? NULL : edge_key(fn, (long)nr + 1);
+        }
+        PyObject *index = key == NULL ? NULL : PyLong_FromSsize_t(i);
+        PyObject *had = index == NULL ? NULL : PyDict_GetItemWithError(slots, key);
+        int rc = index == NULL || (had == NULL && PyErr_Occurred()) ? -1 : 0;
+        if (rc == 0 && had == NULL) {
+            rc = PyDict_SetItem(slots, key, index) < 0 || PyList_Append(alive, obj) < 0 ? -1 : 0;
+            leaf = leaf || obj == t;
+        } else if (rc == 0) {  /* the same tensor again: the tuple of its indices */
+            PyObject *prev = PyTuple_Check(had) ? Py_NewRef(had) : PyTuple_Pack(1, had);
+            PyObject *one = prev == NULL ? NULL : PyTuple_Pack(1, index);
+            PyObject *indices = one == NULL ? NULL : PySequence_Concat(prev, one);
+            rc = indices == NULL || PyDict_SetItem(slots, key, indices) < 0 ? -1 : 0;
+            Py_XDECREF(prev); Py_XDECREF(one); Py_XDECREF(indices);
+        }
+        Py_DECREF(fn); Py_XDECREF(key); Py_XDECREF(index);
+        if (rc < 0) goto done;
+    }
+    if (!PyDict_GET_SIZE(slots)) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    PyObject *begin = PyObject_CallNoArgs(self->sequence_nr);
+    if (begin == NULL) goto done;
+    PyObject *a[4] = {begin, slots, alive, leaf ? Py_True : Py_False};
+    result = PyObject_Vectorcall(self->input_edges, a, 4, NULL);
+    Py_DECREF(begin);
+done:
+    Py_XDECREF(slots); Py_XDECREF(alive);
+    return result;
+}
+
+/* ``_begin_record`` of the usual call, after ``calls`` got its place: the new Call, or NULL with an error. */
+static PyObject *l0_begin(ModuleHooksObject *self, PyObject *state, PyObject *module, PyObject *args,
+                          PyObject *kwargs, PyObject *name, PyObject *backward, PyObject *parent) {
+    PyObject *rec = NULL, *seq = NULL, *params = NULL, *record = NULL, *call = NULL;
+    rec = l0_recorder(self);
+    if (rec == NULL) goto done;
+    seq = PyObject_CallMethodOneArg(rec, l0_attr[A_RESERVE], name);
+    if (seq == NULL) goto done;
+    params = l0_parameters(module);
+    if (params == NULL) goto done;
+    record = l0_head(self, args, params);
+    if (record == Py_None) {  /* a summary not known at once: the record as a dict (``_input_record``) */
+        Py_DECREF(record);
+        PyObject *items = PyDict_Items(params);
+        record = items == NULL ? NULL : PyObject_CallMethodObjArgs(self->records, l0_attr[A_INPUT_RECORD], name, args,
+                                                                   kwargs, items, Py_False, NULL);
+        Py_XDECREF(items);
+    }
+    if (record == NULL) goto done;
+    int grad = self->backward == Py_True ? l0_call_true(self->grad_enabled) : 0;
+    if (grad < 0) goto done;
+    PyObject *cargs[7] = {name, backward, seq, record, Py_False, parent, grad ? Py_True : Py_False};
+    call = PyObject_Vectorcall(self->call, cargs, 7, NULL);
+    if (call == NULL) goto done;
+    if (grad) {  /* its backward record's sizes; its inputs' gradient edges (``_prepare_backward``) */
+        PyObject *sizes = L0_GET(state, A_BWD_SIZES);
+        if (sizes == NULL) goto fail;
+        PyObject *old = PyDict_GetItemWithError(sizes, backward);
+        if (old == NULL && PyErr_Occurred()) { Py_DECREF(sizes); goto fail; }
+        PyObject *first = old != NULL && PyTuple_Check(old) && PyTuple_GET_SIZE(old) == 2 ? PyTuple_GET_ITEM(old, 0)
+                                                                                           : PyTuple_GET_ITEM(l0_no_sizes, 0);
+        PyObject *size = Py_BuildValue("(On)", first, PyTuple_GET_SIZE(args));
+        int rc = size == NULL ? -1 : PyDict_SetItem(sizes, backward, size);
+        Py_XDECREF(size);
+        Py_DECREF(sizes);
+        if (rc < 0) goto fail;
+        PyObject *edges = l0_edges(self, args);
+        if (edges == NULL || (edges != Py_None && PyObject_SetAttr(call, l0_attr[A_EDGES], edges) < 0)) {
+            Py_XDECREF(edges);
+            goto fail;
+        }
+        Py_DECREF(edges);
+    }
+    if (self->capture_stack != Py_None) {
+        PyObject *stack = PyObject_CallNoArgs(self->capture_stack);
+        if (stack == NULL) goto fail;
+        int rc;
+        if (PyUnicode_Check(record)) {  /* journaled with the record at its end; its place in stack.json kept now */
+            PyObject *stacks = L0_GET(rec, A_STACK);
+            rc = stacks == NULL || PyObject_SetItem(stacks, name, stack) < 0
+                 || PyObject_SetAttr(call, l0_attr[A_STACK], stack) < 0 ? -1 : 0;
+            Py_XDECREF(stacks);
+        } else {
+            PyObject *r = PyObject_CallMethodObjArgs(rec, l0_attr[A_PUT_STACK], name, stack, NULL);
+            rc = r == NULL ? -1 : 0;
+            Py_XDECREF(r);
+        }
+        Py_DECREF(stack);
+        if (rc < 0) goto fail;
+    }
+    if (PyObject_SetAttr(call, l0_attr[A_BY_NODE], Py_True) < 0) goto fail;
+    goto done;
+fail:
+    Py_CLEAR(call);
+done:
+    Py_XDECREF(rec); Py_XDECREF(seq); Py_XDECREF(params); Py_XDECREF(record);
+    return call;
+}
+
+/* The number after the stem: "<base>.forward.<n>" and "<base>.backward.<n>", the counter moved on. */
+static int l0_names(ModuleHooksObject *self, PyObject *state, PyObject **name, PyObject **backward) {
+    PyObject *counters = L0_GET(state, A_COUNTERS);
+    if (counters == NULL) return -1;
+    PyObject *old = PyDict_GetItemWithError(counters, self->base);
+    Py_ssize_t n = 0;
+    if (old != NULL) n = PyLong_AsSsize_t(old);
+    if (PyErr_Occurred()) { Py_DECREF(counters); return -1; }
+    PyObject *next = PyLong_FromSsize_t(n + 1);
+    int rc = next == NULL ? -1 : PyDict_SetItem(counters, self->base, next);
+    Py_XDECREF(next);
+    Py_DECREF(counters);
+    if (rc < 0) return -1;
+    *name = PyUnicode_FromFormat("%U.forward.%zd", self->base, n);
+    *backward = *name == NULL ? NULL : PyUnicode_FromFormat("%U.backward.%zd", self->base, n);
+    if (*backward == NULL) { Py_CLEAR(*name); return -1; }
+    return 0;
+}
+
+static PyObject *mh_pre(ModuleHooksObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyTuple_CheckExact(args[1]) || !PyDict_CheckExact(args[2]) || PyDict_GET_SIZE(args[2]))
+        return PyObject_Vectorcall(self->pre, args, nargs, NULL);
+    PyObject *inputs = args[1];
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(inputs); i++)
+        if (!l0_plain(self, PyTuple_GET_ITEM(inputs, i))) return PyObject_Vectorcall(self->pre, args, nargs, NULL);
+    int usual = l0_recording(self);
+    if (usual < 0) return NULL;
+    if (!usual) return PyObject_Vectorcall(self->pre, args, nargs, NULL);
+    PyObject *module = args[0];
+    PyObject *state = NULL, *calls = NULL, *key = NULL, *name = NULL, *backward = NULL, *stack = NULL;
+    PyObject *call = NULL, *module_calls = NULL;
+    state = L0_GET(self->records, A_STEP_STATE);
+    if (state == NULL) return NULL;
+    module_calls = L0_GET(state, A_MODULE_CALLS);
+    key = module_calls == NULL ? NULL : PyLong_FromVoidPtr(module);
+    if (key == NULL) goto fail;
+    calls = PyDict_GetItemWithError(module_calls, key);
+    if (calls != NULL) {
+        Py_INCREF(calls);
+    } else {
+        if (PyErr_Occurred() || (calls = PyList_New(0)) == NULL || PyDict_SetItem(module_calls, key, calls) < 0)
+            goto fail;
+    }
+    if (!PyList_Check(calls) || PyList_Append(calls, self->skipped) < 0) goto fail;  /* replaced once set up */
+    if (l0_depth(self, 1) < 0) goto fail;
+    if (l0_names(self, state, &name, &backward) == 0) {
+        stack = L0_GET(state, A_MODULE_STACK);
+        if (stack != NULL) {
+            Py_ssize_t depth = PyList_Check(stack) ? PyList_GET_SIZE(stack) : -1;
+            PyObject *parent = depth > 0 ? PyList_GET_ITEM(stack, depth - 1) : Py_None;
+            Py_INCREF(parent);
+            if (depth < 0)
+                PyErr_SetString(PyExc_TypeError, "the step's module_stack is not a list");
+            else
+                call = l0_begin(self, state, module, inputs, args[2], name, backward, parent);
+            Py_DECREF(parent);
+            if (call != NULL) {
+                PyObject *recorded = L0_GET(state, A_RECORDED_MODULES);
+                int rc = recorded == NULL ? -1 : PySet_Add(recorded, self->base);
+                Py_XDECREF(recorded);
+                if (rc < 0 || PyList_SetItem(calls, PyList_GET_SIZE(calls) - 1, Py_NewRef(call)) < 0
+                    || PyList_Append(stack, name) < 0)
+                    Py_CLEAR(call);
+            }
+        }
+    }
+    int failed = call == NULL;
+    if (failed && l0_report(self) < 0) { l0_depth(self, -1); goto fail; }
+    if (l0_depth(self, -1) < 0) goto fail;
+    Py_XDECREF(state); Py_XDECREF(module_calls); Py_XDECREF(key); Py_XDECREF(calls); Py_XDECREF(name);
+    Py_XDECREF(backward); Py_XDECREF(stack); Py_XDECREF(call);
+    Py_RETURN_NONE;
+fail:
+    Py_XDECREF(state); Py_XDECREF(module_calls); Py_XDECREF(key); Py_XDECREF(calls); Py_XDECREF(name);
+    Py_XDECREF(backward); Py_XDECREF(stack); Py_XDECREF(call);
+    return NULL;
+}
+
+/* ``end_record`` + ``_hook_own_grads`` of the usual call (its record text ``text`` made): 0, -1 with an error. */
+static int l0_end(ModuleHooksObject *self, PyObject *state, PyObject *call, PyObject *out, PyObject *text) {
+    PyObject *rec = l0_recorder(self);
+    if (rec == NULL) return -1;
+    PyObject *name = L0_GET(call, A_NAME), *seq = L0_GET(call, A_SEQ), *stack = L0_GET(call, A_STACK);
+    PyObject *parent = L0_GET(call, A_PARENT);
+    PyObject *r = name && seq && stack && parent
+                  ? PyObject_CallMethodObjArgs(rec, l0_attr[A_PUT_TEXT], name, text, seq, stack, parent, NULL) : NULL;
+    Py_XDECREF(name); Py_XDECREF(seq); Py_XDECREF(stack); Py_XDECREF(parent);
+    Py_DECREF(rec);
+    if (r == NULL) return -1;
+    Py_DECREF(r);
+    if (self->backward != Py_True) return 0;
+    int grad = l0_call_true(self->grad_enabled);
+    if (grad <= 0) return grad;
+    /* ``_hook_outputs``: the output's gradient from the call's own node when its edges are known */
+    PyObject *edges = L0_GET(call, A_EDGES);
+    if (edges == NULL) return -1;
+    int by_node = edges != Py_None ? tensor_flag((RecordTextObject *)self->text, out, D_REQUIRES_GRAD) : 0;
+    int rc = by_node;
+    if (by_node > 0) {
+        PyObject *backward = L0_GET(call, A_BACKWARD), *sizes = L0_GET(state, A_BWD_SIZES);
+        PyObject *old = backward && sizes ? PyDict_GetItemWithError(sizes, backward) : NULL;
+        rc = backward && sizes && (old != NULL || !PyErr_Occurred()) ? 0 : -1;
+        if (rc == 0) {
+            PyObject *second = old != NULL && PyTuple_Check(old) && PyTuple_GET_SIZE(old) == 2 ? PyTuple_GET_ITEM(old, 1)
+                                                                                               : PyTuple_GET_ITEM(l0_no_sizes, 1);
+            PyObject *size = Py_BuildValue("(iO)", 1, second);
+            rc = size == NULL || PyDict_SetItem(sizes, backward, size) < 0
+                 || PyObject_SetAttr(edges, l0_attr[A_OUTPUT], out) < 0 ? -1 : 0;
+            Py_XDECREF(size);
+        }
+        Py_XDECREF(backward); Py_XDECREF(sizes);
+    } else if (by_node == 0) {  /* tensor hooks (Python route) */
+        PyObject *outs = PyList_New(1);
+        if (outs != NULL) PyList_SET_ITEM(outs, 0, Py_NewRef(out));
+        r = outs == NULL ? NULL : PyObject_CallMethodObjArgs(self->records, l0_attr[A_HOOK_OUTPUTS], call, outs, NULL);
+        Py_XDECREF(outs);
+        rc = r == NULL ? -1 : 0;
+        Py_XDECREF(r);
+    }
+    if (rc == 0 && edges != Py_None) {
+        r = PyObject_CallFunctionObjArgs(self->hook_own_grads, call, out, NULL);
+        rc = r == NULL ? -1 : 0;
+        Py_XDECREF(r);
+    }
+    Py_DECREF(edges);
+    return rc;
+}
+
+static PyObject *mh_post(ModuleHooksObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4 || Py_TYPE(args[3]) != (PyTypeObject *)self->tensor)  /* (a Parameter output: tensor hooks) */
+        return PyObject_Vectorcall(self->post, args, nargs, NULL);
+    int usual = l0_recording(self);
+    if (usual < 0) return NULL;
+    if (!usual) return PyObject_Vectorcall(self->post, args, nargs, NULL);
+    PyObject *state = L0_GET(self->records, A_STEP_STATE);
+    if (state == NULL) return NULL;
+    PyObject *module_calls = L0_GET(state, A_MODULE_CALLS);
+    PyObject *key = module_calls == NULL ? NULL : PyLong_FromVoidPtr(args[0]);
+    PyObject *calls = key == NULL ? NULL : PyDict_GetItemWithError(module_calls, key);  /* borrowed */
+    PyObject *call = calls != NULL && PyList_Check(calls) && PyList_GET_SIZE(calls)
+                     ? PyList_GET_ITEM(calls, PyList_GET_SIZE(calls) - 1) : NULL;
+    PyObject *head = call != NULL && Py_TYPE(call) == (PyTypeObject *)self->call ? L0_GET(call, A_RECORD) : NULL;
+    PyObject *text = NULL;
+    if (head != NULL && PyUnicode_Check(head)) {
+        PyObject *rargs[2] = {head, args[3]};
+        text = rt_record((RecordTextObject *)self->text, rargs, 2);
+        if (text == Py_None) Py_CLEAR(text);
+    }
+    Py_XDECREF(head);
+    if (text == NULL) {  /* not the usual call, or its output's summary is not known at once: the Python route */
+        Py_XDECREF(state); Py_XDECREF(module_calls); Py_XDECREF(key);
+        if (PyErr_Occurred()) return NULL;
+        return PyObject_Vectorcall(self->post, args, nargs, NULL);
+    }
+    Py_INCREF(call);
+    int rc = PyList_SetSlice(calls, PyList_GET_SIZE(calls) - 1, PyList_GET_SIZE(calls), NULL);
+    if (rc == 0 && PyList_GET_SIZE(calls) == 0) rc = PyDict_DelItem(module_calls, key);
+    PyObject *result = NULL;
+    if (rc == 0 && l0_depth(self, 1) == 0) {
+        PyObject *stack = L0_GET(state, A_MODULE_STACK);
+        rc = stack == NULL ? -1 : 0;
+        if (rc == 0 && PyList_Check(stack) && PyList_GET_SIZE(stack))
+            rc = PyList_SetSlice(stack, PyList_GET_SIZE(stack) - 1, PyList_GET_SIZE(stack), NULL);
+        Py_XDECREF(stack);
+        if (rc == 0) rc = l0_end(self, state, call, args[3], text);
+        if (rc < 0) rc = l0_report(self);
+        if (l0_depth(self, -1) < 0) rc = -1;
+        if (rc == 0) result = Py_NewRef(Py_None);
+    }
+    Py_DECREF(call);
+    Py_DECREF(text);
+    Py_XDECREF(state); Py_XDECREF(module_calls); Py_XDECREF(key);
+    return result;
+}
+
+#define MH_OBJECTS(X) X(records) X(service) X(text) X(base) X(pre) X(post) X(call) X(skipped) X(tensor) X(parameter) \
+                      X(graph_task_id) X(grad_enabled) X(mode_enabled) X(tls) X(capture_stack) X(backward) \
+                      X(hook_own_grads) X(input_edges) X(sequence_nr)
+
+static PyObject *mh_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    static char *kw[] = {"records", "service", "text", "base", "pre", "post", "call", "skipped", "tensor", "parameter",
+                         "graph_task_id", "grad_enabled", "mode_enabled", "tls", "capture_stack", "backward",
+                         "hook_own_grads", "input_edges", "sequence_nr", NULL};
+    PyObject *o[19];
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO!UOOOOOOOOOOOOOOO:ModuleHooks", kw, &o[0], &o[1], &RecordTextType,
+                                     &o[2], &o[3], &o[4], &o[5], &o[6], &o[7], &o[8], &o[9], &o[10], &o[11], &o[12],
+                                     &o[13], &o[14], &o[15], &o[16], &o[17], &o[18]))
+        return NULL;
+    if (!PyType_Check(o[6]) || !PyType_Check(o[8]) || !PyType_Check(o[9])) {
+        PyErr_SetString(PyExc_TypeError, "call, tensor and parameter must be types");
+        return NULL;
+    }
+    ModuleHooksObject *self = (ModuleHooksObject *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    PyObject **slots[] = {&self->records, &self->service, &self->text, &self->base, &self->pre, &self->post,
+                          &self->call, &self->skipped, &self->tensor, &self->parameter, &self->graph_task_id,
+                          &self->grad_enabled, &self->mode_enabled, &self->tls, &self->capture_stack,
+                          &self->backward, &self->hook_own_grads, &self->input_edges, &self->sequence_nr};
+    for (int i = 0; i < 19; i++) *slots[i] = Py_NewRef(o[i]);
+    return (PyObject *)self;
+}
+
+#define MH_VISIT(f) Py_VISIT(self->f);
+#define MH_CLEAR(f) Py_CLEAR(self->f);
+static int mh_traverse(ModuleHooksObject *self, visitproc visit, void *arg) { MH_OBJECTS(MH_VISIT) return 0; }
+static int mh_clear(ModuleHooksObject *self) { MH_OBJECTS(MH_CLEAR) return 0; }
+
+static void mh_dealloc(ModuleHooksObject *self) {
+    PyObject_GC_UnTrack(self);
+    mh_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMethodDef mh_methods[] = {
+    {"pre", (PyCFunction)(void (*)(void))mh_pre, METH_FASTCALL,
+     "pre(module, args, kwargs) -> None: the module's forward pre hook (CallRecords._module_pre)"},
+    {"post", (PyCFunction)(void (*)(void))mh_post, METH_FASTCALL,
+     "post(module, args, kwargs, output) -> None: the module's forward hook (CallRecords._module_post)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject ModuleHooksType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "msprobe_core.stats._fast_stats.ModuleHooks",
+    .tp_basicsize = sizeof(ModuleHooksObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "A module's L0 forward hooks in C (see _fast_l0.c)",
+    .tp_new = mh_new,
+    .tp_dealloc = (destructor)mh_dealloc,
+    .tp_traverse = (traverseproc)mh_traverse,
+    .tp_clear = (inquiry)mh_clear,
+    .tp_methods = mh_methods,
+};
+
+
+/* ----------------------------------------------------------------------------------------- backward records
+ *   CallGrads(records, service, grad_text, grad_enabled, mode_enabled, tls)
+ *     (context, index, received, sent) -> bool: ``CallRecords.on_call_grads(*context, index, received, sent)``
+ *   SingleEdge(report, fail, context, index, edge, report_output, out_nr, report_both)
+ *     (grad_inputs, grad_outputs) -> None: ``backward_capture._SingleEdge`` (the same object, in C)
+ *   ParamGrad(records, service, grad_text, grad_enabled, mode_enabled, tls, base, pname, count, fallback)
+ *     (grad) -> None: ``CallRecords._on_param_grad(base, pname, count, grad)``
+ * Where autograd records (create_graph) or a TorchFunctionMode is on, or a gradient's text is not known at
+ * once, they take the Python route (``records``' methods) for the whole gradient. */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *records, *service, *grad_text, *grad_enabled, *mode_enabled, *tls;
+} CallGradsObject;
+
+/* May the gradients be read here without ``_quiet()`` (autograd off, no TorchFunctionMode)? 1, 0, -1. */
+static int g_quiet(CallGradsObject *self) {
+    int on = l0_call_true(self->grad_enabled);
+    if (on != 0) return on < 0 ? -1 : 0;
+    on = l0_call_true(self->mode_enabled);
+    return on < 0 ? -1 : !on;
+}
+
+#define g_depth(self, delta) l0_depth_of((self)->tls, (delta))
+
+/* A gradient's summary text (``GradText.text``, else ``records._tensor_text``): a new str, Py_None, or NULL. */
+static PyObject *g_text(CallGradsObject *self, PyObject *grad, int remember) {
+    PyObject *a[2] = {grad, remember ? Py_True : Py_False};
+    PyObject *text = gt_text((GradTextObject *)self->grad_text, a, 2);
+    if (text == Py_None) {
+        Py_DECREF(text);
+        text = PyObject_CallMethodOneArg(self->records, l0_attr[A_TENSOR_TEXT], grad);
+    }
+    return text;
+}
+
+/* ``service.recorder``'s record named ``name`` is there already? 1, 0, -1. */
+static int g_has(PyObject *rec, PyObject *name) {
+    PyObject *data = L0_GET(rec, A_DATA);
+    if (data == NULL) return -1;
+    int r = PySequence_Contains(data, name);
+    Py_DECREF(data);
+    return r;
+}
+
+static PyObject *cg_call(CallGradsObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (nargs != 4 || kwnames != NULL || !PyTuple_CheckExact(args[0]) || PyTuple_GET_SIZE(args[0]) != 3) {
+        PyErr_SetString(PyExc_TypeError, "CallGrads takes (context, index, received, sent)");
+        return NULL;
+    }
+    PyObject *backward = PyTuple_GET_ITEM(args[0], 0), *save = PyTuple_GET_ITEM(args[0], 1);
+    PyObject *parent = PyTuple_GET_ITEM(args[0], 2);
+    int quiet = g_quiet(self);
+    if (quiet <= 0) {
+        if (quiet < 0) return NULL;
+        PyObject *a[7] = {self->records, backward, save, parent, args[1], args[2], args[3]};
+        return PyObject_VectorcallMethod(l0_attr[A_ON_CALL_GRADS], a, 7 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    }
+    PyObject *rec = L0_GET(self->service, A_RECORDER);
+    if (rec == NULL) return NULL;
+    int usual = rec != Py_None && save == Py_False && PyLong_CheckExact(args[1]) && PyLong_AsLong(args[1]) == 0;
+    if (usual) {
+        int has = g_has(rec, backward);
+        if (has < 0) { Py_DECREF(rec); return NULL; }
+        usual = !has;
+    }
+    if (usual) {  /* its backward record's sizes are (1, 1) */
+        PyObject *state = L0_GET(self->records, A_STEP_STATE);
+        PyObject *sizes = state == NULL ? NULL : L0_GET(state, A_BWD_SIZES);
+        PyObject *size = sizes == NULL ? NULL : PyDict_GetItemWithError(sizes, backward);
+        usual = size != NULL && PyTuple_CheckExact(size) && PyTuple_GET_SIZE(size) == 2
+                && PyLong_CheckExact(PyTuple_GET_ITEM(size, 0)) && PyLong_AsLong(PyTuple_GET_ITEM(size, 0)) == 1
+                && PyLong_CheckExact(PyTuple_GET_ITEM(size, 1)) && PyLong_AsLong(PyTuple_GET_ITEM(size, 1)) == 1;
+        Py_XDECREF(state);
+        Py_XDECREF(sizes);
+        if (PyErr_Occurred()) { Py_DECREF(rec); return NULL; }
+    }
+    if (!usual) {
+        Py_DECREF(rec);
+        Py_RETURN_FALSE;
+    }
+    if (g_depth(self, 1) < 0) { Py_DECREF(rec); return NULL; }
+    PyObject *result = NULL, *received = NULL, *sent = NULL, *seq = NULL;
+    received = g_text(self, args[2], 0);
+    sent = received == NULL || received == Py_None ? NULL : g_text(self, args[3], 1);
+    if (received == Py_None || sent == Py_None) {
+        result = Py_NewRef(Py_False);
+    } else if (sent != NULL) {
+        PyObject *text = PyUnicode_FromFormat("{\"input\": [%U], \"output\": [%U]}", received, sent);
+        seq = text == NULL ? NULL : PyObject_CallMethodOneArg(rec, l0_attr[A_RESERVE], backward);
+        PyObject *r = seq == NULL ? NULL
+                      : PyObject_CallMethodObjArgs(rec, l0_attr[A_PUT_TEXT], backward, text, seq, Py_None, parent, NULL);
+        Py_XDECREF(text);
+        if (r != NULL) {
+            Py_DECREF(r);
+            result = Py_NewRef(Py_True);
+        }
+    }
+    Py_XDECREF(received); Py_XDECREF(sent); Py_XDECREF(seq);
+    Py_DECREF(rec);
+    if (g_depth(self, -1) < 0) Py_CLEAR(result);
+    return result;
+}
+
+#define CG_OBJECTS(X) X(records) X(service) X(grad_text) X(grad_enabled) X(mode_enabled) X(tls)
+
+static PyObject *cg_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    static char *kw[] = {"records", "service", "grad_text", "grad_enabled", "mode_enabled", "tls", NULL};
+    PyObject *o[6];
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO!OOO:CallGrads", kw, &o[0], &o[1], &GradTextType, &o[2], &o[3],
+                                     &o[4], &o[5]))
+        return NULL;
+    CallGradsObject *self = (CallGradsObject *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    PyObject **slots[] = {&self->records, &self->service, &self->grad_text, &self->grad_enabled, &self->mode_enabled,
+                          &self->tls};
+    for (int i = 0; i < 6; i++) *slots[i] = Py_NewRef(o[i]);
+    return (PyObject *)self;
+}
+
+static PyObject *cg_tp_call(PyObject *self, PyObject *args, PyObject *kwds) {
+    return PyVectorcall_Call(self, args, kwds);
+}
+
+#define CG_VISIT(f) Py_VISIT(self->f);
+#define CG_CLEAR(f) Py_CLEAR(self->f);
+static int cg_traverse(CallGradsObject *self, visitproc visit, void *arg) { CG_OBJECTS(CG_VISIT) return 0; }
+static int cg_clear(CallGradsObject *self) { CG_OBJECTS(CG_CLEAR) return 0; }
+
+typedef struct {
+    CallGradsObject head;
+    vectorcallfunc vectorcall;
+} CallGradsCallObject;
+
+static PyObject *cgc_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    CallGradsCallObject *self = (CallGradsCallObject *)cg_new(type, args, kwds);
+    if (self != NULL) self->vectorcall = (vectorcallfunc)cg_call;
+    return (PyObject *)self;
+}
+
+static void cg_dealloc(CallGradsObject *self) {
+    PyObject_GC_UnTrack(self);
+    cg_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyTypeObject CallGradsType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "msprobe_core.stats._fast_stats.CallGrads",
+    .tp_basicsize = sizeof(CallGradsCallObject),
+    .tp_vectorcall_offset = offsetof(CallGradsCallObject, vectorcall),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "CallRecords.on_call_grads in C for L0 (see _fast_l0.c)",
+    .tp_new = cgc_new,
+    .tp_call = cg_tp_call,
+    .tp_dealloc = (destructor)cg_dealloc,
+    .tp_traverse = (traverseproc)cg_traverse,
+    .tp_clear = (inquiry)cg_clear,
+};
+
+/* ``_on_param_grad`` */
+typedef struct {
+    CallGradsObject head;
+    vectorcallfunc vectorcall;
+    PyObject *base, *pname, *count, *key, *fallback, *fields;
+} ParamGradObject;
+
+static PyObject *pg_call(ParamGradObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    CallGradsObject *g = &self->head;
+    if (nargs != 1 || kwnames != NULL) return PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);
+    PyObject *grad = args[0];
+    int quiet = g_quiet(g);
+    if (quiet <= 0) return quiet < 0 ? NULL : PyObject_Vectorcall(self->fallback, args, nargsf, NULL);
+    PyObject *rec = L0_GET(g->service, A_RECORDER);
+    if (rec == NULL) return NULL;
+    if (rec == Py_None || grad == Py_None) { Py_DECREF(rec); Py_RETURN_NONE; }
+    PyObject *state = L0_GET(g->records, A_STEP_STATE), *recorded = NULL, *counters = NULL, *name = NULL;
+    PyObject *result = NULL;
+    recorded = state == NULL ? NULL : L0_GET(state, A_RECORDED_MODULES);
+    int in = recorded == NULL ? -1 : PySequence_Contains(recorded, self->base);
+    if (in <= 0) {
+        if (in == 0) result = Py_NewRef(Py_None);
+        goto done;
+    }
+    counters = L0_GET(state, A_COUNTERS);
+    PyObject *old = counters == NULL ? NULL : PyDict_GetItemWithError(counters, self->key);
+    if (counters == NULL || (old == NULL && PyErr_Occurred())) goto done;
+    Py_ssize_t k = old != NULL ? PyLong_AsSsize_t(old) : 0;
+    if (k == -1 && PyErr_Occurred()) goto done;
+    PyObject *next = PyLong_FromSsize_t(k + 1);
+    int rc = next == NULL ? -1 : PyDict_SetItem(counters, self->key, next);
+    Py_XDECREF(next);
+    if (rc < 0 || (name = PyUnicode_FromFormat("%U.parameters_grad.%zd", self->base, k)) == NULL) goto done;
+    if (g_depth(g, 1) < 0) goto done;
+    PyObject *text = g_text(g, grad, 0);
+    if (text == Py_None) {  /* the dict route for this gradient (``_param_grad_dict``) */
+        Py_DECREF(text);
+        if (g_depth(g, -1) < 0) goto done;
+        PyObject *a[7] = {g->records, rec, self->base, name, self->pname, self->count, grad};
+        result = PyObject_VectorcallMethod(l0_attr[A_PARAM_GRAD_DICT], a, 7 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        goto done;
+    }
+    PyObject *r = NULL;
+    if (text != NULL) {
+        PyObject *a[8] = {rec, name, self->pname, PyTuple_GET_ITEM(l0_no_sizes, 0), text, self->fields, self->count,
+                          Py_False};
+        r = PyObject_VectorcallMethod(l0_attr[A_PUT_TEXT_FIELD], a, 8 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        Py_DECREF(text);
+        if (r != NULL && PyObject_IsTrue(r)) {
+            Py_DECREF(r);
+            r = PyObject_CallMethodNoArgs(g->service, l0_attr[A_SYNC]);
+        }
+    }
+    int ok = r != NULL || l0_report_to(g->records, name) == 0;
+    Py_XDECREF(r);
+    if (g_depth(g, -1) == 0 && ok) result = Py_NewRef(Py_None);
+done:
+    Py_XDECREF(rec); Py_XDECREF(state); Py_XDECREF(recorded); Py_XDECREF(counters); Py_XDECREF(name);
+    return result;
+}
+
+static PyObject *pg_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    static char *kw[] = {"records", "service", "grad_text", "grad_enabled", "mode_enabled", "tls", "base", "pname",
+                         "count", "fallback", "fields", NULL};
+    PyObject *a[11];
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO!OOOUUO!OO:ParamGrad", kw, &a[0], &a[1], &GradTextType, &a[2],
+                                     &a[3], &a[4], &a[5], &a[6], &a[7], &PyLong_Type, &a[8], &a[9], &a[10]))
+        return NULL;
+    ParamGradObject *self = (ParamGradObject *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    PyObject **slots[] = {&self->head.records, &self->head.service, &self->head.grad_text, &self->head.grad_enabled,
+                          &self->head.mode_enabled, &self->head.tls, &self->base, &self->pname, &self->count,
+                          &self->fallback, &self->fields};
+    for (int i = 0; i < 11; i++) *slots[i] = Py_NewRef(a[i]);
+    self->key = PyUnicode_FromFormat("%U#%U", self->base, self->pname);
+    if (self->key == NULL) { Py_DECREF(self); return NULL; }
+    self->vectorcall = (vectorcallfunc)pg_call;
+    return (PyObject *)self;
+}
+
+#define PG_OBJECTS(X) X(base) X(pname) X(count) X(key) X(fallback) X(fields)
+#define PG_VISIT(f) Py_VISIT(self->f);
+#define PG_CLEAR(f) Py_CLEAR(self->f);
+static int pg_traverse(ParamGradObject *self, visitproc visit, void *arg) {
+    PG_OBJECTS(PG_VISIT)
+    return cg_traverse(&self->head, visit, arg);
+}
+static int pg_clear(ParamGradObject *self) {
+    PG_OBJECTS(PG_CLEAR)
+    return cg_clear(&self->head);
+}
+static void pg_dealloc(ParamGradObject *self) {
+    PyObject_GC_UnTrack(self);
+    pg_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyTypeObject ParamGradType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "msprobe_core.stats._fast_stats.ParamGrad",
+    .tp_basicsize = sizeof(ParamGradObject),
+    .tp_vectorcall_offset = offsetof(ParamGradObject, vectorcall),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "CallRecords._on_param_grad in C for L0 (see _fast_l0.c)",
+    .tp_new = pg_new,
+    .tp_call = cg_tp_call,
+    .tp_dealloc = (destructor)pg_dealloc,
+    .tp_traverse = (traverseproc)pg_traverse,
+    .tp_clear = (inquiry)pg_clear,
+};
+
+/* ``backward_capture._SingleEdge`` */
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *report, *fail, *context, *index, *report_output, *report_both;
+    Py_ssize_t edge, out_nr;
+} SingleEdgeObject;
+
+/* fn(context, *args), its error to fail(context, exc) (the tool never breaks the user's backward): the result
+ * (a new reference), or NULL when it raised (reported) or failing failed (error set). */
+static PyObject *se_try(SingleEdgeObject *self, PyObject *fn, PyObject *const *args, Py_ssize_t n, int *failed) {
+    PyObject *a[4] = {self->context, n > 0 ? args[0] : NULL, n > 1 ? args[1] : NULL, n > 2 ? args[2] : NULL};
+    PyObject *r = PyObject_Vectorcall(fn, a, 1 + n, NULL);
+    *failed = 0;
+    if (r != NULL) return r;
+    if (!PyErr_ExceptionMatches(PyExc_Exception)) { *failed = -1; return NULL; }
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (tb != NULL && value != NULL) PyException_SetTraceback(value, tb);
+    PyObject *fa[2] = {self->context, value ? value : Py_None};
+    PyObject *f = PyObject_Vectorcall(self->fail, fa, 2, NULL);
+    Py_XDECREF(type); Py_XDECREF(value); Py_XDECREF(tb);
+    *failed = f == NULL ? -1 : 1;
+    Py_XDECREF(f);
+    return NULL;
+}
+
+static PyObject *se_call(SingleEdgeObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (nargs != 2 || kwnames != NULL) {
+        PyErr_SetString(PyExc_TypeError, "SingleEdge takes (grad_inputs, grad_outputs)");
+        return NULL;
+    }
+    PyObject *grad = PySequence_GetItem(args[0], self->edge);
+    if (grad == NULL) return NULL;
+    int failed = 0;
+    PyObject *r;
+    if (self->out_nr >= 0) {
+        PyObject *received = PySequence_GetItem(args[1], self->out_nr);
+        if (received == NULL) { Py_DECREF(grad); return NULL; }
+        if (grad != Py_None && received != Py_None && self->report_both != Py_None) {
+            PyObject *a[3] = {self->index, received, grad};
+            r = se_try(self, self->report_both, a, 3, &failed);
+            int took = r == NULL ? 0 : PyObject_IsTrue(r);
+            Py_XDECREF(r);
+            if (failed || took) {
+                Py_DECREF(received); Py_DECREF(grad);
+                if (failed < 0 || took < 0) return NULL;
+                Py_RETURN_NONE;
+            }
+        }
+        if (received != Py_None) {  /* ``_report_output`` */
+            PyObject *a[2] = {PyTuple_GET_ITEM(l0_no_sizes, 0), received};
+            r = se_try(self, self->report_output, a, 2, &failed);
+            Py_XDECREF(r);
+        }
+        Py_DECREF(received);
+        if (failed < 0) { Py_DECREF(grad); return NULL; }
+    }
+    if (grad != Py_None) {
+        PyObject *a[2] = {self->index, grad};
+        r = se_try(self, self->report, a, 2, &failed);
+        Py_XDECREF(r);
+    }
+    Py_DECREF(grad);
+    if (failed < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *se_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    static char *kw[] = {"report", "fail", "context", "index", "edge", "report_output", "out_nr", "report_both", NULL};
+    PyObject *report, *fail, *context, *index, *report_output, *report_both;
+    Py_ssize_t edge, out_nr;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOO!nOnO:SingleEdge", kw, &report, &fail, &context, &PyLong_Type,
+                                     &index, &edge, &report_output, &out_nr, &report_both))
+        return NULL;
+    SingleEdgeObject *self = (SingleEdgeObject *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    self->report = Py_NewRef(report);
+    self->fail = Py_NewRef(fail);
+    self->context = Py_NewRef(context);
+    self->index = Py_NewRef(index);
+    self->report_output = Py_NewRef(report_output);
+    self->report_both = Py_NewRef(out_nr >= 0 ? report_both : Py_None);
+    self->edge = edge;
+    self->out_nr = out_nr;
+    self->vectorcall = (vectorcallfunc)se_call;
+    return (PyObject *)self;
+}
+
+#define SE_OBJECTS(X) X(report) X(fail) X(context) X(index) X(report_output) X(report_both)
+#define SE_VISIT(f) Py_VISIT(self->f);
+#define SE_CLEAR(f) Py_CLEAR(self->f);
+static int se_traverse(SingleEdgeObject *self, visitproc visit, void *arg) { SE_OBJECTS(SE_VISIT) return 0; }
+static int se_clear(SingleEdgeObject *self) { SE_OBJECTS(SE_CLEAR) return 0; }
+static void se_dealloc(SingleEdgeObject *self) {
+    PyObject_GC_UnTrack(self);
+    se_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyTypeObject SingleEdgeType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "msprobe_core.stats._fast_stats.SingleEdge",
+    .tp_basicsize = sizeof(SingleEdgeObject),
+    .tp_vectorcall_offset = offsetof(SingleEdgeObject, vectorcall),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "backward_capture._SingleEdge in C (see _fast_l0.c)",
+    .tp_new = se_new,
+    .tp_call = cg_tp_call,
+    .tp_dealloc = (destructor)se_dealloc,
+    .tp_traverse = (traverseproc)se_traverse,
+    .tp_clear = (inquiry)se_clear,
+};
+
+/* ``DumpService._hook_own_grads`` + ``backward_capture.capture`` of the usual call
+ *   OwnGrads(fallback, sequence_nr, accumulate_grad, report, fail, report_output, report_both, keep, hooks, max_hooks)
+ *     (call, out) -> None
+ * The usual call: one plain output made by the call's one node with one edge to one of its inputs; its node
+ * gets its ``SingleEdge`` (made once per call site and kept in ``hooks``, as ``_single_edge`` does). Any
+ * other call: ``fallback(call, out)`` (nothing of it done here). */
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *fallback, *sequence_nr, *accumulate_grad, *report, *fail, *report_output, *report_both, *keep, *hooks;
+    Py_ssize_t max_hooks;
+} OwnGradsObject;
+
+static PyObject *dot_forward, *dot_backward;  /* ".forward", ".backward" */
+
+/* The number an object's attribute holds (a C long long); -1 with an error (also for a non-int). */
+static long long og_long(PyObject *obj, int a, int call) {
+    PyObject *v = call ? PyObject_CallMethodNoArgs(obj, l0_attr[a]) : L0_GET(obj, a);
+    if (v == NULL) return -1;
+    long long r = PyLong_AsLongLong(v);
+    Py_DECREF(v);
+    return r;
+}
+
+/* The hook of the call site (context, index, edge, out_nr): the one made before, or a new one. */
+static PyObject *og_single_edge(OwnGradsObject *self, PyObject *context, PyObject *index, Py_ssize_t edge,
+                                Py_ssize_t out_nr) {
+    PyObject *key = Py_BuildValue("(OOnn)", context, index, edge, out_nr);
+    if (key == NULL) return NULL;
+    PyObject *hook = PyDict_GetItemWithError(self->hooks, key);
+    if (hook != NULL || PyErr_Occurred()) {
+        Py_XINCREF(hook);
+        Py_DECREF(key);
+        return hook;
+    }
+    SingleEdgeObject *se = (SingleEdgeObject *)SingleEdgeType.tp_alloc(&SingleEdgeType, 0);
+    if (se != NULL) {
+        se->report = Py_NewRef(self->report);
+        se->fail = Py_NewRef(self->fail);
+        se->context = Py_NewRef(context);
+        se->index = Py_NewRef(index);
+        se->report_output = Py_NewRef(self->report_output);
+        se->report_both = Py_NewRef(out_nr >= 0 ? self->report_both : Py_None);
+        se->edge = edge;
+        se->out_nr = out_nr;
+        se->vectorcall = (vectorcallfunc)se_call;
+        if (PyDict_GET_SIZE(self->hooks) >= self->max_hooks) PyDict_Clear(self->hooks);
+        if (PyDict_SetItem(self->hooks, key, (PyObject *)se) < 0) Py_CLEAR(se);
+    }
+    Py_DECREF(key);
+    return (PyObject *)se;
+}
+
+/* The usual call's node and edge: 1 found (node, index, edge, out_nr set; node a new reference), 0 another shape
+ * of graph, -1 with an error. Nothing of the call's state is changed. */
+static int og_find(OwnGradsObject *self, PyObject *edges, PyObject *out, PyObject **node, PyObject **index,
+                   Py_ssize_t *edge, Py_ssize_t *out_nr) {
+    PyObject *slots = L0_GET(edges, A_SLOTS), *fn = NULL, *walked = NULL, *roots = NULL, *end = NULL;
+    int rc = -1;
+    if (slots == NULL) return -1;
+    if (!PyDict_CheckExact(slots)) { rc = 0; goto done; }
+    long long begin = og_long(edges, A_BEGIN, 0);
+    if (begin == -1 && PyErr_Occurred()) goto done;
+    end = PyObject_CallNoArgs(self->sequence_nr);
+    if (end == NULL) goto done;
+    fn = L0_GET(out, A_GRAD_FN);
+    if (fn == NULL) goto done;
+    if (fn == Py_None) { rc = 0; goto done; }  /* a leaf output */
+    long long nr = og_long(out, A_OUTPUT_NR, 0);
+    if (nr == -1 && PyErr_Occurred()) goto done;
+    PyObject *key = edge_key(fn, (long)nr + 1);
+    int passed = key == NULL ? -1 : PyDict_Contains(slots, key);
+    Py_XDECREF(key);
+    if (passed != 0) { rc = passed < 0 ? -1 : 0; goto done; }  /* an output that is an input */
+    long long seq = og_long(fn, A_SEQUENCE_NR, 1);
+    long long stop = PyLong_AsLongLong(end);
+    if (PyErr_Occurred()) goto done;
+    if (!(begin <= seq && seq < stop)) { rc = 0; goto done; }
+    PyObject *leaf = L0_GET(edges, A_LEAF);
+    PyObject *skip = leaf == NULL ? NULL : PyDict_New();
+    PyObject *b = skip == NULL ? NULL : PyLong_FromLongLong(begin);
+    roots = b == NULL ? NULL : PyList_New(1);
+    if (roots != NULL) {
+        PyList_SET_ITEM(roots, 0, Py_NewRef(fn));
+        PyObject *wargs[7] = {roots, slots, skip, b, end, leaf, self->accumulate_grad};
+        walked = walk(NULL, wargs, 7);
+    }
+    Py_XDECREF(leaf); Py_XDECREF(skip); Py_XDECREF(b);
+    if (walked == NULL) goto done;
+    PyObject *hits = PyTuple_GET_ITEM(walked, 0);
+    rc = 0;
+    if (PyList_GET_SIZE(hits) != 1) goto done;
+    PyObject *hit = PyList_GET_ITEM(hits, 0);                       /* (node, ((key, edges), ...)) */
+    PyObject *node_hits = PyTuple_GET_ITEM(hit, 1);
+    if (PyTuple_GET_ITEM(hit, 0) != fn || PyTuple_GET_SIZE(node_hits) != 1) goto done;
+    PyObject *key_edges = PyTuple_GET_ITEM(node_hits, 0);
+    PyObject *edge_list = PyTuple_GET_ITEM(key_edges, 1);
+    PyObject *slot = PyDict_GetItemWithError(slots, PyTuple_GET_ITEM(key_edges, 0));
+    if (slot == NULL) { rc = PyErr_Occurred() ? -1 : 0; goto done; }
+    if (PyTuple_GET_SIZE(edge_list) != 1 || !PyLong_CheckExact(slot)) goto done;
+    *edge = PyLong_AsSsize_t(PyTuple_GET_ITEM(edge_list, 0));
+    *out_nr = (Py_ssize_t)nr;
+    if (*edge == -1 && PyErr_Occurred()) { rc = -1; goto done; }
+    *node = Py_NewRef(fn);
+    *index = Py_NewRef(slot);
+    rc = 1;
+done:
+    Py_XDECREF(slots); Py_XDECREF(fn); Py_XDECREF(walked); Py_XDECREF(roots); Py_XDECREF(end);
+    return rc;
+}
+
+/* ``(call.backward, call.save, call.backward_parent())``: a new tuple or NULL. */
+static PyObject *og_context(PyObject *call) {
+    PyObject *backward = L0_GET(call, A_BACKWARD), *save = L0_GET(call, A_SAVE), *parent = L0_GET(call, A_PARENT);
+    PyObject *context = NULL, *bparent = NULL;
+    if (backward && save && parent) {
+        int set = PyObject_IsTrue(parent);
+        bparent = set < 0 ? NULL : !set ? Py_NewRef(Py_None) : PyUnicode_Replace(parent, dot_forward, dot_backward, -1);
+        if (bparent != NULL) context = PyTuple_Pack(3, backward, save, bparent);
+    }
+    Py_XDECREF(backward); Py_XDECREF(save); Py_XDECREF(parent); Py_XDECREF(bparent);
+    return context;
+}
+
+static PyObject *og_call(OwnGradsObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    if (PyVectorcall_NARGS(nargsf) != 2 || kwnames != NULL) return PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);
+    PyObject *call = args[0], *out = args[1];
+    PyObject *edges = L0_GET(call, A_EDGES);
+    if (edges == NULL) return NULL;
+    if (edges == Py_None) { Py_DECREF(edges); Py_RETURN_NONE; }
+    PyObject *output = L0_GET(edges, A_OUTPUT);
+    PyObject *node = NULL, *index = NULL;
+    Py_ssize_t edge = 0, out_nr = -1;
+    int found = output == NULL ? -1 : output != out ? 0 : og_find(self, edges, out, &node, &index, &edge, &out_nr);
+    Py_XDECREF(output);
+    if (found <= 0) {
+        Py_DECREF(edges);
+        return found < 0 ? NULL : PyObject_Vectorcall(self->fallback, args, 2, NULL);
+    }
+    PyObject *result = NULL, *context = NULL, *hook = NULL, *handle = NULL;
+    if (PyObject_SetAttr(call, l0_attr[A_EDGES], Py_None) < 0 || PyObject_SetAttr(edges, l0_attr[A_OUTPUT], Py_None) < 0)
+        goto done;
+    context = og_context(call);
+    hook = context == NULL ? NULL : og_single_edge(self, context, index, edge, out_nr);
+    handle = hook == NULL ? NULL : PyObject_CallMethodOneArg(node, l0_attr[A_REGISTER_HOOK], hook);
+    result = handle == NULL ? NULL : PyObject_CallOneArg(self->keep, handle);
+done:
+    Py_DECREF(edges); Py_XDECREF(node); Py_XDECREF(index); Py_XDECREF(context); Py_XDECREF(hook); Py_XDECREF(handle);
+    return result;
+}
+
+static PyObject *og_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    static char *kw[] = {"fallback", "sequence_nr", "accumulate_grad", "report", "fail", "report_output", "report_both",
+                         "keep", "hooks", "max_hooks", NULL};
+    PyObject *a[9];
+    Py_ssize_t max_hooks;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOOOOO!n:OwnGrads", kw, &a[0], &a[1], &a[2], &a[3], &a[4], &a[5],
+                                     &a[6], &a[7], &PyDict_Type, &a[8], &max_hooks))
+        return NULL;
+    OwnGradsObject *self = (OwnGradsObject *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    PyObject **slots[] = {&self->fallback, &self->sequence_nr, &self->accumulate_grad, &self->report, &self->fail,
+                          &self->report_output, &self->report_both, &self->keep, &self->hooks};
+    for (int i = 0; i < 9; i++) *slots[i] = Py_NewRef(a[i]);
+    self->max_hooks = max_hooks;
+    self->vectorcall = (vectorcallfunc)og_call;
+    return (PyObject *)self;
+}
+
+#define OG_OBJECTS(X) X(fallback) X(sequence_nr) X(accumulate_grad) X(report) X(fail) X(report_output) X(report_both) \
+                      X(keep) X(hooks)
+static int og_traverse(OwnGradsObject *self, visitproc visit, void *arg) { OG_OBJECTS(SE_VISIT) return 0; }
+static int og_clear(OwnGradsObject *self) { OG_OBJECTS(SE_CLEAR) return 0; }
+static void og_dealloc(OwnGradsObject *self) {
+    PyObject_GC_UnTrack(self);
+    og_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyTypeObject OwnGradsType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "msprobe_core.stats._fast_stats.OwnGrads",
+    .tp_basicsize = sizeof(OwnGradsObject),
+    .tp_vectorcall_offset = offsetof(OwnGradsObject, vectorcall),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "DumpService._hook_own_grads of the usual call in C (see _fast_l0.c)",
+    .tp_new = og_new,
+    .tp_call = cg_tp_call,
+    .tp_dealloc = (destructor)og_dealloc,
+    .tp_traverse = (traverseproc)og_traverse,
+    .tp_clear = (inquiry)og_clear,
+};
+
+/* Adds ModuleHooks, CallGrads, ParamGrad, SingleEdge and OwnGrads to the module. */
+static int add_module_hooks(PyObject *m) {
+    for (int i = 0; i < N_ATTRS; i++)
+        if (l0_attr[i] == NULL && (l0_attr[i] = PyUnicode_InternFromString(L0_ATTR_NAMES[i])) == NULL) return -1;
+    if (l0_no_sizes == NULL && (l0_no_sizes = Py_BuildValue("(ii)", 0, 0)) == NULL) return -1;
+    if (dot_forward == NULL && (dot_forward = PyUnicode_InternFromString(".forward")) == NULL) return -1;
+    if (dot_backward == NULL && (dot_backward = PyUnicode_InternFromString(".backward")) == NULL) return -1;
+    PyTypeObject *types[] = {&ModuleHooksType, &CallGradsType, &ParamGradType, &SingleEdgeType, &OwnGradsType};
+    const char *names[] = {"ModuleHooks", "CallGrads", "ParamGrad", "SingleEdge", "OwnGrads"};
+    for (int i = 0; i < 5; i++) {
+        if (PyType_Ready(types[i]) < 0) return -1;
+        Py_INCREF(types[i]);
+        if (PyModule_AddObject(m, names[i], (PyObject *)types[i]) < 0) { Py_DECREF(types[i]); return -1; }
+    }
+    return 0;
+}
+/* ============================================================================== end of L0 module hooks */

@@ -1,0 +1,240 @@
+"""The L0 dump's module and gradient hooks in C (``stats/_fast_l0.c``: ``ModuleHooks``, ``OwnGrads``, ``CallGrads``,
+``ParamGrad``, ``SingleEdge``): the same dump.json, stack.json and construct.json as the Python route, byte for byte,
+for the usual calls and for every call they hand to the Python route (keyword inputs, tuple outputs, an output that
+is its input or a parameter, an input taken twice, frozen and shared parameters, a user's gradient hook, a TorchFunctionMode);
+decided once per configuration and module; and no record lost by a process killed mid-step."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from msprobe_core.pytorch import PrecisionDebugger, backward_capture, dump_service
+from msprobe_core.stats.kernel import KERNEL
+
+ROOT = Path(__file__).resolve().parents[3]
+needs_kernel = pytest.mark.skipif(KERNEL is None, reason="the kernel is not built (or MSPROBE_FAST_STATS=0)")
+
+SCRIPT = textwrap.dedent("""
+    import os, signal, torch
+    from torch import nn
+    from torch.overrides import TorchFunctionMode
+    if not {fast}:  # the Python route for every module call and gradient
+        from msprobe_core.pytorch import backward_capture, dump_service
+        dump_service._ModuleHooks = dump_service._ParamGrad = dump_service._CallGrads = None
+        backward_capture._OwnGradsC = None
+        backward_capture._single_edge_type = backward_capture._SingleEdge
+    from msprobe_core.pytorch import PrecisionDebugger
+
+    class Passing(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {{}}))
+
+    class Mul(nn.Module):
+        def forward(self, a, b):
+            return a * b
+
+    class Halves(nn.Module):
+        def forward(self, x):
+            return x.chunk(2, dim=1)
+
+    class Scale(nn.Module):
+        def forward(self, x, factor):
+            return x * factor
+
+    class Table(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.table = nn.Parameter(torch.ones(8))
+
+        def forward(self, x):
+            return self.table  # a Parameter output
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.first = nn.Linear(8, 8)
+            self.act = nn.GELU()
+            self.same = nn.Identity()          # its output is its input
+            self.square = Mul()                # one input taken twice
+            self.halves = Halves()             # a tuple output
+            self.scale = Scale()               # a float input
+            self.frozen = nn.Linear(4, 8)
+            self.frozen.weight.requires_grad_(False)
+            self.tied = nn.Linear(8, 8)
+            self.head = nn.Linear(8, 4)
+            self.bias = Table()
+
+        def forward(self, x):
+            h = self.act(self.first(x))
+            h = self.square(self.same(h), h)
+            a, b = self.halves(h)
+            h = self.frozen(input=self.scale(a + b, 0.5))  # keyword input
+            h = self.tied(self.act(self.tied(h)))          # a module called twice
+            h.register_hook(lambda g: g * 2)               # a user's hook after the call returned
+            return self.head(h + self.bias(h))
+
+    torch.manual_seed(0)
+    model = Model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    dbg = PrecisionDebugger({{"dump_path": {out!r}, "level": {level!r}, "task": "statistics"}})
+    for step in range(3):
+        dbg.start(model)
+        x = torch.randn(2, 8)
+        if step == 2:
+            with Passing():  # every call and gradient of this forward by the Python route
+                loss = model(x).sum()
+        else:
+            loss = model(x).sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if step == 1 and {kill}:
+            os.kill(os.getpid(), signal.SIGKILL)  # mid-step, after its backward
+        dbg.stop()
+        dbg.step()
+""")
+
+
+def _run(out: Path, level: str, fast: bool, kill: bool = False) -> subprocess.CompletedProcess:
+    script = SCRIPT.format(out=str(out), level=level, fast=fast, kill=kill)
+    return subprocess.run([sys.executable, "-c", script], env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                          capture_output=True, text=True, timeout=600, cwd=out.parent)
+
+
+def _step_dir(out: Path, step: int) -> Path:
+    return next((out / f"step{step}").iterdir())
+
+
+@needs_kernel
+@pytest.mark.parametrize("level", ["L0", "mix"])
+def test_the_c_hooks_write_what_the_python_route_writes(tmp_path, level):
+    outs = {}
+    for fast in (True, False):
+        out = tmp_path / f"fast{fast}" / "dump"
+        out.parent.mkdir()
+        proc = _run(out, level, fast)
+        assert proc.returncode == 0, proc.stderr
+        outs[fast] = out
+    for step in range(3):
+        a, b = (_step_dir(outs[f], step) for f in (True, False))
+        for name in ("dump.json", "stack.json", "construct.json"):
+            assert (a / name).read_bytes() == (b / name).read_bytes(), (step, name)
+    data = json.loads((_step_dir(outs[True], 1) / "dump.json").read_text())["data"]
+    for name in ("Module.first.Linear.backward.0", "Module.tied.Linear.forward.1", "Module.square.Mul.backward.0",
+                 "Module.tied.Linear.parameters_grad.0", "Module.frozen.Linear.parameters_grad.0"):
+        assert name in data, name
+    assert list(data["Module.frozen.Linear.parameters_grad.0"]) == ["bias"]
+    assert data["Module.bias.Table.backward.0"]["input"][0]["Max"] is not None
+
+
+@needs_kernel
+def test_a_killed_process_keeps_the_c_hooks_records(tmp_path):
+    """Each record is journaled when it is made: the recovered step equals the step of a run not killed."""
+    killed_out, full_out = tmp_path / "killed" / "dump", tmp_path / "full" / "dump"
+    for out in (killed_out, full_out):
+        out.parent.mkdir()
+    killed = _run(killed_out, "L0", True, kill=True)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    full = _run(full_out, "L0", True)
+    assert full.returncode == 0, full.stderr
+    res = subprocess.run([sys.executable, "-m", "msprobe_core", "recover", str(killed_out)], capture_output=True,
+                         text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert res.returncode == 0, res.stderr
+    got, want = _step_dir(killed_out, 1), _step_dir(full_out, 1)
+    recovered = json.loads((got / "dump.json").read_text())
+    assert recovered.pop("recovered") is True
+    assert recovered == json.loads((want / "dump.json").read_text())
+    assert "Module.head.Linear.parameters_grad.0" in recovered["data"]
+    assert json.loads((got / "construct.json").read_text()) == json.loads((want / "construct.json").read_text())
+    assert json.loads((got / "stack.json").read_text()) == json.loads((want / "stack.json").read_text())
+
+
+def _hooks_of(dbg: PrecisionDebugger, module: torch.nn.Module) -> tuple:
+    """The forward pre and post hooks and the weight's gradient hook that start() gives ``module`` (in a model)."""
+    dbg.start(torch.nn.Sequential(module))
+    try:
+        pre = next(iter(module._forward_pre_hooks.values()))
+        post = next(iter(module._forward_hooks.values()))
+        grad = next(iter(module.weight._backward_hooks.values())) if module.weight._backward_hooks else None
+        return pre, post, grad
+    finally:
+        dbg.stop()
+
+
+@needs_kernel
+def test_the_c_hooks_go_in_for_the_usual_configuration_only(tmp_path):
+    lin = torch.nn.Linear(2, 2)
+    pre, post, grad = _hooks_of(PrecisionDebugger({"dump_path": str(tmp_path / "a"), "level": "L0",
+                                                   "task": "statistics"}), lin)
+    assert type(pre.__self__).__name__ == "ModuleHooks" and post.__self__ is pre.__self__
+    assert type(grad).__name__ == "ParamGrad"
+
+
+@pytest.mark.parametrize("config", [
+    {"task": "statistics", "summary_mode": "md5"},
+    {"task": "tensor"},
+    {"task": "overflow_check"},
+    {"task": "statistics", "scope": ["Module.0.Linear.forward.0", "Module.0.Linear.forward.1"]},
+    {"task": "statistics", "list": ["Linear"]},
+])
+def test_configurations_the_c_hooks_cannot_serve_keep_the_python_hooks(tmp_path, config):
+    task = config["task"]
+    section = {k: v for k, v in config.items() if k != "task"}
+    dbg = PrecisionDebugger({"dump_path": str(tmp_path), "level": "L0", "task": task, task: section})
+    pre, post, _ = _hooks_of(dbg, torch.nn.Linear(2, 2))
+    assert pre.func.__name__ == "_module_pre" and post.func.__name__ == "_module_post"
+
+
+def test_without_the_kernel_the_python_hooks_go_in(tmp_path, monkeypatch):
+    monkeypatch.setattr(dump_service, "_ModuleHooks", None)
+    monkeypatch.setattr(dump_service, "_ParamGrad", None)
+    monkeypatch.setattr(backward_capture, "_OwnGradsC", None)
+    dbg = PrecisionDebugger({"dump_path": str(tmp_path), "level": "L0", "task": "statistics"})
+    pre, post, grad = _hooks_of(dbg, torch.nn.Linear(2, 2))
+    assert pre.func.__name__ == "_module_pre" and grad.func.__name__ == "_on_param_grad"
+
+
+def _errors_and_records(tmp_path: Path, monkeypatch, fast: bool) -> tuple[list[str], list[str]]:
+    """One step whose recorder refuses one forward and one backward record: the errors logged, the names kept."""
+    from msprobe_core.files.step_recorder import StepRecorder
+    if not fast:
+        monkeypatch.setattr(dump_service, "_ModuleHooks", None)
+        monkeypatch.setattr(dump_service, "_ParamGrad", None)
+        monkeypatch.setattr(dump_service, "_CallGrads", None)
+        monkeypatch.setattr(backward_capture, "_OwnGradsC", None)
+        monkeypatch.setattr(backward_capture, "_single_edge_type", backward_capture._SingleEdge)
+    reserve = StepRecorder.reserve
+
+    def refusing(self, name, *args):
+        if name in ("Module.1.GELU.forward.0", "Module.2.Linear.backward.0"):
+            raise RuntimeError(f"no place for {name}")
+        return reserve(self, name, *args)
+
+    monkeypatch.setattr(StepRecorder, "reserve", refusing)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.GELU(), torch.nn.Linear(4, 2))
+    dbg = PrecisionDebugger({"dump_path": str(tmp_path / f"fast{fast}"), "level": "L0", "task": "statistics"})
+    dbg.start(model)
+    model(torch.randn(3, 4, requires_grad=True)).sum().backward()  # the user's step goes on
+    dbg.stop()
+    dbg.step()
+    step = _step_dir(tmp_path / f"fast{fast}", 0)
+    errors = [line.partition(" Module.")[2] for line in (step / "dump_error_info.log").read_text().splitlines() if line.strip()]
+    return errors, sorted(json.loads((step / "dump.json").read_text())["data"])
+
+
+@needs_kernel
+def test_an_error_in_a_c_hook_is_logged_as_the_python_route_logs_it(tmp_path, monkeypatch):
+    fast = _errors_and_records(tmp_path, monkeypatch, True)
+    monkeypatch.undo()
+    assert fast == _errors_and_records(tmp_path, monkeypatch, False)
+    assert fast[0] and "Module.1.GELU.forward.0" not in fast[1] and "Module.0.Linear.forward.0" in fast[1]
