@@ -18,7 +18,17 @@ Its functions (see ``_fast_stats.c``):
 - ``frame_key(depth)`` -> the bytes naming the calling stack (code objects and offsets; ``files/call_stack.py``);
 - ``buffer(address, nbytes)`` -> a read-only memoryview of the bytes;
 - ``Entry`` and ``RecordText``: the dump's per-version tensor entries and its forward records' JSON text in C
-  (``pytorch/summarize.py``).
+  (``pytorch/summarize.py``); ``GradText``: a gradient's text; ``walk``: a call's autograd nodes
+  (``pytorch/backward_capture.py``); ``repr_check``: the floats' shortest text (``_fast_repr.c``) against
+  Python's ``repr``;
+- ``TextJournal``: ``StepRecorder.put_text``/``put_text_field`` stored and journaled in one call
+  (``_fast_journal.c``, ``files/step_recorder.py``);
+- ``ApiCall`` and ``ModePass``: an L1 API call with autograd off recorded in one call, and the operator mode's
+  pass-through (``_fast_api.c``, ``pytorch/api_fast.py``, ``pytorch/api_patch.py``);
+- ``ModuleHooks``, ``CallGrads``, ``ParamGrad``, ``SingleEdge``, ``OwnGrads``: the L0 dump's module and
+  gradient hooks of a usual call (``_fast_l0.c``, ``dump/call_records.py``, ``pytorch/dump_service.py``);
+- ``ActivationCore``, ``ForwardSite``, ``Activation``: the monitor's activation hooks of a usual call
+  (``_fast_monitor.c``, ``monitor/module_hooks.py``).
 
 Dtype codes: float32 0, float64 1, bfloat16 2, int64 3, int32 4, int16 5, int8 6, uint8 7, bool 8.
 """

@@ -5,10 +5,7 @@ a call that raises), decided once per configuration, and no record lost by a pro
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -17,8 +14,8 @@ import torch
 
 from msprobe_core.pytorch import PrecisionDebugger, api_fast
 from msprobe_core.stats.kernel import KERNEL
+from route_runs import assert_same_files, recovered_step, run_script, step_dir  # tests/support is on sys.path
 
-ROOT = Path(__file__).resolve().parents[3]
 needs_kernel = pytest.mark.skipif(KERNEL is None, reason="the kernel is not built (or MSPROBE_FAST_STATS=0)")
 
 SCRIPT = textwrap.dedent("""
@@ -62,13 +59,7 @@ SCRIPT = textwrap.dedent("""
 
 def _run(out: Path, level: str, route: str, kill: bool = False) -> subprocess.CompletedProcess:
     """The script's run with the fast route in C (``c``), in Python (``python``) or without it (``usual``)."""
-    script = SCRIPT.format(out=str(out), level=level, route=route, kill=kill)
-    return subprocess.run([sys.executable, "-c", script], env=dict(os.environ, PYTHONPATH=str(ROOT)),
-                          capture_output=True, text=True, timeout=600, cwd=out.parent)
-
-
-def _step_dir(out: Path, step: int) -> Path:
-    return next((out / f"step{step}").iterdir())
+    return run_script(SCRIPT.format(out=str(out), level=level, route=route, kill=kill), out)
 
 
 @needs_kernel
@@ -83,10 +74,8 @@ def test_the_fast_route_writes_what_the_usual_route_writes(tmp_path, level):
         outs[route] = out
     for step in range(3):
         for route in ("c", "python"):
-            a, b = (_step_dir(outs[r], step) for r in (route, "usual"))
-            for name in ("dump.json", "stack.json", "construct.json"):
-                assert (a / name).read_bytes() == (b / name).read_bytes(), (route, step, name)
-    data = json.loads((_step_dir(outs["c"], 1) / "dump.json").read_text())["data"]
+            assert_same_files(step_dir(outs[route], step), step_dir(outs["usual"], step), (route, step))
+    data = json.loads((step_dir(outs["c"], 1) / "dump.json").read_text())["data"]
     assert "Tensor.lerp_.0.forward" in data and "Tensor.addcdiv_.0.forward" in data  # the optimizer's updates
     assert "Torch.polar.0.forward" in data and "Torch.view_as_complex.0.forward" in data
 
@@ -98,19 +87,9 @@ def test_a_killed_process_keeps_the_fast_routes_records(tmp_path, route):
     killed_out, full_out = tmp_path / "killed" / "dump", tmp_path / "full" / "dump"
     for out in (killed_out, full_out):
         out.parent.mkdir()
-    killed = _run(killed_out, "L1", route, kill=True)
-    assert killed.returncode == -signal.SIGKILL, killed.stderr
-    full = _run(full_out, "L1", route)
-    assert full.returncode == 0, full.stderr
-    res = subprocess.run([sys.executable, "-m", "msprobe_core", "recover", str(killed_out)], capture_output=True,
-                         text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
-    assert res.returncode == 0, res.stderr
-    got, want = _step_dir(killed_out, 1), _step_dir(full_out, 1)
-    recovered = json.loads((got / "dump.json").read_text())
-    assert recovered.pop("recovered") is True
-    assert recovered == json.loads((want / "dump.json").read_text())
+    recovered, got, want = recovered_step(_run(killed_out, "L1", route, kill=True), killed_out,
+                                          _run(full_out, "L1", route), full_out, 1)
     assert "Tensor.addcdiv_.0.forward" in recovered["data"]
-    assert json.loads((got / "construct.json").read_text()) == json.loads((want / "construct.json").read_text())
     # the stacks of the records (the call that raised keeps its place in stack.json, never journaled: as before)
     stacks = {k: v for k, v in json.loads((want / "stack.json").read_text()).items() if k in recovered["data"]}
     assert json.loads((got / "stack.json").read_text()) == stacks
@@ -177,12 +156,19 @@ def test_the_tools_errors_never_reach_the_users_call(tmp_path, route, monkeypatc
     goes up unchanged; the tool's depth is restored either way."""
     from msprobe_core.common.tool_guard import TOOL
     from msprobe_core.files.step_recorder import StepRecorder
+    def broken(*args, **kwargs):
+        raise OSError("journal full")
+
+    made = StepRecorder.__init__
+
+    def recorder_with_a_full_journal(self, *args, **kwargs):
+        made(self, *args, **kwargs)
+        self.put_text = broken  # the instance's (the C ``TextJournal.put_text`` where the kernel has it)
+
+    monkeypatch.setattr(StepRecorder, "__init__", recorder_with_a_full_journal)
     dbg = PrecisionDebugger({"dump_path": str(tmp_path), "level": "L1", "task": "statistics"})
     dbg.start()
     try:
-        def broken(*args, **kwargs):
-            raise OSError("journal full")
-        monkeypatch.setattr(StepRecorder, "put_text", broken)
         with torch.no_grad():
             t = torch.ones(3)
             assert torch.equal(t.mul_(2.0), torch.full((3,), 2.0))

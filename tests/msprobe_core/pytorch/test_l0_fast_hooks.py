@@ -7,10 +7,7 @@ decided once per configuration and module; and no record lost by a process kille
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -19,8 +16,8 @@ import torch
 
 from msprobe_core.pytorch import PrecisionDebugger, backward_capture, dump_service
 from msprobe_core.stats.kernel import KERNEL
+from route_runs import assert_same_files, recovered_step, run_script, step_dir  # tests/support is on sys.path
 
-ROOT = Path(__file__).resolve().parents[3]
 needs_kernel = pytest.mark.skipif(KERNEL is None, reason="the kernel is not built (or MSPROBE_FAST_STATS=0)")
 
 SCRIPT = textwrap.dedent("""
@@ -105,13 +102,7 @@ SCRIPT = textwrap.dedent("""
 
 
 def _run(out: Path, level: str, fast: bool, kill: bool = False) -> subprocess.CompletedProcess:
-    script = SCRIPT.format(out=str(out), level=level, fast=fast, kill=kill)
-    return subprocess.run([sys.executable, "-c", script], env=dict(os.environ, PYTHONPATH=str(ROOT)),
-                          capture_output=True, text=True, timeout=600, cwd=out.parent)
-
-
-def _step_dir(out: Path, step: int) -> Path:
-    return next((out / f"step{step}").iterdir())
+    return run_script(SCRIPT.format(out=str(out), level=level, fast=fast, kill=kill), out)
 
 
 @needs_kernel
@@ -125,10 +116,8 @@ def test_the_c_hooks_write_what_the_python_route_writes(tmp_path, level):
         assert proc.returncode == 0, proc.stderr
         outs[fast] = out
     for step in range(3):
-        a, b = (_step_dir(outs[f], step) for f in (True, False))
-        for name in ("dump.json", "stack.json", "construct.json"):
-            assert (a / name).read_bytes() == (b / name).read_bytes(), (step, name)
-    data = json.loads((_step_dir(outs[True], 1) / "dump.json").read_text())["data"]
+        assert_same_files(step_dir(outs[True], step), step_dir(outs[False], step), step)
+    data = json.loads((step_dir(outs[True], 1) / "dump.json").read_text())["data"]
     for name in ("Module.first.Linear.backward.0", "Module.tied.Linear.forward.1", "Module.square.Mul.backward.0",
                  "Module.tied.Linear.parameters_grad.0", "Module.frozen.Linear.parameters_grad.0"):
         assert name in data, name
@@ -142,19 +131,9 @@ def test_a_killed_process_keeps_the_c_hooks_records(tmp_path):
     killed_out, full_out = tmp_path / "killed" / "dump", tmp_path / "full" / "dump"
     for out in (killed_out, full_out):
         out.parent.mkdir()
-    killed = _run(killed_out, "L0", True, kill=True)
-    assert killed.returncode == -signal.SIGKILL, killed.stderr
-    full = _run(full_out, "L0", True)
-    assert full.returncode == 0, full.stderr
-    res = subprocess.run([sys.executable, "-m", "msprobe_core", "recover", str(killed_out)], capture_output=True,
-                         text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
-    assert res.returncode == 0, res.stderr
-    got, want = _step_dir(killed_out, 1), _step_dir(full_out, 1)
-    recovered = json.loads((got / "dump.json").read_text())
-    assert recovered.pop("recovered") is True
-    assert recovered == json.loads((want / "dump.json").read_text())
+    recovered, got, want = recovered_step(_run(killed_out, "L0", True, kill=True), killed_out,
+                                          _run(full_out, "L0", True), full_out, 1)
     assert "Module.head.Linear.parameters_grad.0" in recovered["data"]
-    assert json.loads((got / "construct.json").read_text()) == json.loads((want / "construct.json").read_text())
     assert json.loads((got / "stack.json").read_text()) == json.loads((want / "stack.json").read_text())
 
 
@@ -227,7 +206,7 @@ def _errors_and_records(tmp_path: Path, monkeypatch, fast: bool) -> tuple[list[s
     model(torch.randn(3, 4, requires_grad=True)).sum().backward()  # the user's step goes on
     dbg.stop()
     dbg.step()
-    step = _step_dir(tmp_path / f"fast{fast}", 0)
+    step = step_dir(tmp_path / f"fast{fast}", 0)
     errors = [line.partition(" Module.")[2] for line in (step / "dump_error_info.log").read_text().splitlines() if line.strip()]
     return errors, sorted(json.loads((step / "dump.json").read_text())["data"])
 
