@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterable
 
 ROOT = Path(__file__).resolve().parents[2]
 FILES = ("dump.json", "stack.json", "construct.json")
@@ -19,6 +19,20 @@ def run_script(script: str, out: Path) -> subprocess.CompletedProcess:
     """``python -c script`` with this checkout importable, run beside the dump path ``out``."""
     return subprocess.run([sys.executable, "-c", script], env=dict(os.environ, PYTHONPATH=str(ROOT)),
                           capture_output=True, text=True, timeout=600, cwd=out.parent)
+
+
+def run_each(tmp_path: Path, routes: Iterable[Any], run: Callable[[Path, Any], subprocess.CompletedProcess]
+             ) -> dict[Any, Path]:
+    """``run(dump path, route)`` for each route, into ``tmp_path/<route>/dump``, each ending with exit 0; the
+    dump paths by route."""
+    outs = {}
+    for route in routes:
+        out = tmp_path / str(route) / "dump"
+        out.parent.mkdir()
+        proc = run(out, route)
+        assert proc.returncode == 0, proc.stderr
+        outs[route] = out
+    return outs
 
 
 def step_dir(out: Path, step: int) -> Path:

@@ -14,7 +14,7 @@ import torch
 
 from msprobe_core.pytorch import PrecisionDebugger, api_fast
 from msprobe_core.stats.kernel import KERNEL
-from route_runs import assert_same_files, recovered_step, run_script, step_dir  # tests/support is on sys.path
+from route_runs import assert_same_files, recovered_step, run_each, run_script, step_dir  # tests/support is on sys.path
 
 needs_kernel = pytest.mark.skipif(KERNEL is None, reason="the kernel is not built (or MSPROBE_FAST_STATS=0)")
 
@@ -65,13 +65,7 @@ def _run(out: Path, level: str, route: str, kill: bool = False) -> subprocess.Co
 @needs_kernel
 @pytest.mark.parametrize("level", ["L1", "mix"])
 def test_the_fast_route_writes_what_the_usual_route_writes(tmp_path, level):
-    outs = {}
-    for route in ("c", "python", "usual"):
-        out = tmp_path / route / "dump"
-        out.parent.mkdir()
-        proc = _run(out, level, route)
-        assert proc.returncode == 0, proc.stderr
-        outs[route] = out
+    outs = run_each(tmp_path, ("c", "python", "usual"), lambda out, route: _run(out, level, route))
     for step in range(3):
         for route in ("c", "python"):
             assert_same_files(step_dir(outs[route], step), step_dir(outs["usual"], step), (route, step))

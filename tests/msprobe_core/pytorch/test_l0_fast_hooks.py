@@ -16,7 +16,7 @@ import torch
 
 from msprobe_core.pytorch import PrecisionDebugger, backward_capture, dump_service
 from msprobe_core.stats.kernel import KERNEL
-from route_runs import assert_same_files, recovered_step, run_script, step_dir  # tests/support is on sys.path
+from route_runs import assert_same_files, recovered_step, run_each, run_script, step_dir  # tests/support is on sys.path
 
 needs_kernel = pytest.mark.skipif(KERNEL is None, reason="the kernel is not built (or MSPROBE_FAST_STATS=0)")
 
@@ -108,13 +108,7 @@ def _run(out: Path, level: str, fast: bool, kill: bool = False) -> subprocess.Co
 @needs_kernel
 @pytest.mark.parametrize("level", ["L0", "mix"])
 def test_the_c_hooks_write_what_the_python_route_writes(tmp_path, level):
-    outs = {}
-    for fast in (True, False):
-        out = tmp_path / f"fast{fast}" / "dump"
-        out.parent.mkdir()
-        proc = _run(out, level, fast)
-        assert proc.returncode == 0, proc.stderr
-        outs[fast] = out
+    outs = run_each(tmp_path, (True, False), lambda out, fast: _run(out, level, fast))
     for step in range(3):
         assert_same_files(step_dir(outs[True], step), step_dir(outs[False], step), step)
     data = json.loads((step_dir(outs[True], 1) / "dump.json").read_text())["data"]
