@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from msprobe_core.pytorch.pt_writer import write_file
+from msprobe_core.stats.kernel import KERNEL
 
 CASES = [
     torch.randn(3, 4), torch.randn(2, 3, dtype=torch.float64), torch.randn(5).half(), torch.randn(4, 2).bfloat16(),
@@ -153,8 +154,8 @@ def test_statistics_from_the_file_copy(out_dir, t):
     assert files.flush() == 0
     files.close()
     expected = host_stats(t)
-    if t.dtype == torch.float16:  # a small float16 tensor is copied as bytes: the caller computes them
-        assert stats is None
+    if t.dtype == torch.float16 or KERNEL is None:  # a small float16 tensor is copied as bytes, and without
+        assert stats is None                          # the kernel nothing reads the copy: the caller computes them
         return
     assert stats is not None and len(stats) == len(expected)
     assert all(a == pytest.approx(b, rel=1e-9, abs=1e-12) for a, b in zip(stats, expected))
