@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, Sequence
 
-from msprobe_core.files.atomic_write import write_text_atomic
+from msprobe_core.files.atomic_write import write_bytes_atomic
 from msprobe_core.errors import DumpInputError
 from msprobe_core.files.call_stack import CallStack, format_frame
 from msprobe_core.files.json_text import encode as _encode
@@ -98,36 +98,83 @@ def _stack_text(stack: CallStack) -> str:
     return stack.json_text(_encode)
 
 
+_by_line = getattr(KERNEL, "by_line", None)
+"""The compiled ``_body`` (``stats/_fast_files.c``): the same bytes; None where the Python route must make them."""
+
+
 def dumps_by_line(obj: Any) -> str:
     """JSON with one line per entry of the top level and of its "data" object: as readable as an
-    indented file for a person scrolling records, and written by the C encoder (10x faster)."""
+    indented file for a person scrolling records, and written by the C encoder (10x faster). A record that
+    is None in "data" (a name reserved whose record never came) is left out."""
+    return "".join(_chunks(obj, _text_body))
+
+
+def _chunks(obj: Any, body: Callable[[dict, Optional[Callable[[Any], str]], str], Any]) -> list:
+    """``dumps_by_line(obj)`` in pieces: the records of "data" made by ``body`` (text or bytes), the rest text."""
     if not isinstance(obj, dict):
-        return _encode(obj)
+        return [_encode(obj)]
+    chunks: list = []
     parts = []
     for key, value in obj.items():
-        if key == "data" and isinstance(value, dict) and value:
-            parts.append(f" {_encode(key)}: {{\n{_lines(value, _record_text, '  ')[2:-3]}\n }}")
-        else:
-            parts.append(f" {_encode(key)}: {_encode(value)}")
-    return "{\n" + ",\n".join(parts) + "\n}\n"
+        if key == "data" and isinstance(value, dict):
+            lines = body(value, _record_text, "  ")
+            if lines:
+                parts.append(f" {_encode(key)}: {{\n")
+                chunks += ("{\n" + ",\n".join(parts), lines)
+                parts = ["\n }"]
+                continue
+            value = {}
+        parts.append(f" {_encode(key)}: {_encode(value)}")
+    if chunks:
+        chunks.append(",\n".join(parts) + "\n}\n")
+    else:
+        chunks.append("{\n" + ",\n".join(parts) + "\n}\n")
+    return chunks
 
 
-def _lines(entries: dict, text: Callable[[Any], str], indent: str = " ") -> str:
-    """``dumps_by_line`` of a flat mapping of names to values given as JSON ``text`` (stack.json)."""
-    if not entries:
-        return "{\n\n}\n"
-    parts = ["{\n"]
+def _text_body(entries: dict, text: Optional[Callable[[Any], str]], indent: str) -> str:
+    """The lines of a by-line JSON object, each ``indent + "name": value``, joined by ",\n" (no brackets).
+    ``text``: a value's JSON text (None values left out); None: values are strings or None, encoded here."""
+    parts = []
     add = parts.extend
-    for k, v in entries.items():  # pieces joined once: no string per entry
-        add((indent, _key(k), ": ", text(v), ",\n"))
-    parts[-1] = "\n}\n"
+    if text is None:
+        for k, v in entries.items():  # pieces joined once: no string per entry
+            add((indent, _key(k), ": ", _encode(v), ",\n"))
+    else:
+        for k, v in entries.items():
+            if v is not None:
+                add((indent, _key(k), ": ", text(v), ",\n"))
+    if parts:
+        parts.pop()
     return "".join(parts)
 
 
+def _body(entries: dict, text: Optional[Callable[[Any], str]], indent: str) -> bytes:
+    """``_text_body`` as UTF-8 (a lone surrogate as its JSON escape: ``\\ud800`` reads back as the same
+    string), made by the kernel where it can."""
+    if _by_line is not None:
+        lines = _by_line(entries, indent, text)
+        if lines is not None:
+            return lines
+    return _utf8(_text_body(entries, text, indent))
+
+
+def _utf8(text: str) -> bytes:
+    return text.encode("utf-8", "backslashreplace")
+
+
 def write_json_atomic(path: Path, obj: Any) -> None:
-    """Write ``obj`` as JSON (one line per record) to ``path`` atomically. A lone surrogate in a name (no
-    UTF-8 for it) is written as its JSON escape (``\\ud800``), which reads back as the same string."""
-    write_text_atomic(path, dumps_by_line(obj), errors="backslashreplace")
+    """Write ``obj`` as JSON (one line per record: ``dumps_by_line``) to ``path`` atomically. A lone
+    surrogate in a name (no UTF-8 for it) is written as its JSON escape (``\\ud800``), which reads back as the
+    same string."""
+    write_bytes_atomic(path, [c if type(c) is bytes else _utf8(c) for c in _chunks(obj, _body)])
+
+
+def write_lines_atomic(path: Path, entries: dict, text: Optional[Callable[[Any], str]] = None) -> None:
+    """Write a flat mapping of names to values (``_text_body``'s ``text``) to ``path`` as ``write_json_atomic``
+    writes it (stack.json, construct.json), atomically."""
+    lines = _body(entries, text, " ")
+    write_bytes_atomic(path, (b"{\n", lines, b"\n}\n") if lines else (b"{\n\n}\n",))
 
 
 class Journal:
@@ -467,12 +514,11 @@ class StepRecorder:
             return
         self.sync_journal()
         doc = dict(self.header)
-        doc["data"] = {k: v for k, v in self.data.items() if v is not None}
+        doc["data"] = self.data  # (names reserved whose record never came, None, are left out)
         write_json_atomic(self.rank_dir / self.json_name, doc)
         if self.json_name == "dump.json":
-            write_text_atomic(self.rank_dir / "stack.json", _lines(self.stack, _stack_text),
-                              errors="backslashreplace")
-            write_json_atomic(self.rank_dir / "construct.json", self.construct)
+            write_lines_atomic(self.rank_dir / "stack.json", self.stack, _stack_text)
+            write_lines_atomic(self.rank_dir / "construct.json", self.construct)
         self._written = self._change_count()
 
     def finish(self) -> None:
