@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Iterable
+from typing import Callable
 
 
 def write_text_atomic(path: Path, text: str, errors: str = "strict") -> None:
@@ -20,23 +20,28 @@ def write_text_atomic(path: Path, text: str, errors: str = "strict") -> None:
         raise
 
 
-def write_bytes_atomic(path: Path, chunks: Iterable[bytes]) -> None:
-    """Write ``chunks`` one after the other to ``path`` through a temporary file and an atomic rename: raw
-    ``os.write`` calls (no buffered file object copying them again), as ``open(path, "wb")`` would create it."""
+def write_fd_atomic(path: Path, fill: Callable[[int], None]) -> None:
+    """Make ``path`` what ``fill(fd)`` writes to a raw file descriptor (``write_all``, or a compiled writer:
+    no buffered file object copying the bytes again), through a temporary file (as ``open(path, "wb")``
+    creates it) and an atomic rename."""
     tmp = _temporary(path)
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o666)
         try:
-            for chunk in chunks:
-                view = memoryview(chunk)
-                while view:  # a write may take only part of it
-                    view = view[os.write(fd, view):]
+            fill(fd)
         finally:
             os.close(fd)
         os.replace(tmp, path)
     except BaseException:
         _discard(tmp)
         raise
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data`` to ``fd`` (a write may take only part of it)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def _temporary(path: Path) -> Path:
