@@ -21,9 +21,9 @@ import struct
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional, Sequence
+from typing import Any, Callable, Iterable, NamedTuple, Optional, Sequence
 
-from msprobe_core.files.atomic_write import write_text_atomic
+from msprobe_core.files.atomic_write import write_all, write_fd_atomic
 from msprobe_core.errors import DumpInputError
 from msprobe_core.files.call_stack import CallStack, format_frame
 from msprobe_core.files.json_text import encode as _encode
@@ -98,36 +98,97 @@ def _stack_text(stack: CallStack) -> str:
     return stack.json_text(_encode)
 
 
+_write_lines = getattr(KERNEL, "write_lines", None)
+"""The compiled ``_Section.write`` (``stats/_fast_files.c``): the same bytes, written from the records' strs
+themselves; False (nothing written) where the Python route must write them."""
+
+TextOf = Optional[Callable[[Any], str]]
+"""A value's JSON text (values that are None have no line); None: values are strings or None, encoded."""
+
+
+class _Section(NamedTuple):
+    """A by-line JSON file: ``head``, the lines of ``entries`` (``indent + "name": value``, joined by ",\n"),
+    ``tail``; ``empty`` instead of all three when there is no line."""
+
+    head: str
+    entries: dict
+    text: TextOf
+    indent: str
+    tail: str
+    empty: str
+
+    @staticmethod
+    def of(obj: Any) -> "_Section":
+        """``obj`` as ``dumps_by_line`` lays it out: one line per top-level entry, and per record of "data"."""
+        if not isinstance(obj, dict):
+            return _Section("", {}, None, "", "", _encode(obj))
+        before, after = [], None
+        data: dict = {}
+        for key, value in obj.items():
+            if key == "data" and isinstance(value, dict):
+                data, after = value, []
+                continue
+            (before if after is None else after).append(f" {_encode(key)}: {_encode(value)}")
+        if after is None:
+            return _Section("", {}, None, "", "", "{\n" + ",\n".join(before) + "\n}\n")
+        return _Section("{\n" + "".join(f"{p},\n" for p in before) + ' "data": {\n', data, _record_text, "  ",
+                        "\n }" + "".join(f",\n{p}" for p in after) + "\n}\n",
+                        "{\n" + ",\n".join([*before, ' "data": {}', *after]) + "\n}\n")
+
+    @staticmethod
+    def flat(entries: dict, text: TextOf) -> "_Section":
+        """A flat mapping of names to values, one line each (stack.json, construct.json)."""
+        return _Section("{\n", entries, text, " ", "\n}\n", "{\n\n}\n")
+
+    def lines(self) -> str:
+        """The lines of ``entries``, joined (the Python route)."""
+        parts = []
+        add = parts.extend
+        indent, text = self.indent, self.text
+        if text is None:
+            for k, v in self.entries.items():  # pieces joined once: no string per entry
+                add((indent, _key(k), ": ", _encode(v), ",\n"))
+        else:
+            for k, v in self.entries.items():
+                if v is not None:
+                    add((indent, _key(k), ": ", text(v), ",\n"))
+        if parts:
+            parts.pop()
+        return "".join(parts)
+
+    def text_of(self) -> str:
+        lines = self.lines()
+        return self.head + lines + self.tail if lines else self.empty
+
+    def write(self, fd: int) -> None:
+        """The file as UTF-8 (a lone surrogate as its JSON escape: ``\\ud800`` reads back as the same string)."""
+        if _write_lines is None or not _write_lines(fd, _utf8(self.head), self.entries, self.indent, self.text,
+                                                    _utf8(self.tail), _utf8(self.empty)):
+            write_all(fd, _utf8(self.text_of()))
+
+
+def _utf8(text: str) -> bytes:
+    return text.encode("utf-8", "backslashreplace")
+
+
 def dumps_by_line(obj: Any) -> str:
     """JSON with one line per entry of the top level and of its "data" object: as readable as an
-    indented file for a person scrolling records, and written by the C encoder (10x faster)."""
-    if not isinstance(obj, dict):
-        return _encode(obj)
-    parts = []
-    for key, value in obj.items():
-        if key == "data" and isinstance(value, dict) and value:
-            parts.append(f" {_encode(key)}: {{\n{_lines(value, _record_text, '  ')[2:-3]}\n }}")
-        else:
-            parts.append(f" {_encode(key)}: {_encode(value)}")
-    return "{\n" + ",\n".join(parts) + "\n}\n"
-
-
-def _lines(entries: dict, text: Callable[[Any], str], indent: str = " ") -> str:
-    """``dumps_by_line`` of a flat mapping of names to values given as JSON ``text`` (stack.json)."""
-    if not entries:
-        return "{\n\n}\n"
-    parts = ["{\n"]
-    add = parts.extend
-    for k, v in entries.items():  # pieces joined once: no string per entry
-        add((indent, _key(k), ": ", text(v), ",\n"))
-    parts[-1] = "\n}\n"
-    return "".join(parts)
+    indented file for a person scrolling records, and written by the C encoder (10x faster). A record that
+    is None in "data" (a name reserved whose record never came) is left out."""
+    return _Section.of(obj).text_of()
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
-    """Write ``obj`` as JSON (one line per record) to ``path`` atomically. A lone surrogate in a name (no
-    UTF-8 for it) is written as its JSON escape (``\\ud800``), which reads back as the same string."""
-    write_text_atomic(path, dumps_by_line(obj), errors="backslashreplace")
+    """Write ``obj`` as JSON (one line per record: ``dumps_by_line``) to ``path`` atomically. A lone
+    surrogate in a name (no UTF-8 for it) is written as its JSON escape (``\\ud800``), which reads back as the
+    same string."""
+    write_fd_atomic(path, _Section.of(obj).write)
+
+
+def write_lines_atomic(path: Path, entries: dict, text: TextOf = None) -> None:
+    """Write a flat mapping of names to values (``text``: see ``TextOf``) as ``write_json_atomic`` writes it
+    (one line per name: stack.json, construct.json), atomically."""
+    write_fd_atomic(path, _Section.flat(entries, text).write)
 
 
 class Journal:
@@ -467,12 +528,11 @@ class StepRecorder:
             return
         self.sync_journal()
         doc = dict(self.header)
-        doc["data"] = {k: v for k, v in self.data.items() if v is not None}
+        doc["data"] = self.data  # (names reserved whose record never came, None, are left out)
         write_json_atomic(self.rank_dir / self.json_name, doc)
         if self.json_name == "dump.json":
-            write_text_atomic(self.rank_dir / "stack.json", _lines(self.stack, _stack_text),
-                              errors="backslashreplace")
-            write_json_atomic(self.rank_dir / "construct.json", self.construct)
+            write_lines_atomic(self.rank_dir / "stack.json", self.stack, _stack_text)
+            write_lines_atomic(self.rank_dir / "construct.json", self.construct)
         self._written = self._change_count()
 
     def finish(self) -> None:
@@ -704,7 +764,7 @@ def recover_journal(journal: Path) -> bool:
         doc["damaged_journal_entries"] = replay.damaged
     write_json_atomic(rank_dir / replay.json_name, doc)
     if replay.json_name == "dump.json":
-        write_json_atomic(rank_dir / "stack.json", {k: _frame_lines(v) for k, v in replay.stack.items()})
-        write_json_atomic(rank_dir / "construct.json", replay.construct)
+        write_lines_atomic(rank_dir / "stack.json", {k: _frame_lines(v) for k, v in replay.stack.items()}, _encode)
+        write_lines_atomic(rank_dir / "construct.json", replay.construct)
     journal.unlink()
     return True
