@@ -600,6 +600,45 @@ static int tensor_flag(RecordTextObject *self, PyObject *t, int i) {
     return r;
 }
 
+/* What ``plain_cpu_facts`` says of a tensor. */
+enum { FACTS_OTHER = 0,  /* another device or layout (or a dtype code out of the kernel's range) */
+       FACTS_PLAIN = 1,  /* a CPU strided contiguous tensor of a kernel dtype: the kernel reads its memory as it is */
+       FACTS_COPY = 2 }; /* a CPU strided tensor the kernel reads only through a copy (float16, a strided view) */
+
+/* The plain-CPU-tensor questions the kernel's readers ask of t (device, layout, dtype, contiguity; not its lazy
+ * negation and zero-tensor bits, asked by ``entry_body`` only before it reads), through descr (the C base class's
+ * own descriptors, indexed by D_*), codes ({dtype: kernel code}) and strided (torch.strided): FACTS_* with, for
+ * FACTS_PLAIN, *dtype (a new reference) and *code; -1 with an error. Shared by RecordText and GradText. */
+static int plain_cpu_facts(PyObject *const *descr, PyObject *codes, PyObject *strided, PyObject *t, PyObject **dtype,
+                           long *code) {
+    *dtype = NULL;
+    PyObject *v = descr_get(descr[D_IS_CPU], t);
+    int cpu = v == NULL ? -1 : PyObject_IsTrue(v);
+    Py_XDECREF(v);
+    if (cpu <= 0) return cpu;
+    PyObject *layout = descr_get(descr[D_LAYOUT], t);
+    if (layout == NULL) return -1;
+    Py_DECREF(layout);  /* compared by identity only */
+    if (layout != strided) return FACTS_OTHER;
+    PyObject *d = descr_get(descr[D_DTYPE], t);
+    if (d == NULL) return -1;
+    PyObject *code_obj = PyDict_GetItemWithError(codes, d);  /* borrowed */
+    if (code_obj == NULL) {
+        Py_DECREF(d);
+        return PyErr_Occurred() ? -1 : FACTS_COPY;
+    }
+    v = descr_get(descr[D_IS_CONTIGUOUS], t);
+    int contiguous = v == NULL ? -1 : PyObject_IsTrue(v);
+    Py_XDECREF(v);
+    long c = contiguous > 0 ? PyLong_AsLong(code_obj) : -1;
+    if (contiguous < 0 || (c == -1 && PyErr_Occurred())) { Py_DECREF(d); return -1; }
+    if (!contiguous) { Py_DECREF(d); return FACTS_COPY; }
+    if (c < 0 || c >= N_KERNELS) { Py_DECREF(d); return FACTS_OTHER; }
+    *dtype = d;
+    *code = c;
+    return FACTS_PLAIN;
+}
+
 static int put_object(RecordTextObject *self, text_t *b, PyObject *obj);
 
 /* The Python route's text of obj (``fallback``): 0 written, NO_TEXT, or -1 with an error. */
@@ -836,24 +875,14 @@ static int put_tensor(RecordTextObject *self, text_t *b, PyObject *t, int fallba
         goto done;
     }
     if (e == NULL) {
-        int cpu = tensor_flag(self, t, D_IS_CPU);
-        if (cpu < 0) goto done;
-        PyObject *layout = cpu ? tensor_get(self, t, D_LAYOUT) : NULL;
-        if (cpu && layout == NULL) goto done;
-        Py_XDECREF(layout);
-        if (!cpu || layout != self->strided) { rc = NO_TEXT; goto done; }
-        dtype = tensor_get(self, t, D_DTYPE);
-        if (dtype == NULL) goto done;
-        PyObject *code_obj = PyDict_GetItemWithError(self->codes, dtype);
-        int contiguous = code_obj != NULL ? tensor_flag(self, t, D_IS_CONTIGUOUS) : 0;
-        if (contiguous < 0 || PyErr_Occurred()) goto done;
-        if (code_obj == NULL || !contiguous) {  /* float16, a strided view: the Python route (a copy) */
+        long code = -1;
+        int facts = plain_cpu_facts(self->descr, self->codes, self->strided, t, &dtype, &code);
+        if (facts < 0) goto done;
+        if (facts == FACTS_OTHER) { rc = NO_TEXT; goto done; }
+        if (facts == FACTS_COPY) {  /* float16, a strided view: the Python route (a copy) */
             Py_DECREF(key);
-            Py_XDECREF(dtype);
             return fallback ? put_fallback(self, b, t) : NO_TEXT;
         }
-        long code = PyLong_AsLong(code_obj);
-        if (code < 0 || code >= N_KERNELS) { rc = NO_TEXT; goto done; }
         e = find_entry(self, t, key, version, ptr);
         if (e == NULL) goto done;
         if (e->text == NULL || e->text == Py_None) {
@@ -1154,19 +1183,10 @@ static PyObject *gt_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
 /* The body of t (a new reference), Py_None when the Python route must say, NULL with an error. */
 static PyObject *gt_body(GradTextObject *self, PyObject *t, long long version, unsigned long long ptr) {
     RecordTextObject *rt = self->rt;
-    int cpu = tensor_flag(rt, t, D_IS_CPU);
-    if (cpu <= 0) return cpu < 0 ? NULL : (Py_INCREF(Py_None), Py_None);
-    PyObject *layout = tensor_get(rt, t, D_LAYOUT);
-    if (layout == NULL) return NULL;
-    Py_DECREF(layout);
-    if (layout != rt->strided) Py_RETURN_NONE;
-    PyObject *dtype = tensor_get(rt, t, D_DTYPE);
-    if (dtype == NULL) return NULL;
-    PyObject *code_obj = PyDict_GetItemWithError(rt->codes, dtype);  /* borrowed */
-    int contiguous = code_obj != NULL ? tensor_flag(rt, t, D_IS_CONTIGUOUS) : 0;
-    long code = code_obj != NULL && contiguous > 0 ? PyLong_AsLong(code_obj) : -1;
-    if (contiguous < 0 || PyErr_Occurred()) { Py_DECREF(dtype); return NULL; }
-    if (code < 0 || code >= N_KERNELS) { Py_DECREF(dtype); Py_RETURN_NONE; }
+    PyObject *dtype;
+    long code = -1;
+    int facts = plain_cpu_facts(rt->descr, rt->codes, rt->strided, t, &dtype, &code);
+    if (facts != FACTS_PLAIN) return facts < 0 ? NULL : Py_NewRef(Py_None);
     EntryObject *e = entry_new(Py_None, version, ptr);  /* for make_body only: never cached */
     PyObject *body = e == NULL ? NULL : make_body(rt, t, e, dtype, code);
     Py_XDECREF(e);
