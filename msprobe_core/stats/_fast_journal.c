@@ -112,6 +112,7 @@ typedef struct {
     PyObject_HEAD
     TJ_OBJECTS(RT_DECLARE)
     Py_ssize_t count;
+    int dir_ready;  /* the recorder's ``_dir_ready`` seen true (it never turns false again): not read any more */
 } TextJournalObject;
 
 static PyObject *S_DIR_READY, *S_ENSURE_DIR, *S_JOURNAL, *S_MAP, *S_POS, *S_SIZE, *S_SID, *S_FRAMES, *S_APPEND, *S_J,
@@ -266,14 +267,17 @@ static PyObject *tj_put_text(TextJournalObject *self, PyObject *const *args, Py_
     if (seq == Py_None) {  /* ``reserve`` and ``put_text`` in one */
         Py_DECREF(seq);
         seq = NULL;
-        PyObject *ready = PyObject_GetAttr(recorder, S_DIR_READY);
-        int is_ready = ready ? PyObject_IsTrue(ready) : -1;
-        Py_XDECREF(ready);
-        if (is_ready < 0) goto done;
-        if (!is_ready) {
-            PyObject *r = PyObject_CallMethodNoArgs(recorder, S_ENSURE_DIR);
-            if (r == NULL) goto done;
-            Py_DECREF(r);
+        if (!self->dir_ready) {
+            PyObject *ready = PyObject_GetAttr(recorder, S_DIR_READY);
+            int is_ready = ready ? PyObject_IsTrue(ready) : -1;
+            Py_XDECREF(ready);
+            if (is_ready < 0) goto done;
+            if (!is_ready) {
+                PyObject *r = PyObject_CallMethodNoArgs(recorder, S_ENSURE_DIR);
+                if (r == NULL) goto done;
+                Py_DECREF(r);
+            }
+            self->dir_ready = is_ready;  /* seen ready: the next call need not ask */
         }
         seq = PyIter_Next(self->counter);
         if (seq == NULL) {
@@ -327,8 +331,8 @@ done:
     return result;
 }
 
-/* ``index`` of record's ``field`` slots when the record is a ``TextFields`` with that slot (its slots list); NULL
- * otherwise, an error set only when one occurred. */
+/* ``index`` of record's ``field`` slots when the record is a ``TextFields`` with that slot (its slots list, a new
+ * reference); NULL otherwise, an error set only when one occurred. */
 static PyObject *tj_slots(TextJournalObject *self, PyObject *record, PyObject *field, PyObject *index,
                           Py_ssize_t *i) {
     if (record == NULL || Py_TYPE(record) != (PyTypeObject *)self->text_fields) return NULL;
@@ -336,7 +340,7 @@ static PyObject *tj_slots(TextJournalObject *self, PyObject *record, PyObject *f
     if (slots == NULL || !PyList_CheckExact(slots) || !PyLong_CheckExact(index)) return NULL;
     *i = PyLong_AsSsize_t(index);
     if (*i == -1 && PyErr_Occurred()) { PyErr_Clear(); return NULL; }
-    return *i >= 0 && *i < PyList_GET_SIZE(slots) ? slots : NULL;
+    return *i >= 0 && *i < PyList_GET_SIZE(slots) ? Py_NewRef(slots) : NULL;
 }
 
 /* record.<name> += 1 (``TextFields.filled``): the new count, or -1 with an error. */
@@ -360,16 +364,17 @@ static PyObject *tj_put_text_field(TextJournalObject *self, PyObject *const *arg
     if (recorder == NULL) return NULL;
     PyObject *name = args[0], *field = args[1], *index = args[2], *text = args[3];
     Py_ssize_t i;
-    PyObject *record = PyDict_GetItemWithError(self->data, name);  /* borrowed */
+    PyObject *record = PyDict_GetItemWithError(self->data, name);  /* held: hashing field may run Python code */
+    Py_XINCREF(record);
     PyObject *slots = tj_slots(self, record, field, index, &i);
     if (slots == NULL) {  /* a first field, a slot the record was not made with: the Python route */
+        Py_XDECREF(record);
         PyObject *call[8] = {recorder, args[0], args[1], args[2], args[3], args[4], args[5],
                              nargs == 7 ? args[6] : Py_False};
         PyObject *r = PyErr_Occurred() ? NULL : PyObject_Vectorcall(self->put_field, call, 8, NULL);
         Py_DECREF(recorder);
         return r;
     }
-    Py_INCREF(record);
     PyObject *result = NULL;
     text_t b;
     text_init(&b);
@@ -398,6 +403,7 @@ static PyObject *tj_put_text_field(TextJournalObject *self, PyObject *const *arg
     result = Py_NewRef(Py_False);
 done:
     text_free(&b);
+    Py_DECREF(slots);
     Py_DECREF(record);
     Py_DECREF(recorder);
     return result;
@@ -432,6 +438,7 @@ static PyObject *tj_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
         return NULL;
     }
     self->count = 0;
+    self->dir_ready = 0;
     return (PyObject *)self;
 }
 

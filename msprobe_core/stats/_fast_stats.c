@@ -403,6 +403,10 @@ typedef struct {
     PyObject *ref, *stats, *crc, *file, *text;
     long long version;
     unsigned long long ptr;
+    /* The kernel's statistics of this version as a raw row (has_row), kept here instead of a tuple of six floats
+     * made (and dropped) per version: ``stats`` reads make that tuple from the row, once, when Python asks. */
+    double row[6];
+    int has_row;
     /* What an in-place update of the tensor (same object, same memory, a new version) leaves as it was, kept by
      * the C text once it made a body from the kernel (NULL prefix: not known; the Python route never sets them):
      * torch changes neither dtype, layout, device, nor the negation and zero-tensor bits in place (``set_``
@@ -418,7 +422,6 @@ static PyMemberDef entry_members[] = {
     {"ref", T_OBJECT, offsetof(EntryObject, ref), 0, "a weak reference to the tensor"},
     {"version", T_LONGLONG, offsetof(EntryObject, version), 0, "its version counter"},
     {"ptr", T_ULONGLONG, offsetof(EntryObject, ptr), 0, "its data pointer"},
-    {"stats", T_OBJECT, offsetof(EntryObject, stats), 0, "its statistics"},
     {"crc", T_OBJECT, offsetof(EntryObject, crc), 0, "its checksum"},
     {"file", T_OBJECT, offsetof(EntryObject, file), 0, "the path of its first saved file"},
     {"text", T_OBJECT, offsetof(EntryObject, text), 0, "its summary's JSON text up to requires_grad"},
@@ -426,6 +429,28 @@ static PyMemberDef entry_members[] = {
 };
 
 static PyTypeObject EntryType;
+
+/* ``stats``: the tuple set, or the one made from the kernel's row (kept: the same object on every read), or None. */
+static PyObject *entry_get_stats(EntryObject *e, void *closure) {
+    if (e->stats == NULL && e->has_row) {
+        const double *r = e->row;
+        e->stats = Py_BuildValue("(dddddd)", r[0], r[1], r[2], r[3], r[4], r[5]);
+        if (e->stats == NULL) return NULL;
+    }
+    return Py_NewRef(e->stats != NULL ? e->stats : Py_None);
+}
+
+static int entry_set_stats(EntryObject *e, PyObject *value, void *closure) {
+    Py_XINCREF(value);
+    Py_XSETREF(e->stats, value);
+    e->has_row = 0;
+    return 0;
+}
+
+static PyGetSetDef entry_getset[] = {
+    {"stats", (getter)entry_get_stats, (setter)entry_set_stats, "its statistics", NULL},
+    {NULL},
+};
 
 static EntryObject *entry_new(PyObject *ref, long long version, unsigned long long ptr) {
     EntryObject *e = PyObject_New(EntryObject, &EntryType);
@@ -438,6 +463,7 @@ static EntryObject *entry_new(PyObject *ref, long long version, unsigned long lo
     e->numel = 0;
     e->code = -1;
     e->is_bool = e->plain = 0;
+    e->has_row = 0;
     return e;
 }
 
@@ -469,6 +495,7 @@ static PyTypeObject EntryType = {
     .tp_new = entry_tp_new,
     .tp_dealloc = (destructor)entry_dealloc,
     .tp_members = entry_members,
+    .tp_getset = entry_getset,
 };
 
 /* A growing UTF-8 text. */
@@ -573,6 +600,45 @@ static int tensor_flag(RecordTextObject *self, PyObject *t, int i) {
     return r;
 }
 
+/* What ``plain_cpu_facts`` says of a tensor. */
+enum { FACTS_OTHER = 0,  /* another device or layout (or a dtype code out of the kernel's range) */
+       FACTS_PLAIN = 1,  /* a CPU strided contiguous tensor of a kernel dtype: the kernel reads its memory as it is */
+       FACTS_COPY = 2 }; /* a CPU strided tensor the kernel reads only through a copy (float16, a strided view) */
+
+/* The plain-CPU-tensor questions the kernel's readers ask of t (device, layout, dtype, contiguity; not its lazy
+ * negation and zero-tensor bits, asked by ``entry_body`` only before it reads), through descr (the C base class's
+ * own descriptors, indexed by D_*), codes ({dtype: kernel code}) and strided (torch.strided): FACTS_* with, for
+ * FACTS_PLAIN, *dtype (a new reference) and *code; -1 with an error. Shared by RecordText and GradText. */
+static int plain_cpu_facts(PyObject *const *descr, PyObject *codes, PyObject *strided, PyObject *t, PyObject **dtype,
+                           long *code) {
+    *dtype = NULL;
+    PyObject *v = descr_get(descr[D_IS_CPU], t);
+    int cpu = v == NULL ? -1 : PyObject_IsTrue(v);
+    Py_XDECREF(v);
+    if (cpu <= 0) return cpu;
+    PyObject *layout = descr_get(descr[D_LAYOUT], t);
+    if (layout == NULL) return -1;
+    Py_DECREF(layout);  /* compared by identity only */
+    if (layout != strided) return FACTS_OTHER;
+    PyObject *d = descr_get(descr[D_DTYPE], t);
+    if (d == NULL) return -1;
+    PyObject *code_obj = PyDict_GetItemWithError(codes, d);  /* borrowed */
+    if (code_obj == NULL) {
+        Py_DECREF(d);
+        return PyErr_Occurred() ? -1 : FACTS_COPY;
+    }
+    v = descr_get(descr[D_IS_CONTIGUOUS], t);
+    int contiguous = v == NULL ? -1 : PyObject_IsTrue(v);
+    Py_XDECREF(v);
+    long c = contiguous > 0 ? PyLong_AsLong(code_obj) : -1;
+    if (contiguous < 0 || (c == -1 && PyErr_Occurred())) { Py_DECREF(d); return -1; }
+    if (!contiguous) { Py_DECREF(d); return FACTS_COPY; }
+    if (c < 0 || c >= N_KERNELS) { Py_DECREF(d); return FACTS_OTHER; }
+    *dtype = d;
+    *code = c;
+    return FACTS_PLAIN;
+}
+
 static int put_object(RecordTextObject *self, text_t *b, PyObject *obj);
 
 /* The Python route's text of obj (``fallback``): 0 written, NO_TEXT, or -1 with an error. */
@@ -612,7 +678,9 @@ static PyObject *entry_body(RecordTextObject *self, PyObject *t, EntryObject *e)
         e->plain = 1;  /* nothing read, now or for a later version of the same shape */
     } else {
         double row[6];
-        if (e->stats != NULL && e->stats != Py_None) {  /* shared from the input it rearranges, or the dict route's */
+        if (e->has_row) {  /* this version's row, made by the kernel before */
+            memcpy(row, e->row, sizeof(row));
+        } else if (e->stats != NULL && e->stats != Py_None) {  /* shared from the input it rearranges, or the dict route's */
             if (!PyTuple_Check(e->stats) || PyTuple_GET_SIZE(e->stats) < 4
                 || !PyFloat_CheckExact(PyTuple_GET_ITEM(e->stats, 0))) {  /* statistics on their way from the device */
                 text_free(&b);
@@ -650,9 +718,9 @@ static PyObject *entry_body(RecordTextObject *self, PyObject *t, EntryObject *e)
             }
             if (a.nans > 0) a.mx = a.mn = NAN;  /* as stats() gives them (no zero count) */
             row[0] = a.mx; row[1] = a.mn; row[2] = a.sum; row[3] = a.sumsq; row[4] = 0.0; row[5] = a.nans;
-            PyObject *stats = Py_BuildValue("(dddddd)", row[0], row[1], row[2], row[3], row[4], row[5]);
-            if (stats == NULL) goto fail;
-            Py_XSETREF(e->stats, stats);
+            memcpy(e->row, row, sizeof(row));  /* ``stats`` makes its tuple from it if Python asks */
+            Py_CLEAR(e->stats);
+            e->has_row = 1;
             e->plain = 1;
         }
         if (put_stats(&b, row, e->is_bool, e->numel) < 0) goto fail;
@@ -721,6 +789,7 @@ static int entry_update(RecordTextObject *self, PyObject *t, EntryObject *c, lon
     if (same <= 0) return same;
     c->version = version;
     Py_CLEAR(c->stats);
+    c->has_row = 0;
     Py_CLEAR(c->text);
     return 1;
 }
@@ -782,17 +851,19 @@ static int put_tensor(RecordTextObject *self, text_t *b, PyObject *t, int fallba
     PyObject *dtype = NULL;
     PyObject *found = PyDict_GetItemWithError(self->cache, key);  /* the usual case: this version's text is made */
     if (found != NULL && Py_TYPE(found) == &EntryType) {
-        EntryObject *c = (EntryObject *)found;
+        EntryObject *c = (EntryObject *)found;  /* borrowed: held (as e) before torch is asked anything */
         if (c->ptr == ptr && PyWeakref_GetObject(c->ref) == t) {
             if (c->version == version && c->text != NULL && c->text != Py_None) {
                 e = c;
                 Py_INCREF(e);
             } else if (c->version != version) {  /* updated in place: only its statistics are new */
-                int moved = entry_update(self, t, c, version);
+                e = c;
+                Py_INCREF(e);
+                int moved = entry_update(self, t, e, version);
                 if (moved < 0) goto done;
-                if (moved) {
-                    e = c;
-                    Py_INCREF(e);
+                if (!moved) {
+                    Py_CLEAR(e);
+                } else {
                     PyObject *body = entry_body(self, t, e);
                     if (body == NULL) goto done;
                     if (body == Py_None) { Py_DECREF(body); rc = NO_TEXT; goto done; }
@@ -804,24 +875,14 @@ static int put_tensor(RecordTextObject *self, text_t *b, PyObject *t, int fallba
         goto done;
     }
     if (e == NULL) {
-        int cpu = tensor_flag(self, t, D_IS_CPU);
-        if (cpu < 0) goto done;
-        PyObject *layout = cpu ? tensor_get(self, t, D_LAYOUT) : NULL;
-        if (cpu && layout == NULL) goto done;
-        Py_XDECREF(layout);
-        if (!cpu || layout != self->strided) { rc = NO_TEXT; goto done; }
-        dtype = tensor_get(self, t, D_DTYPE);
-        if (dtype == NULL) goto done;
-        PyObject *code_obj = PyDict_GetItemWithError(self->codes, dtype);
-        int contiguous = code_obj != NULL ? tensor_flag(self, t, D_IS_CONTIGUOUS) : 0;
-        if (contiguous < 0 || PyErr_Occurred()) goto done;
-        if (code_obj == NULL || !contiguous) {  /* float16, a strided view: the Python route (a copy) */
+        long code = -1;
+        int facts = plain_cpu_facts(self->descr, self->codes, self->strided, t, &dtype, &code);
+        if (facts < 0) goto done;
+        if (facts == FACTS_OTHER) { rc = NO_TEXT; goto done; }
+        if (facts == FACTS_COPY) {  /* float16, a strided view: the Python route (a copy) */
             Py_DECREF(key);
-            Py_XDECREF(dtype);
             return fallback ? put_fallback(self, b, t) : NO_TEXT;
         }
-        long code = PyLong_AsLong(code_obj);
-        if (code < 0 || code >= N_KERNELS) { rc = NO_TEXT; goto done; }
         e = find_entry(self, t, key, version, ptr);
         if (e == NULL) goto done;
         if (e->text == NULL || e->text == Py_None) {
@@ -1122,19 +1183,10 @@ static PyObject *gt_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
 /* The body of t (a new reference), Py_None when the Python route must say, NULL with an error. */
 static PyObject *gt_body(GradTextObject *self, PyObject *t, long long version, unsigned long long ptr) {
     RecordTextObject *rt = self->rt;
-    int cpu = tensor_flag(rt, t, D_IS_CPU);
-    if (cpu <= 0) return cpu < 0 ? NULL : (Py_INCREF(Py_None), Py_None);
-    PyObject *layout = tensor_get(rt, t, D_LAYOUT);
-    if (layout == NULL) return NULL;
-    Py_DECREF(layout);
-    if (layout != rt->strided) Py_RETURN_NONE;
-    PyObject *dtype = tensor_get(rt, t, D_DTYPE);
-    if (dtype == NULL) return NULL;
-    PyObject *code_obj = PyDict_GetItemWithError(rt->codes, dtype);  /* borrowed */
-    int contiguous = code_obj != NULL ? tensor_flag(rt, t, D_IS_CONTIGUOUS) : 0;
-    long code = code_obj != NULL && contiguous > 0 ? PyLong_AsLong(code_obj) : -1;
-    if (contiguous < 0 || PyErr_Occurred()) { Py_DECREF(dtype); return NULL; }
-    if (code < 0 || code >= N_KERNELS) { Py_DECREF(dtype); Py_RETURN_NONE; }
+    PyObject *dtype;
+    long code = -1;
+    int facts = plain_cpu_facts(rt->descr, rt->codes, rt->strided, t, &dtype, &code);
+    if (facts != FACTS_PLAIN) return facts < 0 ? NULL : Py_NewRef(Py_None);
     EntryObject *e = entry_new(Py_None, version, ptr);  /* for make_body only: never cached */
     PyObject *body = e == NULL ? NULL : make_body(rt, t, e, dtype, code);
     Py_XDECREF(e);

@@ -190,6 +190,33 @@ def test_an_entry_moves_to_the_next_version_in_place_unless_tied_to_the_old_one(
         assert s._cache[id(u)] is not python_made
 
 
+@pytest.mark.skipif(KERNEL is None, reason="the kernel is not built (or MSPROBE_FAST_STATS=0)")
+def test_an_entrys_statistics_read_from_python_are_the_kernels():
+    """The C text keeps a version's statistics as a raw row in its entry; Python reading ``entry.stats`` gets the
+    kernel's six values (one tuple, the same on every read), a value set from Python is the one used, and an
+    in-place update leaves no statistics of the old version behind."""
+    s = Summarizer(statistics=True, md5=False)
+    t = torch.randn(16, 16)
+    with torch.no_grad():
+        s.record_text.text(t)
+        entry = s._cache[id(t)]
+        assert entry.stats == KERNEL.stats(t.data_ptr(), t.numel(), 0, -1.0, 1)
+        assert entry.stats is entry.stats
+        view = t.view(256)
+        s.share(t, view)  # the Python route reads the row's tuple
+        assert s._cache[id(view)].stats == entry.stats
+        assert s.record_text.text(view) == json_text.encode(s.summarize(view, None, False))
+        t.mul_(2)
+        text = s.record_text.text(t)
+        assert s._cache[id(t)] is entry and entry.stats == KERNEL.stats(t.data_ptr(), t.numel(), 0, -1.0, 1)
+        assert json.loads(text)["Max"] == float(t.max())
+        t.add_(1)
+        entry.stats = None
+        assert entry.stats is None
+        del entry.stats
+        assert entry.stats is None and s.record_text.text(t) == json_text.encode(s.summarize(t, None, False))
+
+
 def test_summary_text_is_not_made_for_checksums_or_without_the_kernel(monkeypatch):
     assert Summarizer(statistics=True, md5=True).text(torch.randn(3)) is None
     from msprobe_core.pytorch import tensor_stats
