@@ -28,6 +28,7 @@ from msprobe_core.dump.config import DumpConfig
 from msprobe_core.dump.call_records import SKIPPED
 from msprobe_core.dump.service import Call, DumpServiceBase, saves_files
 from msprobe_core.files.call_stack import StackCapture
+from msprobe_core.files.step_recorder import TextFields
 from msprobe_core.pytorch.api_fast import fast_wrapper_maker
 from msprobe_core.pytorch.api_patch import ApiPatcher
 from msprobe_core.pytorch.backward_capture import InputEdges, capture, usual_capture
@@ -278,7 +279,7 @@ class DumpService(DumpServiceBase):
             tensor=torch.Tensor, parameter=torch.nn.Parameter, graph_task_id=_graph_task_id,
             grad_enabled=_is_grad_enabled, mode_enabled=_torch_function_mode_on, tls=self._tls,
             # the stack from the hook's caller on (no Python frame of the tool's between)
-            capture_stack=partial(_STACKS.capture, 1) if self.cfg.extra_info else None,
+            capture_stack=partial(_STACKS.capture, 1) if self.cfg.extra_info else None, interned=_STACKS.interned,
             backward=bool(self.selection.backward),
             hook_own_grads=self._usual_capture(), input_edges=InputEdges, sequence_nr=_sequence_nr)
         return hooks.pre, hooks.post
@@ -297,7 +298,7 @@ class DumpService(DumpServiceBase):
             return hook
         return _ParamGrad(records=self.records, service=self, grad_text=grad_text, grad_enabled=_is_grad_enabled,
                           mode_enabled=_torch_function_mode_on, tls=self._tls, base=base, pname=pname, count=count,
-                          fallback=hook, fields=fields)
+                          fallback=hook, fields=fields, text_fields=TextFields)
 
     def _own_parameters(self, module: torch.nn.Module) -> list[tuple[str, Any]]:
         return [(k, v) for k, v in module._parameters.items() if v is not None]  # without named_parameters' generator

@@ -5,7 +5,7 @@
  *
  *   ModuleHooks(records, service, text, base, pre, post, call, skipped, tensor, parameter, graph_task_id,
  *               grad_enabled, mode_enabled, tls, capture_stack, backward, hook_own_grads, input_edges,
- *               sequence_nr)
+ *               sequence_nr, interned=None)
  *     .pre(module, args, kwargs)          -> None: ``CallRecords._module_pre``'s work (``pre``: the Python route)
  *     .post(module, args, kwargs, output) -> None: ``_module_post``'s (``post``: the Python route)
  *   OwnGrads(...)(call, out)              -> ``DumpService._hook_own_grads`` (``capture``) of the usual call
@@ -26,6 +26,7 @@ typedef struct {
     PyObject *records, *service, *text, *base, *pre, *post, *call, *skipped, *tensor, *parameter;
     PyObject *graph_task_id, *grad_enabled, *mode_enabled, *tls, *capture_stack, *backward;
     PyObject *hook_own_grads, *input_edges, *sequence_nr;
+    PyObject *interned;  /* ``StackCapture.interned`` of ``capture_stack``'s capture, or Py_None */
 } ModuleHooksObject;
 
 /* attribute names, interned once */
@@ -61,6 +62,18 @@ static int l0_depth_of(PyObject *tls, long delta) {
     return rc;
 }
 #define l0_depth(self, delta) l0_depth_of((self)->tls, (delta))
+
+/* ``tls.depth -= 1`` on a failure path: the pending error kept (no Python API call runs with an exception set);
+ * an error of the restore itself is the one raised. */
+static void l0_undepth_raised(PyObject *tls) {
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    if (l0_depth_of(tls, -1) < 0) {
+        Py_XDECREF(type); Py_XDECREF(value); Py_XDECREF(tb);
+        return;
+    }
+    PyErr_Restore(type, value, tb);
+}
 
 /* The value of a no-argument callable as a C truth value: 1, 0, or -1 with an error. */
 static int l0_call_true(PyObject *fn) {
@@ -216,6 +229,22 @@ done:
     return result;
 }
 
+/* The stack of the hook's caller (``capture_stack()``): looked up by its frame key in ``interned`` (the
+ * capture's table, as ``_fast_api.c``'s ``ac_stack``), made by ``capture_stack`` only the first time. */
+static PyObject *l0_stack(ModuleHooksObject *self) {
+    if (PyDict_CheckExact(self->interned)) {
+        PyFrameObject *f = PyEval_GetFrame();  /* the Python function that called the hook (borrowed) */
+        Py_XINCREF(f);
+        PyObject *key = stack_key(f);
+        if (key == NULL) return NULL;
+        PyObject *stack = PyDict_GetItemWithError(self->interned, key);
+        Py_DECREF(key);
+        if (stack != NULL) return Py_NewRef(stack);
+        if (PyErr_Occurred()) return NULL;
+    }
+    return PyObject_CallNoArgs(self->capture_stack);
+}
+
 /* ``_begin_record`` of the usual call, after ``calls`` got its place: the new Call, or NULL with an error. */
 static PyObject *l0_begin(ModuleHooksObject *self, PyObject *state, PyObject *module, PyObject *args,
                           PyObject *kwargs, PyObject *name, PyObject *backward, PyObject *parent) {
@@ -260,7 +289,7 @@ static PyObject *l0_begin(ModuleHooksObject *self, PyObject *state, PyObject *mo
         Py_DECREF(edges);
     }
     if (self->capture_stack != Py_None) {
-        PyObject *stack = PyObject_CallNoArgs(self->capture_stack);
+        PyObject *stack = l0_stack(self);
         if (stack == NULL) goto fail;
         int rc;
         if (PyUnicode_Check(record)) {  /* journaled with the record at its end; its place in stack.json kept now */
@@ -328,7 +357,11 @@ static PyObject *mh_pre(ModuleHooksObject *self, PyObject *const *args, Py_ssize
         if (PyErr_Occurred() || (calls = PyList_New(0)) == NULL || PyDict_SetItem(module_calls, key, calls) < 0)
             goto fail;
     }
-    if (!PyList_Check(calls) || PyList_Append(calls, self->skipped) < 0) goto fail;  /* replaced once set up */
+    if (!PyList_Check(calls)) {
+        PyErr_SetString(PyExc_TypeError, "the step's module_calls entry is not a list");
+        goto fail;
+    }
+    if (PyList_Append(calls, self->skipped) < 0) goto fail;  /* replaced once set up */
     if (l0_depth(self, 1) < 0) goto fail;
     if (l0_names(self, state, &name, &backward) == 0) {
         stack = L0_GET(state, A_MODULE_STACK);
@@ -352,7 +385,7 @@ static PyObject *mh_pre(ModuleHooksObject *self, PyObject *const *args, Py_ssize
         }
     }
     int failed = call == NULL;
-    if (failed && l0_report(self) < 0) { l0_depth(self, -1); goto fail; }
+    if (failed && l0_report(self) < 0) { l0_undepth_raised(self->tls); goto fail; }
     if (l0_depth(self, -1) < 0) goto fail;
     Py_XDECREF(state); Py_XDECREF(module_calls); Py_XDECREF(key); Py_XDECREF(calls); Py_XDECREF(name);
     Py_XDECREF(backward); Py_XDECREF(stack); Py_XDECREF(call);
@@ -423,9 +456,10 @@ static PyObject *mh_post(ModuleHooksObject *self, PyObject *const *args, Py_ssiz
     if (state == NULL) return NULL;
     PyObject *module_calls = L0_GET(state, A_MODULE_CALLS);
     PyObject *key = module_calls == NULL ? NULL : PyLong_FromVoidPtr(args[0]);
-    PyObject *calls = key == NULL ? NULL : PyDict_GetItemWithError(module_calls, key);  /* borrowed */
+    /* the list and its last call held: the text below may run Python code (a collection's finalizers) */
+    PyObject *calls = key == NULL ? NULL : Py_XNewRef(PyDict_GetItemWithError(module_calls, key));
     PyObject *call = calls != NULL && PyList_Check(calls) && PyList_GET_SIZE(calls)
-                     ? PyList_GET_ITEM(calls, PyList_GET_SIZE(calls) - 1) : NULL;
+                     ? Py_NewRef(PyList_GET_ITEM(calls, PyList_GET_SIZE(calls) - 1)) : NULL;
     PyObject *head = call != NULL && Py_TYPE(call) == (PyTypeObject *)self->call ? L0_GET(call, A_RECORD) : NULL;
     PyObject *text = NULL;
     if (head != NULL && PyUnicode_Check(head)) {
@@ -435,12 +469,14 @@ static PyObject *mh_post(ModuleHooksObject *self, PyObject *const *args, Py_ssiz
     }
     Py_XDECREF(head);
     if (text == NULL) {  /* not the usual call, or its output's summary is not known at once: the Python route */
-        Py_XDECREF(state); Py_XDECREF(module_calls); Py_XDECREF(key);
+        Py_XDECREF(state); Py_XDECREF(module_calls); Py_XDECREF(key); Py_XDECREF(calls); Py_XDECREF(call);
         if (PyErr_Occurred()) return NULL;
         return PyObject_Vectorcall(self->post, args, nargs, NULL);
     }
-    Py_INCREF(call);
-    int rc = PyList_SetSlice(calls, PyList_GET_SIZE(calls) - 1, PyList_GET_SIZE(calls), NULL);
+    /* the call is still the list's last (nothing recorded in between takes a module call of this module) */
+    Py_ssize_t size = PyList_GET_SIZE(calls);
+    int rc = size && PyList_GET_ITEM(calls, size - 1) == call ? PyList_SetSlice(calls, size - 1, size, NULL) : -1;
+    if (rc < 0 && !PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "the module's open calls changed");
     if (rc == 0 && PyList_GET_SIZE(calls) == 0) rc = PyDict_DelItem(module_calls, key);
     PyObject *result = NULL;
     if (rc == 0 && l0_depth(self, 1) == 0) {
@@ -451,10 +487,11 @@ static PyObject *mh_post(ModuleHooksObject *self, PyObject *const *args, Py_ssiz
         Py_XDECREF(stack);
         if (rc == 0) rc = l0_end(self, state, call, args[3], text);
         if (rc < 0) rc = l0_report(self);
-        if (l0_depth(self, -1) < 0) rc = -1;
+        if (rc < 0) l0_undepth_raised(self->tls);
+        else if (l0_depth(self, -1) < 0) rc = -1;
         if (rc == 0) result = Py_NewRef(Py_None);
     }
-    Py_DECREF(call);
+    Py_DECREF(call); Py_DECREF(calls);
     Py_DECREF(text);
     Py_XDECREF(state); Py_XDECREF(module_calls); Py_XDECREF(key);
     return result;
@@ -462,16 +499,17 @@ static PyObject *mh_post(ModuleHooksObject *self, PyObject *const *args, Py_ssiz
 
 #define MH_OBJECTS(X) X(records) X(service) X(text) X(base) X(pre) X(post) X(call) X(skipped) X(tensor) X(parameter) \
                       X(graph_task_id) X(grad_enabled) X(mode_enabled) X(tls) X(capture_stack) X(backward) \
-                      X(hook_own_grads) X(input_edges) X(sequence_nr)
+                      X(hook_own_grads) X(input_edges) X(sequence_nr) X(interned)
 
 static PyObject *mh_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     static char *kw[] = {"records", "service", "text", "base", "pre", "post", "call", "skipped", "tensor", "parameter",
                          "graph_task_id", "grad_enabled", "mode_enabled", "tls", "capture_stack", "backward",
-                         "hook_own_grads", "input_edges", "sequence_nr", NULL};
-    PyObject *o[19];
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO!UOOOOOOOOOOOOOOO:ModuleHooks", kw, &o[0], &o[1], &RecordTextType,
-                                     &o[2], &o[3], &o[4], &o[5], &o[6], &o[7], &o[8], &o[9], &o[10], &o[11], &o[12],
-                                     &o[13], &o[14], &o[15], &o[16], &o[17], &o[18]))
+                         "hook_own_grads", "input_edges", "sequence_nr", "interned", NULL};
+    PyObject *o[20];
+    o[19] = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO!UOOOOOOOOOOOOOOO|O:ModuleHooks", kw, &o[0], &o[1],
+                                     &RecordTextType, &o[2], &o[3], &o[4], &o[5], &o[6], &o[7], &o[8], &o[9], &o[10],
+                                     &o[11], &o[12], &o[13], &o[14], &o[15], &o[16], &o[17], &o[18], &o[19]))
         return NULL;
     if (!PyType_Check(o[6]) || !PyType_Check(o[8]) || !PyType_Check(o[9])) {
         PyErr_SetString(PyExc_TypeError, "call, tensor and parameter must be types");
@@ -482,8 +520,9 @@ static PyObject *mh_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     PyObject **slots[] = {&self->records, &self->service, &self->text, &self->base, &self->pre, &self->post,
                           &self->call, &self->skipped, &self->tensor, &self->parameter, &self->graph_task_id,
                           &self->grad_enabled, &self->mode_enabled, &self->tls, &self->capture_stack,
-                          &self->backward, &self->hook_own_grads, &self->input_edges, &self->sequence_nr};
-    for (int i = 0; i < 19; i++) *slots[i] = Py_NewRef(o[i]);
+                          &self->backward, &self->hook_own_grads, &self->input_edges, &self->sequence_nr,
+                          &self->interned};
+    for (int i = 0; i < 20; i++) *slots[i] = Py_NewRef(o[i]);
     return (PyObject *)self;
 }
 
@@ -525,7 +564,8 @@ static PyTypeObject ModuleHooksType = {
  *     (context, index, received, sent) -> bool: ``CallRecords.on_call_grads(*context, index, received, sent)``
  *   SingleEdge(report, fail, context, index, edge, report_output, out_nr, report_both)
  *     (grad_inputs, grad_outputs) -> None: ``backward_capture._SingleEdge`` (the same object, in C)
- *   ParamGrad(records, service, grad_text, grad_enabled, mode_enabled, tls, base, pname, count, fallback)
+ *   ParamGrad(records, service, grad_text, grad_enabled, mode_enabled, tls, base, pname, count, fallback, fields,
+ *             text_fields=None)
  *     (grad) -> None: ``CallRecords._on_param_grad(base, pname, count, grad)``
  * Where autograd records (create_graph) or a TorchFunctionMode is on, or a gradient's text is not known at
  * once, they take the Python route (``records``' methods) for the whole gradient. */
@@ -544,6 +584,12 @@ static int g_quiet(CallGradsObject *self) {
 }
 
 #define g_depth(self, delta) l0_depth_of((self)->tls, (delta))
+
+/* Is obj the int v? (no error: an int too large for a C long is not v) */
+static inline int g_is_long(PyObject *obj, long v) {
+    int overflow = 0;
+    return PyLong_CheckExact(obj) && PyLong_AsLongAndOverflow(obj, &overflow) == v && !overflow;
+}
 
 /* A gradient's summary text (``GradText.text``, else ``records._tensor_text``): a new str, Py_None, or NULL. */
 static PyObject *g_text(CallGradsObject *self, PyObject *grad, int remember) {
@@ -581,7 +627,7 @@ static PyObject *cg_call(CallGradsObject *self, PyObject *const *args, size_t na
     }
     PyObject *rec = L0_GET(self->service, A_RECORDER);
     if (rec == NULL) return NULL;
-    int usual = rec != Py_None && save == Py_False && PyLong_CheckExact(args[1]) && PyLong_AsLong(args[1]) == 0;
+    int usual = rec != Py_None && save == Py_False && g_is_long(args[1], 0);
     if (usual) {
         int has = g_has(rec, backward);
         if (has < 0) { Py_DECREF(rec); return NULL; }
@@ -592,8 +638,7 @@ static PyObject *cg_call(CallGradsObject *self, PyObject *const *args, size_t na
         PyObject *sizes = state == NULL ? NULL : L0_GET(state, A_BWD_SIZES);
         PyObject *size = sizes == NULL ? NULL : PyDict_GetItemWithError(sizes, backward);
         usual = size != NULL && PyTuple_CheckExact(size) && PyTuple_GET_SIZE(size) == 2
-                && PyLong_CheckExact(PyTuple_GET_ITEM(size, 0)) && PyLong_AsLong(PyTuple_GET_ITEM(size, 0)) == 1
-                && PyLong_CheckExact(PyTuple_GET_ITEM(size, 1)) && PyLong_AsLong(PyTuple_GET_ITEM(size, 1)) == 1;
+                && g_is_long(PyTuple_GET_ITEM(size, 0), 1) && g_is_long(PyTuple_GET_ITEM(size, 1), 1);
         Py_XDECREF(state);
         Py_XDECREF(sizes);
         if (PyErr_Occurred()) { Py_DECREF(rec); return NULL; }
@@ -621,7 +666,8 @@ static PyObject *cg_call(CallGradsObject *self, PyObject *const *args, size_t na
     }
     Py_XDECREF(received); Py_XDECREF(sent); Py_XDECREF(seq);
     Py_DECREF(rec);
-    if (g_depth(self, -1) < 0) Py_CLEAR(result);
+    if (result == NULL) l0_undepth_raised(self->tls);
+    else if (g_depth(self, -1) < 0) Py_CLEAR(result);
     return result;
 }
 
@@ -686,7 +732,32 @@ typedef struct {
     CallGradsObject head;
     vectorcallfunc vectorcall;
     PyObject *base, *pname, *count, *key, *fallback, *fields;
+    PyObject *text_fields;  /* the ``TextFields`` type ``fields`` makes, or Py_None */
 } ParamGradObject;
+
+/* The parameter's slot in the module's ``parameters_grad`` record when the record is there as ``TextFields``
+ * without it (its other parameters' gradients came first): ``[None]`` as ``put_text_field`` makes it, so that
+ * the kernel's ``put_text_field`` takes the gradient (it leaves a new field to the Python route). 0, -1. */
+static int pg_slot(ParamGradObject *self, PyObject *rec, PyObject *name) {
+    if (self->text_fields == Py_None) return 0;
+    PyObject *data = L0_GET(rec, A_DATA);
+    if (data == NULL) return -1;
+    PyObject *record = PyDict_CheckExact(data) ? PyDict_GetItemWithError(data, name) : NULL;  /* borrowed */
+    int rc = record == NULL && PyErr_Occurred() ? -1 : 0;
+    if (record != NULL && Py_TYPE(record) == (PyTypeObject *)self->text_fields) {
+        PyObject *slots = PyDict_GetItemWithError(record, self->pname);
+        if (slots == NULL && !PyErr_Occurred()) {
+            PyObject *fresh = PyList_New(1);
+            if (fresh != NULL) PyList_SET_ITEM(fresh, 0, Py_NewRef(Py_None));
+            rc = fresh == NULL ? -1 : PyDict_SetItem(record, self->pname, fresh);
+            Py_XDECREF(fresh);
+        } else if (slots == NULL) {
+            rc = -1;
+        }
+    }
+    Py_DECREF(data);
+    return rc;
+}
 
 static PyObject *pg_call(ParamGradObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
@@ -728,7 +799,7 @@ static PyObject *pg_call(ParamGradObject *self, PyObject *const *args, size_t na
     if (text != NULL) {
         PyObject *a[8] = {rec, name, self->pname, PyTuple_GET_ITEM(l0_no_sizes, 0), text, self->fields, self->count,
                           Py_False};
-        r = PyObject_VectorcallMethod(l0_attr[A_PUT_TEXT_FIELD], a, 8 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        r = pg_slot(self, rec, name) < 0 ? NULL : PyObject_VectorcallMethod(l0_attr[A_PUT_TEXT_FIELD], a, 8 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
         Py_DECREF(text);
         if (r != NULL && PyObject_IsTrue(r)) {
             Py_DECREF(r);
@@ -737,7 +808,8 @@ static PyObject *pg_call(ParamGradObject *self, PyObject *const *args, size_t na
     }
     int ok = r != NULL || l0_report_to(g->records, name) == 0;
     Py_XDECREF(r);
-    if (g_depth(g, -1) == 0 && ok) result = Py_NewRef(Py_None);
+    if (!ok) l0_undepth_raised(g->tls);
+    else if (g_depth(g, -1) == 0) result = Py_NewRef(Py_None);
 done:
     Py_XDECREF(rec); Py_XDECREF(state); Py_XDECREF(recorded); Py_XDECREF(counters); Py_XDECREF(name);
     return result;
@@ -745,24 +817,29 @@ done:
 
 static PyObject *pg_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     static char *kw[] = {"records", "service", "grad_text", "grad_enabled", "mode_enabled", "tls", "base", "pname",
-                         "count", "fallback", "fields", NULL};
-    PyObject *a[11];
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO!OOOUUO!OO:ParamGrad", kw, &a[0], &a[1], &GradTextType, &a[2],
-                                     &a[3], &a[4], &a[5], &a[6], &a[7], &PyLong_Type, &a[8], &a[9], &a[10]))
+                         "count", "fallback", "fields", "text_fields", NULL};
+    PyObject *a[12];
+    a[11] = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO!OOOUUO!OO|O:ParamGrad", kw, &a[0], &a[1], &GradTextType, &a[2],
+                                     &a[3], &a[4], &a[5], &a[6], &a[7], &PyLong_Type, &a[8], &a[9], &a[10], &a[11]))
         return NULL;
+    if (a[11] != Py_None && !PyType_Check(a[11])) {
+        PyErr_SetString(PyExc_TypeError, "text_fields must be a type or None");
+        return NULL;
+    }
     ParamGradObject *self = (ParamGradObject *)type->tp_alloc(type, 0);
     if (self == NULL) return NULL;
     PyObject **slots[] = {&self->head.records, &self->head.service, &self->head.grad_text, &self->head.grad_enabled,
                           &self->head.mode_enabled, &self->head.tls, &self->base, &self->pname, &self->count,
-                          &self->fallback, &self->fields};
-    for (int i = 0; i < 11; i++) *slots[i] = Py_NewRef(a[i]);
+                          &self->fallback, &self->fields, &self->text_fields};
+    for (int i = 0; i < 12; i++) *slots[i] = Py_NewRef(a[i]);
     self->key = PyUnicode_FromFormat("%U#%U", self->base, self->pname);
     if (self->key == NULL) { Py_DECREF(self); return NULL; }
     self->vectorcall = (vectorcallfunc)pg_call;
     return (PyObject *)self;
 }
 
-#define PG_OBJECTS(X) X(base) X(pname) X(count) X(key) X(fallback) X(fields)
+#define PG_OBJECTS(X) X(base) X(pname) X(count) X(key) X(fallback) X(fields) X(text_fields)
 #define PG_VISIT(f) Py_VISIT(self->f);
 #define PG_CLEAR(f) Py_CLEAR(self->f);
 static int pg_traverse(ParamGradObject *self, visitproc visit, void *arg) {
