@@ -13,6 +13,7 @@
  *                           route; an input or output the C text does not read takes the Python route.
  *   ApiGrad(records, service, text, field, fields, construct, no_parent, grad_enabled, dumping_thread_of,
  *           tf_off, tf_on)
+ *   NodeEdges               the hook of a call's node whose inputs' edges start there (made by ag_record)
  *     (context, index, grad) -> None: ``CallRecords.on_grad(*context[:1], field, index, *context[1:], grad)`` of
  *                           a gradient whose text the kernel makes at once (``_put_grad_text``); anything else
  *                           (autograd recording the backward, another thread, a summary not known at once)
@@ -30,6 +31,8 @@ static const char *const AG_NAMES[AS_N] = {"bwd_sizes", "slots", "begin", "leaf"
     "_sequence_nr", "requires_grad", "register_hook", "on_grad", "put_text_field", "_sync", "_error", "get",
     ".backward", ".forward"};
 static PyObject *ag_no_sizes;  /* (0, 0) */
+#define AGR_VISIT(f) Py_VISIT(self->f);
+#define AGR_CLEAR(f) Py_CLEAR(self->f);
 
 /* sizes[backward] = (first, second), each given or (when NULL) kept from the old entry (``_NO_SIZES`` without
  * one): 0, -1 with an error. */
@@ -68,9 +71,134 @@ static long long ag_long(PyObject *obj, int a, int call) {
     return r;
 }
 
-/* ``capture``'s usual case in C: the call's one node sends one edge to one input (its hook from ``OwnGrads``'
- * table, made once per call site). 1 done, 0 another shape (nothing done: ``capture`` takes it), -1 an error. */
-static int ag_single_edge(PyObject **g, PyObject *edges, PyObject *outs, PyObject *context) {
+/* ------------------------------------------------------------------------------------------ NodeEdges
+ * The post hook of one node of a call whose every input's edges all start at one node, one edge each
+ * (``backward_capture._OwnGrads`` / ``_NodeHook`` when no sum is needed: ``F.linear``'s two nodes):
+ *   (grad_inputs, grad_outputs) -> None: report(context, index, grad_inputs[edge]) for each (indices, edge) of
+ *   ``pairs`` whose gradient is defined (each index of a tuple of indices), the first error to fail(context, exc). */
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *report, *fail, *context, *pairs;
+} NodeEdgesObject;
+
+static PyObject *ne_report(NodeEdgesObject *self, PyObject *grads) {
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(self->pairs); i++) {
+        PyObject *pair = PyTuple_GET_ITEM(self->pairs, i), *indices = PyTuple_GET_ITEM(pair, 0);
+        PyObject *grad = PySequence_GetItem(grads, PyLong_AsSsize_t(PyTuple_GET_ITEM(pair, 1)));
+        if (grad == NULL) return NULL;
+        int many = PyTuple_Check(indices);
+        Py_ssize_t n = grad == Py_None ? 0 : many ? PyTuple_GET_SIZE(indices) : 1;
+        for (Py_ssize_t k = 0; k < n; k++) {
+            PyObject *a[3] = {self->context, many ? PyTuple_GET_ITEM(indices, k) : indices, grad};
+            PyObject *r = PyObject_Vectorcall(self->report, a, 3, NULL);
+            if (r == NULL) { Py_DECREF(grad); return NULL; }
+            Py_DECREF(r);
+        }
+        Py_DECREF(grad);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *ne_call(NodeEdgesObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    if (PyVectorcall_NARGS(nargsf) != 2 || kwnames != NULL) {
+        PyErr_SetString(PyExc_TypeError, "NodeEdges takes (grad_inputs, grad_outputs)");
+        return NULL;
+    }
+    PyObject *r = ne_report(self, args[0]);
+    if (r != NULL || !PyErr_ExceptionMatches(PyExc_Exception)) return r;
+    PyObject *type, *value, *tb;  /* the tool never breaks the user's backward */
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (tb != NULL && value != NULL) PyException_SetTraceback(value, tb);
+    PyObject *fa[2] = {self->context, value ? value : Py_None};
+    r = PyObject_Vectorcall(self->fail, fa, 2, NULL);
+    Py_XDECREF(type); Py_XDECREF(value); Py_XDECREF(tb);
+    if (r == NULL) return NULL;
+    Py_DECREF(r);
+    Py_RETURN_NONE;
+}
+
+#define NE_OBJECTS(X) X(report) X(fail) X(context) X(pairs)
+static int ne_traverse(NodeEdgesObject *self, visitproc visit, void *arg) { NE_OBJECTS(AGR_VISIT) return 0; }
+static int ne_clear(NodeEdgesObject *self) { NE_OBJECTS(AGR_CLEAR) return 0; }
+static void ne_dealloc(NodeEdgesObject *self) {
+    PyObject_GC_UnTrack(self);
+    ne_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyTypeObject NodeEdgesType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "msprobe_core.stats._fast_stats.NodeEdges",
+    .tp_basicsize = sizeof(NodeEdgesObject),
+    .tp_vectorcall_offset = offsetof(NodeEdgesObject, vectorcall),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "the post hook of a call's node whose inputs' edges all start there (see _fast_gradapi.c)",
+    .tp_call = PyVectorcall_Call,
+    .tp_dealloc = (destructor)ne_dealloc,
+    .tp_traverse = (traverseproc)ne_traverse,
+    .tp_clear = (inquiry)ne_clear,
+};
+
+/* A NodeEdges hook for the node's hits ``((key, (edge,)), ...)`` (``slots``: key -> indices), or Py_None when an
+ * input's edges do not all start at this node, one each (``counts``: key -> its edges in the call). */
+static PyObject *ne_make(PyObject **g, PyObject *context, PyObject *node_hits, PyObject *slots, PyObject *counts) {
+    Py_ssize_t n = PyTuple_GET_SIZE(node_hits);
+    PyObject *pairs = PyTuple_New(n);
+    if (pairs == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *key_edges = PyTuple_GET_ITEM(node_hits, i), *key = PyTuple_GET_ITEM(key_edges, 0);
+        PyObject *edge_list = PyTuple_GET_ITEM(key_edges, 1);
+        PyObject *indices = PyDict_GetItemWithError(slots, key), *count = PyDict_GetItemWithError(counts, key);
+        if (indices == NULL || count == NULL || PyTuple_GET_SIZE(edge_list) != 1 || PyLong_AsLong(count) != 1) {
+            Py_DECREF(pairs);
+            if (PyErr_Occurred()) return NULL;
+            Py_RETURN_NONE;
+        }
+        PyObject *pair = PyTuple_Pack(2, indices, PyTuple_GET_ITEM(edge_list, 0));
+        if (pair == NULL) { Py_DECREF(pairs); return NULL; }
+        PyTuple_SET_ITEM(pairs, i, pair);
+    }
+    NodeEdgesObject *self = PyObject_GC_New(NodeEdgesObject, &NodeEdgesType);
+    if (self == NULL) { Py_DECREF(pairs); return NULL; }
+    self->report = Py_NewRef(g[G_REPORT_OUT]);
+    self->fail = Py_NewRef(g[G_FAIL]);
+    self->context = Py_NewRef(context);
+    self->pairs = pairs;
+    self->vectorcall = (vectorcallfunc)ne_call;
+    PyObject_GC_Track(self);
+    return (PyObject *)self;
+}
+
+/* Each node of ``hits`` hooked by its NodeEdges, in order: 1 done, 0 a node that needs sums (nothing done:
+ * ``capture`` takes the call), -1 an error. */
+static int ne_hook_all(PyObject **g, PyObject *context, PyObject *hits, PyObject *slots, PyObject *counts) {
+    Py_ssize_t n = PyList_GET_SIZE(hits);
+    PyObject *made = PyList_New(n);
+    if (made == NULL) return -1;
+    int rc = 1;
+    for (Py_ssize_t i = 0; i < n && rc == 1; i++) {
+        PyObject *hook = ne_make(g, context, PyTuple_GET_ITEM(PyList_GET_ITEM(hits, i), 1), slots, counts);
+        if (hook == NULL) rc = -1;
+        else if (hook == Py_None) { Py_DECREF(hook); rc = 0; }
+        else PyList_SET_ITEM(made, i, hook);
+    }
+    for (Py_ssize_t i = 0; i < n && rc == 1; i++) {
+        PyObject *node = PyTuple_GET_ITEM(PyList_GET_ITEM(hits, i), 0);
+        PyObject *handle = PyObject_CallMethodOneArg(node, ag_s[AS_REGISTER_HOOK], PyList_GET_ITEM(made, i));
+        PyObject *r = handle == NULL ? NULL : PyObject_CallOneArg(g[G_KEEP], handle);
+        if (r == NULL) rc = -1;
+        Py_XDECREF(handle); Py_XDECREF(r);
+    }
+    Py_DECREF(made);
+    return rc;
+}
+
+/* ``capture`` in C where no gradient needs a sum: the call's one node sends one edge to one input (its hook from
+ * ``OwnGrads``' table, made once per call site), or each input's one edge starts at one of the call's nodes
+ * (``NodeEdges``). 1 done, 0 another shape (nothing done: ``capture`` takes it), -1 an error. */
+static int ag_own_edges(PyObject **g, PyObject *edges, PyObject *outs, PyObject *context) {
     if (g[G_OWN] == Py_None) return 0;
     PyObject *slots = PyObject_GetAttr(edges, ag_s[AS_SLOTS]), *end = NULL, *roots = NULL, *walked = NULL;
     PyObject *skip = NULL, *b = NULL, *leaf = NULL;
@@ -112,9 +240,11 @@ static int ag_single_edge(PyObject **g, PyObject *edges, PyObject *outs, PyObjec
     PyObject *hits = PyTuple_GET_ITEM(walked, 0);
     rc = 0;
     if (PyList_GET_SIZE(hits) == 0) { rc = 1; goto done; }  /* nothing of the call sends to its inputs */
-    if (PyList_GET_SIZE(hits) != 1) goto done;
     PyObject *hit = PyList_GET_ITEM(hits, 0), *node_hits = PyTuple_GET_ITEM(hit, 1);
-    if (PyTuple_GET_SIZE(node_hits) != 1) goto done;
+    if (PyList_GET_SIZE(hits) != 1 || PyTuple_GET_SIZE(node_hits) != 1) {  /* several inputs or nodes */
+        rc = ne_hook_all(g, context, hits, slots, PyTuple_GET_ITEM(walked, 1));
+        goto done;
+    }
     PyObject *key_edges = PyTuple_GET_ITEM(node_hits, 0), *edge_list = PyTuple_GET_ITEM(key_edges, 1);
     PyObject *slot = PyDict_GetItemWithError(slots, PyTuple_GET_ITEM(key_edges, 0));
     if (slot == NULL) { rc = PyErr_Occurred() ? -1 : 0; goto done; }
@@ -167,7 +297,7 @@ static int ag_hooks(PyObject **g, PyObject *records, PyObject *backward, PyObjec
         }
     }
     if (edges != Py_None) {
-        int done = ag_single_edge(g, edges, outs, context);
+        int done = ag_own_edges(g, edges, outs, context);
         if (done < 0) goto done;
         if (!done) {  /* another shape of graph: ``capture`` */
             PyObject *a[10] = {edges, outs, g[G_REPORT_OUT], g[G_FAIL], context, g[G_KEEP], Py_None, Py_None,
@@ -382,8 +512,6 @@ done:
 
 #define AGR_OBJECTS(X) X(records) X(service) X(text) X(field) X(fields) X(no_parent) X(grad_enabled) X(tls) X(tf_off) \
                        X(tf_on)
-#define AGR_VISIT(f) Py_VISIT(self->f);
-#define AGR_CLEAR(f) Py_CLEAR(self->f);
 
 static PyObject *agr_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     static char *kw[] = {"records", "service", "text", "field", "fields", "construct", "no_parent", "grad_enabled",
@@ -430,7 +558,7 @@ static int add_grad_api(PyObject *m) {
     for (int i = 0; i < AS_N; i++)
         if (ag_s[i] == NULL && (ag_s[i] = PyUnicode_InternFromString(AG_NAMES[i])) == NULL) return -1;
     if (ag_no_sizes == NULL && (ag_no_sizes = Py_BuildValue("(ii)", 0, 0)) == NULL) return -1;
-    if (PyType_Ready(&ApiGradType) < 0) return -1;
+    if (PyType_Ready(&ApiGradType) < 0 || PyType_Ready(&NodeEdgesType) < 0) return -1;
     Py_INCREF(&ApiGradType);
     if (PyModule_AddObject(m, "ApiGrad", (PyObject *)&ApiGradType) < 0) { Py_DECREF(&ApiGradType); return -1; }
     return 0;
