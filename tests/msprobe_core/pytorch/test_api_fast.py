@@ -353,3 +353,33 @@ def test_a_failing_gradient_record_never_breaks_the_backward(tmp_path, monkeypat
     assert torch.equal(got, want)
     log = next(tmp_path.rglob("dump_error_info.log")).read_text()
     assert "Functional.gelu.0.backward" in log and "journal full" in log
+
+
+@needs_grad_route
+def test_calls_with_autograd_on_leak_nothing(tmp_path):
+    """3,000 recorded calls with autograd on and their backward records: the process's memory stays flat (what
+    grows is the hooks kept for reuse by call site, bounded)."""
+    import gc
+    import tracemalloc
+    dbg = PrecisionDebugger({"dump_path": str(tmp_path), "level": "L1", "task": "structure"})
+    w = torch.ones(2, 2, requires_grad=True)
+
+    def steps(n: int) -> None:
+        for _ in range(n):
+            dbg.start()
+            h = torch.ones(1, 2, requires_grad=True)
+            for _ in range(50):
+                h = torch.nn.functional.gelu(torch.nn.functional.linear(h, w))
+            h.sum().backward()
+            dbg.stop()
+            dbg.step()
+
+    steps(5)
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    steps(30)
+    gc.collect()
+    grown = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    assert grown < 500_000, grown
