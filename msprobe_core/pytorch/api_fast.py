@@ -8,10 +8,12 @@ both kept. Per API, the record's ``{prefix}.{api}`` key is made once; collective
 record shows what they wrote) and the APIs whose output only rearranges their input (``same_values``, whose
 statistics are shared) keep the usual route.
 
-A call takes the route when it is recorded and autograd is off; its record is then exactly what
-``CallRecords.on_api_call`` writes (the same text, stack, parent and journal frame). Anything else (autograd
-on, Dynamo tracing, an argument or output the C text does not read, an error) goes through
-``on_api_call`` as before.
+A call takes the route when it is recorded; its record is then exactly what ``CallRecords.on_api_call``
+writes (the same text, stack, parent and journal frame). With autograd on, the C route also sets up its
+backward record as ``on_api_call`` does (sizes, output gradient hooks, the call's own nodes hooked; its
+gradients by the C ``ApiGrad``: ``stats/_fast_gradapi.c``); without ``ApiGrad``, and in the Python route, such
+calls go through ``on_api_call``. Anything else (Dynamo tracing, an argument or output the C text does not
+read, an error) goes through ``on_api_call`` as before.
 
 Each API of the route gets, when the plan is built, one call object holding what its calls need (``call``):
 the compiled ``ApiCall`` (``stats/_fast_api.c``: gates, inputs' text, name, stack, parent, the original, the
