@@ -37,7 +37,7 @@ _INPUT_FLAGS = "#flags"   # overflow_check: whether each input held Inf/NaN when
 _NO_SIZES = (0, 0)
 
 
-def _backward_fields(sizes: Optional[tuple[int, int]]) -> TextFields:
+def backward_fields(sizes: Optional[tuple[int, int]]) -> TextFields:
     """``_backward_skeleton`` for gradients given as text: complete once each of its slots is set (never
     without ``sizes``)."""
     return TextFields(_backward_skeleton(sizes), sum(sizes) if sizes is not None else -1)
@@ -330,7 +330,7 @@ class CallRecords:
         if rec is None or grad is None:
             return None
         if self._grads_as_text and not save and self._put_grad_text(
-                rec, backward, field, index, grad, _backward_fields, self.step_state.bwd_sizes.get(backward),
+                rec, backward, field, index, grad, backward_fields, self.step_state.bwd_sizes.get(backward),
                 parent if self._construct else NO_PARENT, True):
             return None
         with self._own(backward), self._quiet():

@@ -8,10 +8,12 @@ both kept. Per API, the record's ``{prefix}.{api}`` key is made once; collective
 record shows what they wrote) and the APIs whose output only rearranges their input (``same_values``, whose
 statistics are shared) keep the usual route.
 
-A call takes the route when it is recorded and autograd is off; its record is then exactly what
-``CallRecords.on_api_call`` writes (the same text, stack, parent and journal frame). Anything else (autograd
-on, Dynamo tracing, an argument or output the C text does not read, an error) goes through
-``on_api_call`` as before.
+A call takes the route when it is recorded; its record is then exactly what ``CallRecords.on_api_call``
+writes (the same text, stack, parent and journal frame). With autograd on, the C route also sets up its
+backward record as ``on_api_call`` does (sizes, output gradient hooks, the call's own nodes hooked; its
+gradients by the C ``ApiGrad``: ``stats/_fast_gradapi.c``); without ``ApiGrad``, and in the Python route, such
+calls go through ``on_api_call``. Anything else (Dynamo tracing, an argument or output the C text does not
+read, an error) goes through ``on_api_call`` as before.
 
 Each API of the route gets, when the plan is built, one call object holding what its calls need (``call``):
 the compiled ``ApiCall`` (``stats/_fast_api.c``: gates, inputs' text, name, stack, parent, the original, the
@@ -29,7 +31,9 @@ import torch
 
 from msprobe_core.dump.api_wrap import next_call
 from msprobe_core.dump.call import Call
+from msprobe_core.dump.call_records import backward_fields
 from msprobe_core.files.step_recorder import NO_PARENT
+from msprobe_core.pytorch.backward_capture import ACCUMULATE_GRAD, InputEdges, capture, usual_capture
 from msprobe_core.stats.kernel import KERNEL
 
 
@@ -44,6 +48,9 @@ _stack_pop = torch._C._pop_torch_function_stack
 _stack_push = torch._C._push_on_torch_function_stack
 _ApiCall = getattr(KERNEL, "ApiCall", None)
 """The route's call in C (``stats/_fast_api.c``); None without the extension (the same steps in Python)."""
+_ApiGrad = getattr(KERNEL, "ApiGrad", None)
+"""A backward record's gradient in C (``stats/_fast_gradapi.c``); None: calls with autograd on take ``on_api_call``."""
+_sequence_nr = torch._C._autograd._get_sequence_nr
 
 
 class FastApi:
@@ -88,9 +95,34 @@ class FastApi:
         svc = self.service
         records = svc.records
         guard = _no_torch_function()  # one guard for every call: only the dumping thread enters it, never nested
+        end_dict = partial(_end_as_dict, svc)
         return (svc, svc._tls, records, records._fast_text, svc.patcher, self._capture(), svc.stacks.interned,
-                records._construct, NO_PARENT, svc._on_api_call, partial(_end_as_dict, svc), _graph_task_id,
-                _is_grad_enabled, guard.__enter__, guard.__exit__, _stack_len, _stack_pop, _stack_push)
+                records._construct, NO_PARENT, svc._on_api_call, end_dict, _graph_task_id,
+                _is_grad_enabled, guard.__enter__, guard.__exit__, _stack_len, _stack_pop, _stack_push,
+                self._grad_env(guard, end_dict))
+
+    def _grad_env(self, guard: Any, end_dict: Callable) -> Optional[tuple]:
+        """What a call with autograd on reads in C (``_fast_gradapi.c``'s G_* order: ``on_api_call``'s
+        ``_begin_record``, ``_hook_outputs`` and ``_hook_own_grads``, their gradients by ``ApiGrad``); None
+        without ``ApiGrad`` (``on_api_call`` takes those calls)."""
+        if _ApiGrad is None:
+            return None
+        svc = self.service
+        records = svc.records
+
+        def report(field: str) -> Callable:
+            return _ApiGrad(records=records, service=svc, text=records._fast_text, field=field,
+                            fields=backward_fields, construct=records._construct, no_parent=NO_PARENT,
+                            grad_enabled=_is_grad_enabled, tls=svc._tls, tf_off=guard.__enter__,
+                            tf_on=guard.__exit__)
+
+        report_in, report_out = report("input"), report("output")
+        hooks: dict = {}  # the hooks of calls with one edge to one input, reused step after step
+        own = usual_capture(capture, report_out, svc._on_own_grad_error, report_in, report_in, svc._keep_hook, hooks)
+        return (bool(records.selection.backward), records.selection.keeps("backward", "output"),
+                records._keep_grad_in, records._tensors_in, InputEdges.of, report_in, report_out, partial,
+                svc._hook_tensor_grad, capture, svc._on_own_grad_error, svc._keep_hook, hooks, own, _sequence_nr,
+                ACCUMULATE_GRAD, torch.Tensor, end_dict)
 
     def _capture(self) -> Optional[Callable[[], Any]]:
         """The caller's stack (frames of the toolkit left out), without a method call on the way; None
@@ -169,12 +201,14 @@ class FastApi:
 
 
 def _end_as_dict(svc: Any, key: str, name: str, n: int, head: str, rec: Any, stack: Any, parent: Any,
-                 out: Any) -> None:
+                 out: Any, edges: Any = None, grad: bool = False) -> None:
     """The end of a call on the route whose output the C text does not read: the usual end makes the record a
-    dict (its place in execution order taken now: nothing was recorded during the call)."""
+    dict (its place in execution order taken now: nothing was recorded during the call); ``grad``: autograd
+    recorded it and its backward is dumped (``edges``: its inputs' gradient edges, as ``_begin_record`` left them)."""
     call = Call(name, f"{key}.{n}.backward", rec.reserve(name, stack), head, False,
-                None if parent is NO_PARENT else parent)
+                None if parent is NO_PARENT else parent, grad)
     call.stack = stack
+    call.edges = edges
     svc._end(call, out)
 
 

@@ -43,7 +43,7 @@ import torch
 
 from msprobe_core.stats.kernel import KERNEL
 
-_ACCUMULATE_GRAD = torch._C._functions.AccumulateGrad
+ACCUMULATE_GRAD = torch._C._functions.AccumulateGrad  # the node type of a leaf's gradient edge
 _walk_fast = getattr(KERNEL, "walk", None)  # ``_walk`` in C (None: the kernel is not built or is off)
 _OwnGradsC = getattr(KERNEL, "OwnGrads", None)  # ``usual_capture``'s
 _sequence_nr = torch._C._autograd._get_sequence_nr
@@ -133,7 +133,7 @@ def capture(edges: InputEdges, outputs: list, report: Report, fail: Callable[[An
             passed.setdefault(key, t)
         elif fn is not t and begin <= fn._sequence_nr() < end:
             roots.append(fn)
-    hits, counts = _walk_fast(roots, slots, passed, begin, end, edges.leaf, _ACCUMULATE_GRAD) \
+    hits, counts = _walk_fast(roots, slots, passed, begin, end, edges.leaf, ACCUMULATE_GRAD) \
         if _walk_fast is not None else _walk(roots, slots, passed, begin, end, edges.leaf)
     out_nr = -1
     if out is not None:
@@ -172,7 +172,7 @@ def usual_capture(fallback: Callable[[Any, Any], None], report: Report, fail: Ca
     context given to the callbacks ``(call.backward, call.save, call.backward_parent())``."""
     if _OwnGradsC is None:
         return None
-    return _OwnGradsC(fallback=fallback, sequence_nr=_sequence_nr, accumulate_grad=_ACCUMULATE_GRAD, report=report,
+    return _OwnGradsC(fallback=fallback, sequence_nr=_sequence_nr, accumulate_grad=ACCUMULATE_GRAD, report=report,
                      fail=fail, report_output=report_output, report_both=report_both, keep=keep, hooks=hooks,
                      max_hooks=_MAX_HOOKS)
 
@@ -260,7 +260,7 @@ def _walk(roots: list, slots: dict[Key, Indices], skip: dict, begin: int, end: i
         for edge, (nxt, nr) in enumerate(node.next_functions):
             if nxt is None:
                 continue
-            if type(nxt) is _ACCUMULATE_GRAD:
+            if type(nxt) is ACCUMULATE_GRAD:
                 if not leaf_inputs:
                     continue
                 key = id(nxt.variable) << 32

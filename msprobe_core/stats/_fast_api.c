@@ -8,7 +8,8 @@
  *                                 once by ``FastApi``)
  *     (args, kwargs) -> original(*args, **kwargs), recorded as ``api_call`` records it: the gates (not
  *                       recording, the tool's own work or a backward pass: the original alone; another
- *                       thread: said once, the original alone; autograd on: ``on_api_call``), the inputs'
+ *                       thread: said once, the original alone; autograd on: ``ag_record`` of
+ *                       _fast_gradapi.c where ``env`` has its part, else ``on_api_call``), the inputs'
  *                       text, the counter and record name, stack and parent, the original with the operator
  *                       mode popped when it is the innermost mode (``ApiPatcher.call``), the output's text
  *                       and ``rec.put_text``; an input the text does not read goes to ``on_api_call``, an
@@ -21,14 +22,17 @@
 enum {
     ENV_SVC, ENV_TLS, ENV_RECORDS, ENV_RT, ENV_PATCHER, ENV_CAPTURE, ENV_INTERNED, ENV_CONSTRUCT, ENV_NO_PARENT,
     ENV_ON_API_CALL, ENV_END_DICT, ENV_GRAPH_TASK, ENV_GRAD_ENABLED, ENV_TF_OFF, ENV_TF_ON,
-    ENV_STACK_LEN, ENV_STACK_POP, ENV_STACK_PUSH, ENV_N
-};
+    ENV_STACK_LEN, ENV_STACK_POP, ENV_STACK_PUSH, ENV_GRAD, ENV_N
+};  /* ENV_GRAD: what a call with autograd on reads (_fast_gradapi.c's G_*), or None: ``on_api_call`` takes it */
 
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
     PyObject *original, *key, *env;
 } ApiCallObject;
+
+static PyObject *ag_record(ApiCallObject *self, PyObject **env, PyObject *local, PyObject *args, PyObject *kwargs);
+static int ag_valid(PyObject *grad);  /* (_fast_gradapi.c) */
 
 static PyObject *S_recording, *S_depth, *S_dumping_thread, *S_other_thread, *S_step_state, *S_counters,
     *S_recorder, *S_open_step, *S_module_stack, *S_mode, *S_dict, *S_reserve, *S_put_text, *S_error, *ZERO, *ONE,
@@ -349,8 +353,13 @@ static PyObject *ac_vectorcall(ApiCallObject *self, PyObject *const *argv, size_
     switch (ac_gate(env, &local)) {
     case 0: out = ac_plain(self->original, argv[0], argv[1]); break;
     case 1: out = ac_record(self, env, local, argv[0], argv[1]); break;
-    case 2: out = PyObject_CallFunctionObjArgs(env[ENV_ON_API_CALL], self->original, PyTuple_GET_ITEM(self->key, 1),
-                                               PyTuple_GET_ITEM(self->key, 2), argv[0], argv[1], NULL);
+    case 2:
+        if (env[ENV_GRAD] != Py_None) {
+            out = ag_record(self, env, local, argv[0], argv[1]);
+            break;
+        }
+        out = PyObject_CallFunctionObjArgs(env[ENV_ON_API_CALL], self->original, PyTuple_GET_ITEM(self->key, 1),
+                                           PyTuple_GET_ITEM(self->key, 2), argv[0], argv[1], NULL);
     }
     Py_XDECREF(local);
     return out;
@@ -366,7 +375,8 @@ static PyObject *ac_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     if (!PyArg_ParseTuple(args, "OO!O!:ApiCall", &original, &PyTuple_Type, &key, &PyTuple_Type, &env)) return NULL;
     if (PyTuple_GET_SIZE(key) != 3 || !PyUnicode_Check(PyTuple_GET_ITEM(key, 0)) || PyTuple_GET_SIZE(env) != ENV_N
         || !PyObject_TypeCheck(PyTuple_GET_ITEM(env, ENV_RT), &RecordTextType) || !PyCallable_Check(original)
-        || !PyDict_Check(PyTuple_GET_ITEM(env, ENV_INTERNED))) {
+        || !PyDict_Check(PyTuple_GET_ITEM(env, ENV_INTERNED))
+        || (PyTuple_GET_ITEM(env, ENV_GRAD) != Py_None && !ag_valid(PyTuple_GET_ITEM(env, ENV_GRAD)))) {
         PyErr_SetString(PyExc_TypeError, "ApiCall(original, (key, prefix, api), env): see _fast_api.c");
         return NULL;
     }

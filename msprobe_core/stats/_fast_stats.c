@@ -1447,6 +1447,7 @@ done:
 #include "_fast_api.c"
 #include "_fast_l0.c"
 #include "_fast_files.c"
+#include "_fast_gradapi.c"
 
 static PyMethodDef methods[] = {
     {"walk", (PyCFunction)(void (*)(void))walk, METH_FASTCALL,
@@ -1476,7 +1477,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fast_stats", "One-p
 
 PyMODINIT_FUNC PyInit__fast_stats(void) {
     PyObject *m = PyModule_Create(&module);
-    if (m != NULL && (add_record_text(m) < 0 || add_grad_text(m) < 0 || add_tensor_rows(m) < 0 || add_fast_monitor(m) < 0 || add_text_journal(m) < 0 || add_api_call(m) < 0 || add_module_hooks(m) < 0 || add_by_line(m) < 0))
+    if (m != NULL && (add_record_text(m) < 0 || add_grad_text(m) < 0 || add_tensor_rows(m) < 0 || add_fast_monitor(m) < 0 || add_text_journal(m) < 0 || add_api_call(m) < 0 || add_module_hooks(m) < 0 || add_by_line(m) < 0 || add_grad_api(m) < 0))
         Py_CLEAR(m);
     return m;
 }

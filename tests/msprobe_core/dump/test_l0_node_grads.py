@@ -214,6 +214,6 @@ def test_the_compiled_walk_finds_what_the_python_walk_finds():
         roots = [t.grad_fn for t in outs if t.grad_fn is not None]
         for skip in ({}, dict.fromkeys(list(edges.slots)[:1])):
             args = (roots, edges.slots, skip, edges.begin, end, edges.leaf)
-            assert backward_capture._walk_fast(*args, backward_capture._ACCUMULATE_GRAD) \
+            assert backward_capture._walk_fast(*args, backward_capture.ACCUMULATE_GRAD) \
                 == backward_capture._walk(*args)
             assert backward_capture._walk(*args)[0] or skip

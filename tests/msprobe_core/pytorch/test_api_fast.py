@@ -246,3 +246,140 @@ def test_the_operator_modes_pass_through_calls_what_it_does_not_record(tmp_path)
         dbg.step()
     data = json.loads(next(tmp_path.rglob("dump.json")).read_text())["data"]
     assert any(k.startswith("Tensor.__truediv__.0.forward") or k.startswith("Tensor.div.0.forward") for k in data)
+
+
+GRAD_SCRIPT = textwrap.dedent("""
+    import os, signal, torch
+    import torch.nn.functional as F
+    from torch import nn
+    from msprobe_core.pytorch import api_fast
+    if {route!r} == "usual":  # calls with autograd on through ``on_api_call`` (the no-grad ones stay in C)
+        api_fast._ApiGrad = None
+    from msprobe_core.pytorch import PrecisionDebugger
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.GELU(), nn.Linear(8, 6))
+    w = torch.randn(6, 6, requires_grad=True)
+    opt = torch.optim.AdamW(list(model.parameters()) + [w], lr=1e-3, foreach=False)
+    dbg = PrecisionDebugger({{"dump_path": {out!r}, "level": {level!r}, "task": "statistics"}})
+    for step in range(3):
+        dbg.start(model)
+        x = torch.randn(4, 8, requires_grad=True)
+        h = model(x)
+        h = F.linear(h, w, bias=None)                   # a keyword argument
+        h = F.gelu(h, approximate="tanh")
+        a, b = torch.chunk(h, 2, dim=1)                 # a tuple output (one node, two outputs)
+        top = torch.max(h, dim=1)                       # values and indices (one requires grad)
+        y = h * 2
+        y.add_(1)                                       # in place, with autograd on
+        twice = h + h                                   # one input taken twice
+        n = h.sum().item()                              # a number as output
+        lo = torch.ones(4, 3, dtype=torch.float16, requires_grad=True)
+        z = lo.float().mul(2)                           # a half input (the kernel's text or the usual record)
+        c = torch.view_as_complex(torch.randn(4, 3, 2, requires_grad=True)).abs()  # complex: the usual route
+        try:
+            torch.matmul(h, torch.ones(3, 3))           # raises with autograd on
+        except RuntimeError:
+            pass
+        with torch.no_grad():
+            h.mul(2)                                    # no_grad inside the step
+        loss = a.sum() + b.mean() + top.values.sum() + y.sum() + twice.sum() + z.sum() + c.sum()
+        opt.zero_grad()
+        loss.backward(retain_graph=True)
+        loss.backward()                                 # a second backward on the same records
+        opt.step()
+        if step == 1 and {kill}:
+            os.kill(os.getpid(), signal.SIGKILL)        # mid-step, after the backward records
+        dbg.stop()
+        dbg.step()
+""")
+
+
+def _grad_run(out: Path, level: str, route: str, kill: bool = False) -> subprocess.CompletedProcess:
+    """GRAD_SCRIPT with calls made with autograd on in C (``c``) or through ``on_api_call`` (``usual``)."""
+    return run_script(GRAD_SCRIPT.format(out=str(out), level=level, route=route, kill=kill), out)
+
+
+needs_grad_route = pytest.mark.skipif(api_fast._ApiGrad is None, reason="the extension has no ApiGrad")
+
+
+@needs_grad_route
+@pytest.mark.parametrize("level", ["L1", "mix"])
+def test_calls_with_autograd_on_write_what_the_usual_route_writes(tmp_path, level):
+    outs = run_each(tmp_path, ("c", "usual"), lambda out, route: _grad_run(out, level, route))
+    for step in range(3):
+        assert_same_files(step_dir(outs["c"], step), step_dir(outs["usual"], step), step)
+    data = json.loads((step_dir(outs["c"], 1) / "dump.json").read_text())["data"]
+    for name in ("Functional.linear.2.backward", "Functional.gelu.1.backward", "Torch.chunk.0.backward",
+                 "Tensor.add_.0.backward", "Torch.max.0.backward", "Tensor.__add__.0.backward"):
+        assert name in data, name
+    assert len(data["Functional.gelu.1.backward"]["input"]) == 1 and len(data["Torch.chunk.0.backward"]["input"]) == 2
+
+
+@needs_grad_route
+def test_a_killed_process_keeps_the_records_of_calls_with_autograd_on(tmp_path):
+    killed_out, full_out = tmp_path / "killed" / "dump", tmp_path / "full" / "dump"
+    for out in (killed_out, full_out):
+        out.parent.mkdir()
+    recovered, got, want = recovered_step(_grad_run(killed_out, "mix", "c", kill=True), killed_out,
+                                          _grad_run(full_out, "mix", "c"), full_out, 1)
+    assert "Functional.gelu.1.backward" in recovered["data"]
+
+
+@needs_grad_route
+def test_a_failing_gradient_record_never_breaks_the_backward(tmp_path, monkeypatch):
+    """An error in the C gradient record goes to dump_error_info.log; the gradients are the same."""
+    from msprobe_core.common.tool_guard import TOOL
+    from msprobe_core.files.step_recorder import StepRecorder
+
+    def broken(*args, **kwargs):
+        raise OSError("journal full")
+
+    made = StepRecorder.__init__
+
+    def recorder_with_a_full_journal(self, *args, **kwargs):
+        made(self, *args, **kwargs)
+        self.put_text_field = broken
+
+    monkeypatch.setattr(StepRecorder, "__init__", recorder_with_a_full_journal)
+    x = torch.randn(3, 4, requires_grad=True)
+    want = torch.autograd.grad(torch.nn.functional.gelu(x).sum(), x)[0]
+    dbg = PrecisionDebugger({"dump_path": str(tmp_path), "level": "L1", "task": "statistics"})
+    dbg.start()
+    try:
+        got = torch.autograd.grad(torch.nn.functional.gelu(x).sum(), x)[0]
+        assert TOOL.depth == 0
+    finally:
+        dbg.stop()
+    assert torch.equal(got, want)
+    log = next(tmp_path.rglob("dump_error_info.log")).read_text()
+    assert "Functional.gelu.0.backward" in log and "journal full" in log
+
+
+@needs_grad_route
+def test_calls_with_autograd_on_leak_nothing(tmp_path):
+    """3,000 recorded calls with autograd on and their backward records: the process's memory stays flat (what
+    grows is the hooks kept for reuse by call site, bounded)."""
+    import gc
+    import tracemalloc
+    dbg = PrecisionDebugger({"dump_path": str(tmp_path), "level": "L1", "task": "structure"})
+    w = torch.ones(2, 2, requires_grad=True)
+
+    def steps(n: int) -> None:
+        for _ in range(n):
+            dbg.start()
+            h = torch.ones(1, 2, requires_grad=True)
+            for _ in range(50):
+                h = torch.nn.functional.gelu(torch.nn.functional.linear(h, w))
+            h.sum().backward()
+            dbg.stop()
+            dbg.step()
+
+    steps(5)
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    steps(30)
+    gc.collect()
+    grown = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    assert grown < 500_000, grown
