@@ -37,6 +37,7 @@ from msprobe_core.monitor.records import MetricRow, stage_of
 from msprobe_core.monitor.step_rows import RowLayout, StepRows
 from msprobe_core.monitor.stats import RAW_WIDTH, StatsEngine
 from msprobe_core.pytorch.native_shards import local_view
+from msprobe_core.stats.kernel import KERNEL
 
 Slot = Union[int, "tuple[torch.device, int]"]
 """Where a computed row is: an index into the step's host rows, or (device, row of that device's blocks)."""
@@ -46,6 +47,7 @@ _get_num_threads = torch.get_num_threads
 _FIELDS = len(MetricRow._fields) - 1  # an entry: MetricRow's fields less call_id
 _SLOT = 5  # where an entry's slot (in place of MetricRow.values) is
 _ROW_BYTES = RAW_WIDTH * 8  # a host row in StepCollector._raw
+_state_rows = getattr(KERNEL, "state_rows", None)
 
 
 def is_float_tensor(x: object) -> bool:
@@ -180,7 +182,13 @@ class StepCollector:
 
     def record_columns(self, kind: str, names: Sequence[str], modules: Sequence[str],
                        tensors: Sequence[torch.Tensor], micro_step: int | None = None) -> None:
-        """``record`` of the triples ``zip(names, modules, tensors)``."""
+        """``record`` of the triples ``zip(names, modules, tensors)``: plain CPU tensors the kernel reads, all of
+        them, in one kernel call (``state_rows``: rows and entries as below, no Python round per tensor)."""
+        rows = self.engine.tensor_rows
+        if (rows is not None and _state_rows is not None
+                and _state_rows(rows, self._raw, self._entries, kind, names, modules, tensors, micro_step,
+                                self.engine.count_eps, _get_num_threads())):
+            return
         numels = [t.numel() for t in tensors]
         if 0 in numels:
             keep = list(map(bool, numels))
