@@ -182,12 +182,8 @@ class StepCollector:
 
     def record_columns(self, kind: str, names: Sequence[str], modules: Sequence[str],
                        tensors: Sequence[torch.Tensor], micro_step: int | None = None) -> None:
-        """``record`` of the triples ``zip(names, modules, tensors)``: plain CPU tensors the kernel reads, all of
-        them, in one kernel call (``state_rows``: rows and entries as below, no Python round per tensor)."""
-        rows = self.engine.tensor_rows
-        if (rows is not None and _state_rows is not None
-                and _state_rows(rows, self._raw, self._entries, kind, names, modules, tensors, micro_step,
-                                self.engine.count_eps, _get_num_threads())):
+        """``record`` of the triples ``zip(names, modules, tensors)``."""
+        if self.record_plain(kind, names, modules, tensors, micro_step):
             return
         numels = [t.numel() for t in tensors]
         if 0 in numels:
@@ -196,6 +192,16 @@ class StepCollector:
                                                for column in (names, modules, tensors, numels))
         if numels:
             self.add_entries(kind, names, modules, micro_step, numels, self.compute(tensors))
+
+    def record_plain(self, kind: str, names: Sequence[str], modules: Sequence[str], tensors: Sequence[object],
+                     micro_step: int | None = None) -> bool:
+        """``record_columns`` where every one of ``tensors`` is a non-empty plain CPU tensor the kernel reads: one
+        kernel call (``state_rows``: the same rows and entries, no Python round per tensor); False, with nothing
+        recorded, where one is not (or without the kernel)."""
+        rows = self.engine.tensor_rows
+        return bool(rows is not None and _state_rows is not None
+                    and _state_rows(rows, self._raw, self._entries, kind, names, modules, tensors, micro_step,
+                                    self.engine.count_eps, _get_num_threads()))
 
     def _values(self, slots: Sequence[Slot], take: np.ndarray | None = None) -> np.ndarray:
         """The values of the rows at ``slots``, ``[rows, ops]`` float64 (each rounded to float32): the host rows
