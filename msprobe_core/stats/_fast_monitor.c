@@ -661,6 +661,7 @@ static PyObject *mon_state_rows(PyObject *module, PyObject *const *args, Py_ssiz
     int count = eps >= 0;
     if (!count) eps = 0.0;
     PyObject *names = NULL, *modules = NULL, *ts = NULL, *added = NULL, *ret = NULL;
+    Py_ssize_t first = 0, row_bytes = ROW_WIDTH * (Py_ssize_t)sizeof(double);
     void **p = NULL;
     Py_ssize_t *n = NULL;
     long *code = NULL;
@@ -690,38 +691,34 @@ static PyObject *mon_state_rows(PyObject *module, PyObject *const *args, Py_ssiz
             goto done;
         }
     }
-    /* the entries first (nothing appended to raw yet): the rows' indices are known before they are made */
-    Py_ssize_t first = PyByteArray_GET_SIZE(raw) / (ROW_WIDTH * (Py_ssize_t)sizeof(double));
-    if ((added = PyList_New(8 * m)) == NULL) goto done;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < m; i++) reduce_row(p[i], n[i], code[i], eps, count, threads, rows + ROW_WIDTH * i);
+    Py_END_ALLOW_THREADS
+    if (grow_rows(raw, m, &first) < 0) goto done;
+    memcpy((double *)PyByteArray_AS_STRING(raw) + first * ROW_WIDTH, rows, (size_t)m * ROW_WIDTH * sizeof(double));
+    if ((added = PyList_New(8 * m)) == NULL) goto undo;
     for (Py_ssize_t i = 0; i < m; i++) {
         PyObject *numel = PyLong_FromSsize_t(n[i]), *slot = PyLong_FromSsize_t(first + i);
         if (numel == NULL || slot == NULL) {
             Py_XDECREF(numel);
             Py_XDECREF(slot);
-            goto done;
+            goto undo;
         }
         PyObject *items[8] = {Py_NewRef(kind), Py_NewRef(PySequence_Fast_GET_ITEM(names, i)),
                               Py_NewRef(PySequence_Fast_GET_ITEM(modules, i)), Py_NewRef(micro), numel, slot,
                               Py_NewRef(Py_False), Py_NewRef(Py_False)};
         for (int j = 0; j < 8; j++) PyList_SET_ITEM(added, 8 * i + j, items[j]);
     }
-    Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < m; i++) reduce_row(p[i], n[i], code[i], eps, count, threads, rows + ROW_WIDTH * i);
-    Py_END_ALLOW_THREADS
-    Py_ssize_t at;
-    if (grow_rows(raw, m, &at) < 0) goto done;
-    if (at != first) {  /* raw changed while the GIL was released: its rows are not where the entries say */
-        PyErr_SetString(PyExc_RuntimeError, "state_rows: the host rows changed during the call");
-        if (PyByteArray_Resize(raw, at * ROW_WIDTH * (Py_ssize_t)sizeof(double)) < 0) PyErr_Clear();
-        goto done;
-    }
-    memcpy((double *)PyByteArray_AS_STRING(raw) + first * ROW_WIDTH, rows, (size_t)m * ROW_WIDTH * sizeof(double));
-    Py_ssize_t end = PyList_GET_SIZE(entries);
-    if (PyList_SetSlice(entries, end, end, added) < 0) {  /* whole entries or none, and rows to match */
-        if (PyByteArray_Resize(raw, first * ROW_WIDTH * (Py_ssize_t)sizeof(double)) < 0) PyErr_Clear();
-        goto done;
-    }
+    if (PyList_SetSlice(entries, PyList_GET_SIZE(entries), PyList_GET_SIZE(entries), added) < 0) goto undo;  /* whole entries or none */
     ret = Py_NewRef(Py_True);
+    goto done;
+undo:  /* the rows appended go again (raw holds no row without its entry); the error stays the first one */
+    {
+        PyObject *exc_type, *exc, *tb;
+        PyErr_Fetch(&exc_type, &exc, &tb);
+        if (PyByteArray_Resize(raw, first * row_bytes) < 0) PyErr_Clear();
+        PyErr_Restore(exc_type, exc, tb);
+    }
 done:
     PyMem_Free(p);
     PyMem_Free(n);
