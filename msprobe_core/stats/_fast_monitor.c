@@ -653,52 +653,32 @@ static PyObject *mon_state_rows(PyObject *module, PyObject *const *args, Py_ssiz
         PyErr_SetString(PyExc_TypeError, "state_rows: rows must be a TensorRows, raw a bytearray, entries a list");
         return NULL;
     }
-    TensorRowsObject *tr = (TensorRowsObject *)args[0];
     PyObject *raw = args[1], *entries = args[2], *kind = args[3], *micro = args[7];
-    double eps = PyFloat_AsDouble(args[8]);
-    long threads = PyLong_AsLong(args[9]);
-    if (PyErr_Occurred()) return NULL;
-    int count = eps >= 0;
-    if (!count) eps = 0.0;
-    PyObject *names = NULL, *modules = NULL, *ts = NULL, *added = NULL, *ret = NULL;
-    Py_ssize_t first = 0, row_bytes = ROW_WIDTH * (Py_ssize_t)sizeof(double);
-    void **p = NULL;
-    Py_ssize_t *n = NULL;
-    long *code = NULL;
-    double *rows = NULL;
+    PyObject *names = NULL, *modules = NULL, *ts = NULL, *added = NULL, *start = NULL, *ret = NULL;
+    Py_ssize_t first = 0, m = 0;
     if ((names = PySequence_Fast(args[4], "names must be a sequence")) == NULL ||
         (modules = PySequence_Fast(args[5], "modules must be a sequence")) == NULL ||
         (ts = PySequence_Fast(args[6], "tensors must be a sequence")) == NULL)
         goto done;
-    Py_ssize_t m = PySequence_Fast_GET_SIZE(ts);
+    m = PySequence_Fast_GET_SIZE(ts);
     if (PySequence_Fast_GET_SIZE(names) != m || PySequence_Fast_GET_SIZE(modules) != m) {
         ret = Py_NewRef(Py_None);
         goto done;
     }
-    size_t k = (size_t)(m ? m : 1);
-    p = PyMem_Malloc(k * sizeof(void *));
-    n = PyMem_Malloc(k * sizeof(Py_ssize_t));
-    code = PyMem_Malloc(k * sizeof(long));
-    rows = PyMem_Malloc(k * ROW_WIDTH * sizeof(double));
-    if (p == NULL || n == NULL || code == NULL || rows == NULL) {
-        PyErr_NoMemory();
+    /* TensorRows.rows appends every row or none; a row's last value is its element count */
+    PyObject *rows_args[4] = {raw, ts, args[8], args[9]};
+    start = tr_rows((TensorRowsObject *)args[0], rows_args, 4);
+    if (start == NULL || start == Py_None) {
+        ret = start;
+        start = NULL;
         goto done;
     }
-    for (Py_ssize_t i = 0; i < m; i++) {
-        int plain = tr_plain(tr, PySequence_Fast_GET_ITEM(ts, i), &p[i], &n[i], &code[i]);
-        if (plain <= 0) {
-            if (plain == 0) ret = Py_NewRef(Py_None);
-            goto done;
-        }
-    }
-    Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < m; i++) reduce_row(p[i], n[i], code[i], eps, count, threads, rows + ROW_WIDTH * i);
-    Py_END_ALLOW_THREADS
-    if (grow_rows(raw, m, &first) < 0) goto done;
-    memcpy((double *)PyByteArray_AS_STRING(raw) + first * ROW_WIDTH, rows, (size_t)m * ROW_WIDTH * sizeof(double));
+    first = PyLong_AsSsize_t(start);
+    if (first == -1 && PyErr_Occurred()) goto done;
     if ((added = PyList_New(8 * m)) == NULL) goto undo;
-    for (Py_ssize_t i = 0; i < m; i++) {
-        PyObject *numel = PyLong_FromSsize_t(n[i]), *slot = PyLong_FromSsize_t(first + i);
+    const double *row = (const double *)PyByteArray_AS_STRING(raw) + first * ROW_WIDTH;
+    for (Py_ssize_t i = 0; i < m; i++, row += ROW_WIDTH) {
+        PyObject *numel = PyLong_FromDouble(row[ROW_WIDTH - 1]), *slot = PyLong_FromSsize_t(first + i);
         if (numel == NULL || slot == NULL) {
             Py_XDECREF(numel);
             Py_XDECREF(slot);
@@ -709,21 +689,18 @@ static PyObject *mon_state_rows(PyObject *module, PyObject *const *args, Py_ssiz
                               Py_NewRef(Py_False), Py_NewRef(Py_False)};
         for (int j = 0; j < 8; j++) PyList_SET_ITEM(added, 8 * i + j, items[j]);
     }
-    if (PyList_SetSlice(entries, PyList_GET_SIZE(entries), PyList_GET_SIZE(entries), added) < 0) goto undo;  /* whole entries or none */
+    if (PyList_SetSlice(entries, PyList_GET_SIZE(entries), PyList_GET_SIZE(entries), added) < 0) goto undo;
     ret = Py_NewRef(Py_True);
     goto done;
 undo:  /* the rows appended go again (raw holds no row without its entry); the error stays the first one */
     {
         PyObject *exc_type, *exc, *tb;
         PyErr_Fetch(&exc_type, &exc, &tb);
-        if (PyByteArray_Resize(raw, first * row_bytes) < 0) PyErr_Clear();
+        if (PyByteArray_Resize(raw, first * ROW_WIDTH * (Py_ssize_t)sizeof(double)) < 0) PyErr_Clear();
         PyErr_Restore(exc_type, exc, tb);
     }
 done:
-    PyMem_Free(p);
-    PyMem_Free(n);
-    PyMem_Free(code);
-    PyMem_Free(rows);
+    Py_XDECREF(start);
     Py_XDECREF(added);
     Py_XDECREF(names);
     Py_XDECREF(modules);
