@@ -8,7 +8,8 @@ row lives in a *slot*:
   kernel (``StatsEngine.append_row`` for one tensor, ``StatsEngine.append_rows``, one kernel call, for a
   batch), no torch call and no tensor made: its slot is an ``int``, the index of its row, which stays the
   kernel's raw sums until ``finalize`` turns them into the ``ops`` for the whole step at once (a column at
-  a time);
+  a time); a batch the kernel reads whole (the step's weights, gradients, moments) gets its rows and its
+  entries in one kernel call (``record_plain``);
 * any other tensor (an accelerator's, or a CPU tensor the kernel cannot read) is summarised on its device
   into a ``[n, len(ops)]`` block; its slot is ``(device, row)``. ``finalize`` concatenates every block of
   a device and copies it to the host in one transfer.
