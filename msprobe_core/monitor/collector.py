@@ -8,7 +8,8 @@ row lives in a *slot*:
   kernel (``StatsEngine.append_row`` for one tensor, ``StatsEngine.append_rows``, one kernel call, for a
   batch), no torch call and no tensor made: its slot is an ``int``, the index of its row, which stays the
   kernel's raw sums until ``finalize`` turns them into the ``ops`` for the whole step at once (a column at
-  a time);
+  a time); a batch the kernel reads whole (the step's weights, gradients, moments) gets its rows and its
+  entries in one kernel call (``record_plain``);
 * any other tensor (an accelerator's, or a CPU tensor the kernel cannot read) is summarised on its device
   into a ``[n, len(ops)]`` block; its slot is ``(device, row)``. ``finalize`` concatenates every block of
   a device and copies it to the host in one transfer.
@@ -37,6 +38,7 @@ from msprobe_core.monitor.records import MetricRow, stage_of
 from msprobe_core.monitor.step_rows import RowLayout, StepRows
 from msprobe_core.monitor.stats import RAW_WIDTH, StatsEngine
 from msprobe_core.pytorch.native_shards import local_view
+from msprobe_core.stats.kernel import KERNEL
 
 Slot = Union[int, "tuple[torch.device, int]"]
 """Where a computed row is: an index into the step's host rows, or (device, row of that device's blocks)."""
@@ -46,6 +48,7 @@ _get_num_threads = torch.get_num_threads
 _FIELDS = len(MetricRow._fields) - 1  # an entry: MetricRow's fields less call_id
 _SLOT = 5  # where an entry's slot (in place of MetricRow.values) is
 _ROW_BYTES = RAW_WIDTH * 8  # a host row in StepCollector._raw
+_state_rows = getattr(KERNEL, "state_rows", None)
 
 
 def is_float_tensor(x: object) -> bool:
@@ -181,6 +184,8 @@ class StepCollector:
     def record_columns(self, kind: str, names: Sequence[str], modules: Sequence[str],
                        tensors: Sequence[torch.Tensor], micro_step: int | None = None) -> None:
         """``record`` of the triples ``zip(names, modules, tensors)``."""
+        if self.record_plain(kind, names, modules, tensors, micro_step):
+            return
         numels = [t.numel() for t in tensors]
         if 0 in numels:
             keep = list(map(bool, numels))
@@ -188,6 +193,16 @@ class StepCollector:
                                                for column in (names, modules, tensors, numels))
         if numels:
             self.add_entries(kind, names, modules, micro_step, numels, self.compute(tensors))
+
+    def record_plain(self, kind: str, names: Sequence[str], modules: Sequence[str], tensors: Sequence[object],
+                     micro_step: int | None = None) -> bool:
+        """``record_columns`` where every one of ``tensors`` is a non-empty plain CPU tensor the kernel reads: one
+        kernel call (``state_rows``: the same rows and entries, no Python round per tensor); False, with nothing
+        recorded, where one is not (or without the kernel)."""
+        rows = self.engine.tensor_rows
+        return bool(rows is not None and _state_rows is not None
+                    and _state_rows(rows, self._raw, self._entries, kind, names, modules, tensors, micro_step,
+                                    self.engine.count_eps, _get_num_threads()))
 
     def _values(self, slots: Sequence[Slot], take: np.ndarray | None = None) -> np.ndarray:
         """The values of the rows at ``slots``, ``[rows, ops]`` float64 (each rounded to float32): the host rows

@@ -109,13 +109,27 @@ class TorchStateReader(StateReader):
         if not state:
             return out
         # torch's state is keyed by the parameters: looked up by identity, without a Python Tensor.__hash__ each
-        by_id = {id(p): s for p, s in state.items()} if isinstance(state, dict) else None
-        for name, p in params.items():
-            s = by_id.get(id(p)) if by_id is not None else state.get(p)
-            if not s:
-                continue
+        if isinstance(state, dict):
+            by_id = {id(p): s for p, s in state.items()}
+            found = list(map(by_id.get, map(id, params.values())))
+        else:
+            found = [state.get(p) for p in params.values()]
+        named = [(name, s) for name, s in zip(params, found) if s]
+        columns = {key: {name: t for name, s in named if isinstance(t := s.get(key), torch.Tensor)}
+                   for key in STATE_KINDS}
+        if columns["exp_avg"] and columns["momentum_buffer"]:  # both report exp_avg: per parameter, as they come
+            for name, s in named:
+                for key, kind in STATE_KINDS.items():
+                    t = s.get(key)
+                    if isinstance(t, torch.Tensor):
+                        out.setdefault(kind, {})[name] = t
+            return out
+        # one column per kind, the kinds in the order the loop above meets them
+        wanted = {STATE_KINDS[key] for key, column in columns.items() if column}
+        for name, s in named:
             for key, kind in STATE_KINDS.items():
-                t = s.get(key)
-                if isinstance(t, torch.Tensor):
-                    out.setdefault(kind, {})[name] = t
+                if kind not in out and name in columns[key]:
+                    out[kind] = columns[key]
+            if len(out) == len(wanted):
+                break
         return out

@@ -58,6 +58,8 @@ class StateRecorder:
         know (an integration's own), in their order."""
         if grads is None:
             grads = self.reader.grads(self.params)
+        if grads.keys() == self.params.keys():  # the usual step: every parameter has a gradient, nothing else
+            return dict(zip(self._backward, map(grads.__getitem__, self._backward)))
         order = [n for n in self._backward if n in grads] + [n for n in grads if n not in self.params]
         return {n: grads[n] for n in order}
 
@@ -84,10 +86,14 @@ class StateRecorder:
         if self.reader.sharded and kind in SHARDED_KINDS:
             self._record_sharded(collector, kind, tensors, collecting, group, extra)
         elif collecting:
+            names = tuple(tensors)
+            modules = [module] * len(names) if module is not None else self._modules_of(names)
+            if collector.record_plain(kind, names, modules, list(tensors.values()), micro_step):
+                return  # plain CPU tensors, all of them: the usual batch
             if not all(map(isinstance, tensors.values(), repeat(torch.Tensor))):
                 tensors = {name: t for name, t in tensors.items() if isinstance(t, torch.Tensor)}
-            names = tuple(tensors)
-            modules = repeat(module, len(names)) if module is not None else self._modules_of(names)
+                names = tuple(tensors)
+                modules = [module] * len(names) if module is not None else self._modules_of(names)
             collector.record_columns(kind, names, list(modules), list(tensors.values()), micro_step)
 
     def _modules_of(self, names: tuple[str, ...]) -> list[str]:

@@ -22,6 +22,11 @@
  *        it; every other call goes to ``fallback`` (``partial(hooks._on_forward, site)``), with nothing done
  *        here. in_names/out_names: (forward row name or None, gradient names ((row name, module),) or None)
  *        of the input and the output, the site's usual plan.
+ *   state_rows(rows, raw, entries, kind, names, modules, tensors, micro, eps, threads) -> True or None
+ *        ``StepCollector.record_columns`` of a batch (weights, gradients, optimizer moments) in one call: every
+ *        tensor's row appended to raw and its entry (kind, name, module, micro, numel, row, False, False) to
+ *        entries, as the Python route appends them; None, with nothing appended, where TensorRows does not
+ *        read one of the tensors (an empty one included) or the columns differ in length: the Python route.
  */
 
 static PyObject *s_training, *s_state, *s_collecting, *s_generation, *s_calls, *s_micro, *s_seen, *s_on_grad,
@@ -634,6 +639,82 @@ static PyTypeObject ForwardSiteType = {
     .tp_members = fs_members,
 };
 
+/* ------------------------------------------------------------------------------------------ state_rows */
+
+static PyObject *mon_state_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 10) {
+        PyErr_SetString(PyExc_TypeError,
+                        "state_rows(rows, raw, entries, kind, names, modules, tensors, micro, eps, threads) takes 10 "
+                        "arguments");
+        return NULL;
+    }
+    if (!PyObject_TypeCheck(args[0], &TensorRowsType) || !PyByteArray_CheckExact(args[1]) ||
+        !PyList_CheckExact(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "state_rows: rows must be a TensorRows, raw a bytearray, entries a list");
+        return NULL;
+    }
+    PyObject *raw = args[1], *entries = args[2], *kind = args[3], *micro = args[7];
+    PyObject *names = NULL, *modules = NULL, *ts = NULL, *added = NULL, *start = NULL, *ret = NULL;
+    Py_ssize_t first = 0, m = 0;
+    if ((names = PySequence_Fast(args[4], "names must be a sequence")) == NULL ||
+        (modules = PySequence_Fast(args[5], "modules must be a sequence")) == NULL ||
+        (ts = PySequence_Fast(args[6], "tensors must be a sequence")) == NULL)
+        goto done;
+    m = PySequence_Fast_GET_SIZE(ts);
+    if (PySequence_Fast_GET_SIZE(names) != m || PySequence_Fast_GET_SIZE(modules) != m) {
+        ret = Py_NewRef(Py_None);
+        goto done;
+    }
+    /* TensorRows.rows appends every row or none; a row's last value is its element count */
+    PyObject *rows_args[4] = {raw, ts, args[8], args[9]};
+    start = tr_rows((TensorRowsObject *)args[0], rows_args, 4);
+    if (start == NULL || start == Py_None) {
+        ret = start;
+        start = NULL;
+        goto done;
+    }
+    first = PyLong_AsSsize_t(start);
+    if (first == -1 && PyErr_Occurred()) goto done;
+    if ((added = PyList_New(8 * m)) == NULL) goto undo;
+    const double *row = (const double *)PyByteArray_AS_STRING(raw) + first * ROW_WIDTH;
+    for (Py_ssize_t i = 0; i < m; i++, row += ROW_WIDTH) {
+        PyObject *numel = PyLong_FromDouble(row[ROW_WIDTH - 1]), *slot = PyLong_FromSsize_t(first + i);
+        if (numel == NULL || slot == NULL) {
+            Py_XDECREF(numel);
+            Py_XDECREF(slot);
+            goto undo;
+        }
+        PyObject *items[8] = {Py_NewRef(kind), Py_NewRef(PySequence_Fast_GET_ITEM(names, i)),
+                              Py_NewRef(PySequence_Fast_GET_ITEM(modules, i)), Py_NewRef(micro), numel, slot,
+                              Py_NewRef(Py_False), Py_NewRef(Py_False)};
+        for (int j = 0; j < 8; j++) PyList_SET_ITEM(added, 8 * i + j, items[j]);
+    }
+    if (PyList_SetSlice(entries, PyList_GET_SIZE(entries), PyList_GET_SIZE(entries), added) < 0) goto undo;
+    ret = Py_NewRef(Py_True);
+    goto done;
+undo:  /* the rows appended go again (raw holds no row without its entry); the error stays the first one */
+    {
+        PyObject *exc_type, *exc, *tb;
+        PyErr_Fetch(&exc_type, &exc, &tb);
+        if (PyByteArray_Resize(raw, first * ROW_WIDTH * (Py_ssize_t)sizeof(double)) < 0) PyErr_Clear();
+        PyErr_Restore(exc_type, exc, tb);
+    }
+done:
+    Py_XDECREF(start);
+    Py_XDECREF(added);
+    Py_XDECREF(names);
+    Py_XDECREF(modules);
+    Py_XDECREF(ts);
+    return ret;
+}
+
+static PyMethodDef mon_methods[] = {
+    {"state_rows", (PyCFunction)(void (*)(void))mon_state_rows, METH_FASTCALL,
+     "state_rows(rows, raw, entries, kind, names, modules, tensors, micro, eps, threads) -> True, or None (nothing "
+     "appended) where the Python route records the batch"},
+    {NULL, NULL, 0, NULL},
+};
+
 static int add_fast_monitor(PyObject *m) {
     struct { PyObject **s; const char *text; } strings[] = {
         {&s_training, "training"}, {&s_state, "state"}, {&s_collecting, "collecting"}, {&s_generation, "generation"}, {&s_hooks_generation, "_generation"},
@@ -645,6 +726,7 @@ static int add_fast_monitor(PyObject *m) {
         if (*strings[i].s == NULL && (*strings[i].s = PyUnicode_InternFromString(strings[i].text)) == NULL) return -1;
     }
     if (s_one == NULL && (s_one = PyLong_FromLong(1)) == NULL) return -1;
+    if (PyModule_AddFunctions(m, mon_methods) < 0) return -1;
     PyTypeObject *types[] = {&ActivationCoreType, &ActivationType, &ForwardSiteType};
     const char *names[] = {"ActivationCore", "Activation", "ForwardSite"};
     for (int i = 0; i < 3; i++) {

@@ -1,7 +1,8 @@
-"""The activation hooks' C route (the kernel's ``ForwardSite`` and ``Activation``, ``module_hooks``) against their
-Python route: the same CSV bytes, alerts, metrics and losses for a run mixing the usual call with every other kind
-(a module called twice, tuple outputs, keywords, a non-float input, a strided view, eval mode, gradient
-checkpointing, a NaN injected), and no object left behind by a long loop of hooked calls."""
+"""The monitor's C routes (the kernel's ``ForwardSite`` and ``Activation``, ``module_hooks``; ``state_rows``,
+``collector``) against their Python routes: the same CSV bytes, alerts, metrics and losses for a run mixing the usual
+call with every other kind (a module called twice, tuple outputs, keywords, a non-float input, a strided view, eval
+mode, gradient checkpointing, a NaN injected, a transposed and an empty parameter), and no object left behind by a
+long loop of hooked calls or batches."""
 
 from __future__ import annotations
 
@@ -26,10 +27,11 @@ _RUN = r"""
 import json, sys, torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
-from msprobe_core.monitor import module_hooks
+from msprobe_core.monitor import collector, module_hooks
 from msprobe_core.monitor.trainer_mon import TrainerMon
 if sys.argv[2] == "py":
     module_hooks._ActivationCore = None
+    collector._state_rows = None
 
 
 class Pair(nn.Module):
@@ -43,6 +45,8 @@ class Block(nn.Module):
         self.fc, self.act, self.pair, self.frozen = nn.Linear(8, 8), nn.GELU(), Pair(), nn.Linear(8, 8).eval()
         self.idx = nn.Embedding(10, 8)
         self.inner = nn.Sequential(nn.Linear(8, 8), nn.Tanh())
+        self.turned = nn.Parameter(torch.randn(8, 8).t())  # not contiguous: its batch takes the Python route
+        self.empty = nn.Parameter(torch.empty(0))  # no elements: so does its
 
     def forward(self, x, step):
         h = self.act(self.fc(x))
@@ -53,6 +57,7 @@ class Block(nn.Module):
         h = self.act(h.t()).t()  # a strided view in
         h = h + self.frozen(h)  # eval mode: skipped
         h = checkpoint(self.inner, h, use_reentrant=False)  # recomputed in backward: not recorded twice
+        h = h @ self.turned + self.empty.sum()
         return h
 
 
@@ -177,3 +182,77 @@ def test_without_the_kernel_the_python_hooks_go_in(monkeypatch, tmp_path):
     model(torch.randn(4, 8)).sum().backward()
     assert type(next(iter(mon._hooks._seen.values()))) is module_hooks._Activation
     mon.close()
+
+
+def _batch_by(route: str, tensors: list, micro: int | None = 1) -> tuple[bytes, list]:
+    """``StepCollector.record_columns`` of ``tensors`` by the kernel's ``state_rows`` or by the Python route."""
+    from msprobe_core.monitor import collector as collector_module
+    from msprobe_core.monitor.collector import StepCollector
+    from msprobe_core.monitor.stats import StatsEngine
+
+    col = StepCollector(StatsEngine(["min", "max", "norm", "mean", "zeros", "nans"], 1e-3))
+    col.slot(torch.ones(3))  # a row already there: the batch's rows come after it
+    names = [f"p{i}" for i in range(len(tensors))]
+    modules = [f"m{i}" for i in range(len(tensors))]
+    saved = collector_module._state_rows
+    if route == "py":
+        collector_module._state_rows = None
+    try:
+        col.record_columns("param", names, modules, tensors, micro)
+    finally:
+        collector_module._state_rows = saved
+    return bytes(col._raw), list(col._entries)
+
+
+@needs_kernel
+def test_state_rows_appends_what_the_python_route_appends():
+    g = torch.Generator().manual_seed(3)
+    plain = [torch.randn(64, 64, generator=g), torch.randn(5, generator=g).double(), nn.Parameter(torch.randn(7)),
+             torch.randn(300_000, generator=g), torch.tensor([float("nan"), 0.0, float("inf")]),
+             torch.randn(9, generator=g).bfloat16()]
+    assert _batch_by("c", plain) == _batch_by("py", plain)
+    assert _batch_by("c", plain, None) == _batch_by("py", plain, None)
+    for odd in (torch.randn(8, 8).t(), torch.empty(0), torch.randn(4)[::2], torch.arange(4),
+                torch.randn(3).as_subclass(type("Sub", (torch.Tensor,), {}))):
+        assert _batch_by("c", plain + [odd]) == _batch_by("py", plain + [odd])
+
+
+@needs_kernel
+def test_state_rows_leaves_the_batch_to_python_where_it_does_not_read_a_tensor():
+    from msprobe_core.monitor.stats import StatsEngine
+
+    rows = StatsEngine(["min", "max"], 1e-3).tensor_rows
+    raw, entries = bytearray(), []
+    ok = [torch.randn(4)]
+    for names, modules, tensors in ((["a"], ["m"], [torch.empty(0)]), (["a", "b"], ["m"], ok + ok),
+                                    (["a"], ["m"], [torch.randn(4, 4).t()]), (["a"], ["m"], ["not a tensor"])):
+        assert KERNEL.state_rows(rows, raw, entries, "param", names, modules, tensors, None, 1e-3, 1) is None
+    assert raw == bytearray() and entries == []
+    with pytest.raises(TypeError):
+        KERNEL.state_rows(rows, b"", entries, "param", ["a"], ["m"], ok, None, 1e-3, 1)
+    with pytest.raises(TypeError):
+        KERNEL.state_rows(rows, raw, entries, "param", ["a"], ["m"], ok, None, 1e-3)
+    assert KERNEL.state_rows(rows, raw, entries, "param", ["a"], ["m"], ok, None, 1e-3, 1) is True
+    assert entries == ["param", "a", "m", None, 4, 0, False, False]
+
+
+@needs_kernel
+def test_state_rows_leaks_nothing():
+    from msprobe_core.monitor.stats import StatsEngine
+
+    rows = StatsEngine(["min", "max"], 1e-3).tensor_rows
+    tensors, names, modules = [torch.randn(16) for _ in range(8)], [f"n{i}" for i in range(8)], ["m"] * 8
+    raw, entries = bytearray(), []
+
+    def loop(n: int) -> None:
+        for _ in range(n):
+            KERNEL.state_rows(rows, raw, entries, "grad", names, modules, tensors, 0, 1e-3, 1)
+            KERNEL.state_rows(rows, raw, entries, "grad", names, modules, tensors[:-1] + [torch.empty(0)], 0, 1e-3, 1)
+            del raw[:], entries[:]
+
+    loop(1000)
+    gc.collect()
+    blocks = sys.getallocatedblocks()
+    loop(20000)
+    gc.collect()
+    assert sys.getallocatedblocks() <= blocks + 200
