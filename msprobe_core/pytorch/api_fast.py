@@ -95,13 +95,12 @@ class FastApi:
         svc = self.service
         records = svc.records
         guard = _no_torch_function()  # one guard for every call: only the dumping thread enters it, never nested
-        end_dict = partial(_end_as_dict, svc)
         return (svc, svc._tls, records, records._fast_text, svc.patcher, self._capture(), svc.stacks.interned,
-                records._construct, NO_PARENT, svc._on_api_call, end_dict, _graph_task_id,
+                records._construct, NO_PARENT, svc._on_api_call, partial(_end_as_dict, svc), _graph_task_id,
                 _is_grad_enabled, guard.__enter__, guard.__exit__, _stack_len, _stack_pop, _stack_push,
-                self._grad_env(guard, end_dict))
+                self._grad_env(guard))
 
-    def _grad_env(self, guard: Any, end_dict: Callable) -> Optional[tuple]:
+    def _grad_env(self, guard: Any) -> Optional[tuple]:
         """What a call with autograd on reads in C (``_fast_gradapi.c``'s G_* order: ``on_api_call``'s
         ``_begin_record``, ``_hook_outputs`` and ``_hook_own_grads``, their gradients by ``ApiGrad``); None
         without ``ApiGrad`` (``on_api_call`` takes those calls)."""
@@ -122,7 +121,7 @@ class FastApi:
         return (bool(records.selection.backward), records.selection.keeps("backward", "output"),
                 records._keep_grad_in, records._tensors_in, InputEdges.of, report_in, report_out, partial,
                 svc._hook_tensor_grad, capture, svc._on_own_grad_error, svc._keep_hook, hooks, own, _sequence_nr,
-                ACCUMULATE_GRAD, torch.Tensor, end_dict)
+                ACCUMULATE_GRAD, torch.Tensor)
 
     def _capture(self) -> Optional[Callable[[], Any]]:
         """The caller's stack (frames of the toolkit left out), without a method call on the way; None

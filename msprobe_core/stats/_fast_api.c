@@ -8,8 +8,8 @@
  *                                 once by ``FastApi``)
  *     (args, kwargs) -> original(*args, **kwargs), recorded as ``api_call`` records it: the gates (not
  *                       recording, the tool's own work or a backward pass: the original alone; another
- *                       thread: said once, the original alone; autograd on: ``ag_record`` of
- *                       _fast_gradapi.c where ``env`` has its part, else ``on_api_call``), the inputs'
+ *                       thread: said once, the original alone; autograd on: ``ac_record``'s autograd part
+ *                       where ``env`` has it, else ``on_api_call``), the inputs'
  *                       text, the counter and record name, stack and parent, the original with the operator
  *                       mode popped when it is the innermost mode (``ApiPatcher.call``), the output's text
  *                       and ``rec.put_text``; an input the text does not read goes to ``on_api_call``, an
@@ -31,7 +31,8 @@ typedef struct {
     PyObject *original, *key, *env;
 } ApiCallObject;
 
-static PyObject *ag_record(ApiCallObject *self, PyObject **env, PyObject *local, PyObject *args, PyObject *kwargs);
+static PyObject *ac_record(ApiCallObject *self, PyObject **env, PyObject *local, PyObject *args, PyObject *kwargs,
+                           int autograd);  /* _fast_gradapi.c (it reads the G_* of a call with autograd on) */
 static int ag_valid(PyObject *grad);  /* (_fast_gradapi.c) */
 
 static PyObject *S_recording, *S_depth, *S_dumping_thread, *S_other_thread, *S_step_state, *S_counters,
@@ -289,60 +290,6 @@ static int ac_where(PyObject **env, PyObject **rec, PyObject **stack, PyObject *
     return *parent == NULL ? -1 : 0;
 }
 
-/* The fast route of a call that passed the gates (``api_call`` after its gates). */
-static PyObject *ac_record(ApiCallObject *self, PyObject **env, PyObject *local, PyObject *args, PyObject *kwargs) {
-    PyObject *svc = env[ENV_SVC];
-    if (ac_depth(local, ONE) < 0) return NULL;  /* the tool's own work, as in ``on_api_call`` */
-    PyObject *head = ac_text(env, rt_inputs, args, kwargs);
-    if (head == NULL) {
-        if (!PyErr_ExceptionMatches(PyExc_Exception)) { ac_depth(local, MINUS_ONE); return NULL; }
-        PyErr_Clear();  /* the usual route says what went wrong */
-    }
-    if (head == NULL || head == Py_None) {  /* an argument the C text does not read: the usual record */
-        Py_XDECREF(head);
-        if (ac_depth(local, MINUS_ONE) < 0) return NULL;
-        return PyObject_CallFunctionObjArgs(env[ENV_ON_API_CALL], self->original, PyTuple_GET_ITEM(self->key, 1),
-                                            PyTuple_GET_ITEM(self->key, 2), args, kwargs, NULL);
-    }
-    PyObject *key = PyTuple_GET_ITEM(self->key, 0);
-    PyObject *n = NULL, *rec = NULL, *stack = NULL, *parent = NULL, *out = NULL;
-    PyObject *name = ac_name(env, key, &n);
-    if (name == NULL) goto fail;
-    if (ac_where(env, &rec, &stack, &parent) < 0) {
-        if (ac_report(svc, name) < 0) goto fail;  /* the tool must never break the user's call */
-        Py_CLEAR(head);
-    }
-    out = ac_original(env, self->original, args, kwargs);
-    if (out == NULL) {  /* what the usual route leaves of a call that raised: its place and stack */
-        if (head != NULL) {
-            PyObject *et, *ev, *etb;
-            PyErr_Fetch(&et, &ev, &etb);
-            PyObject *r = PyObject_CallMethodObjArgs(rec, S_reserve, name, stack, NULL);
-            int rc = r != NULL ? 0 : ac_report(svc, name);
-            Py_XDECREF(r);
-            if (rc < 0) { Py_XDECREF(et); Py_XDECREF(ev); Py_XDECREF(etb); }
-            else PyErr_Restore(et, ev, etb);
-        }
-        goto fail;
-    }
-    if (head != NULL) {
-        PyObject *text = ac_text(env, rt_record, head, out);
-        PyObject *r = NULL;
-        if (text == Py_None)  /* an output the C text does not read: the usual end makes it a dict */
-            r = PyObject_CallFunctionObjArgs(env[ENV_END_DICT], key, name, n, head, rec, stack, parent, out, NULL);
-        else if (text != NULL)  /* nothing was recorded during the call: its place is taken now */
-            r = PyObject_CallMethodObjArgs(rec, S_put_text, name, text, Py_None, stack, parent, NULL);
-        Py_XDECREF(text);
-        if (r == NULL && ac_report(svc, name) < 0) { Py_CLEAR(out); goto fail; }
-        Py_XDECREF(r);
-    }
-fail:
-    Py_XDECREF(head); Py_XDECREF(n); Py_XDECREF(name);
-    Py_XDECREF(rec); Py_XDECREF(stack); Py_XDECREF(parent);
-    if (ac_depth(local, MINUS_ONE) < 0) Py_CLEAR(out);
-    return out;
-}
-
 static PyObject *ac_vectorcall(ApiCallObject *self, PyObject *const *argv, size_t nargsf, PyObject *kwnames) {
     if (PyVectorcall_NARGS(nargsf) != 2 || kwnames != NULL || !PyTuple_Check(argv[0]) || !PyDict_Check(argv[1])) {
         PyErr_SetString(PyExc_TypeError, "ApiCall(args, kwargs) takes a tuple and a dict");
@@ -352,10 +299,10 @@ static PyObject *ac_vectorcall(ApiCallObject *self, PyObject *const *argv, size_
     PyObject *local = NULL, *out = NULL;
     switch (ac_gate(env, &local)) {
     case 0: out = ac_plain(self->original, argv[0], argv[1]); break;
-    case 1: out = ac_record(self, env, local, argv[0], argv[1]); break;
+    case 1: out = ac_record(self, env, local, argv[0], argv[1], 0); break;
     case 2:
         if (env[ENV_GRAD] != Py_None) {
-            out = ag_record(self, env, local, argv[0], argv[1]);
+            out = ac_record(self, env, local, argv[0], argv[1], 1);
             break;
         }
         out = PyObject_CallFunctionObjArgs(env[ENV_ON_API_CALL], self->original, PyTuple_GET_ITEM(self->key, 1),

@@ -3,7 +3,7 @@
  * _fast_api.c; ``pytorch/api_fast.py`` builds what it reads) and the gradient records of its backward.
  * #included by _fast_stats.c after _fast_l0.c (whose ``OwnGrads``/``SingleEdge`` it reuses).
  *
- *   ag_record(...)          ``CallRecords.on_api_call`` of such a call in one C call: the inputs' text, name,
+ *   ac_record(..., autograd) ``CallRecords.on_api_call`` of such a call in one C call: the inputs' text, name,
  *                           stack and parent, the backward record's sizes and the inputs' gradient edges
  *                           (``_begin_record`` with ``call.grad``), the original, the record's text and its
  *                           journal frame (``_text_record``), a gradient hook on each output that requires
@@ -13,7 +13,7 @@
  *                           route; an input or output the C text does not read takes the Python route.
  *   ApiGrad(records, service, text, field, fields, construct, no_parent, grad_enabled, dumping_thread_of,
  *           tf_off, tf_on)
- *   NodeEdges               the hook of a call's node whose inputs' edges start there (made by ag_record)
+ *   NodeEdges               the hook of a call's node whose inputs' edges start there (made by ac_record)
  *     (context, index, grad) -> None: ``CallRecords.on_grad(*context[:1], field, index, *context[1:], grad)`` of
  *                           a gradient whose text the kernel makes at once (``_put_grad_text``); anything else
  *                           (autograd recording the backward, another thread, a summary not known at once)
@@ -21,7 +21,7 @@
 
 enum {
     G_BACKWARD, G_KEEP_OUT, G_KEEP_IN, G_TENSORS_IN, G_EDGES_OF, G_REPORT_IN, G_REPORT_OUT, G_PARTIAL,
-    G_HOOK_TENSOR, G_CAPTURE, G_FAIL, G_KEEP, G_HOOKS, G_OWN, G_SEQUENCE_NR, G_ACCUMULATE, G_TENSOR, G_END_DICT, G_N
+    G_HOOK_TENSOR, G_CAPTURE, G_FAIL, G_KEEP, G_HOOKS, G_OWN, G_SEQUENCE_NR, G_ACCUMULATE, G_TENSOR, G_N
 };
 
 static PyObject *ag_s[16];  /* attribute names and suffixes, interned once (AS_*) */
@@ -333,7 +333,7 @@ static int ag_begin(PyObject **g, PyObject *records, PyObject *backward, PyObjec
     return rc;
 }
 
-/* Is ``grad`` the tuple ag_record reads (G_*)? */
+/* Is ``grad`` the tuple ac_record reads (G_*)? */
 static int ag_valid(PyObject *grad) {
     return PyTuple_Check(grad) && PyTuple_GET_SIZE(grad) == G_N && PyType_Check(PyTuple_GET_ITEM(grad, G_TENSOR))
            && (PyTuple_GET_ITEM(grad, G_OWN) == Py_None || Py_TYPE(PyTuple_GET_ITEM(grad, G_OWN)) == &OwnGradsType);
@@ -344,9 +344,11 @@ static PyObject *ag_backward_name(PyObject *key, PyObject *n) {
     return PyUnicode_FromFormat("%U.%S.backward", key, n);
 }
 
-/* The fast route of a call that passed the gates with autograd on (``ApiCall``'s third way). */
-static PyObject *ag_record(ApiCallObject *self, PyObject **env, PyObject *local, PyObject *args, PyObject *kwargs) {
-    PyObject *svc = env[ENV_SVC], **g = &PyTuple_GET_ITEM(env[ENV_GRAD], 0);
+/* The fast route of a call that passed the gates (``api_call`` after its gates): ``autograd``, a call autograd
+ * records (``ApiCall``'s third way: the backward record's sizes, edges and hooks as well). */
+static PyObject *ac_record(ApiCallObject *self, PyObject **env, PyObject *local, PyObject *args, PyObject *kwargs,
+                           int autograd) {
+    PyObject *svc = env[ENV_SVC], **g = autograd ? &PyTuple_GET_ITEM(env[ENV_GRAD], 0) : NULL;
     if (ac_depth(local, ONE) < 0) return NULL;  /* the tool's own work, as in ``on_api_call`` */
     PyObject *head = ac_text(env, rt_inputs, args, kwargs);
     if (head == NULL) {
@@ -362,10 +364,11 @@ static PyObject *ag_record(ApiCallObject *self, PyObject **env, PyObject *local,
     PyObject *key = PyTuple_GET_ITEM(self->key, 0);
     PyObject *n = NULL, *rec = NULL, *stack = NULL, *parent = NULL, *out = NULL, *backward = NULL;
     PyObject *edges = Py_NewRef(Py_None);
-    int grad = g[G_BACKWARD] == Py_True;
+    int grad = autograd && g[G_BACKWARD] == Py_True;
     PyObject *name = ac_name(env, key, &n);
     if (name == NULL) goto fail;
-    if (ac_where(env, &rec, &stack, &parent) < 0 || (backward = ag_backward_name(key, n)) == NULL
+    if (ac_where(env, &rec, &stack, &parent) < 0
+        || (autograd && (backward = ag_backward_name(key, n)) == NULL)
         || (grad && ag_begin(g, env[ENV_RECORDS], backward, args, kwargs, &edges) < 0)) {
         if (ac_report(svc, name) < 0) goto fail;  /* the tool must never break the user's call */
         Py_CLEAR(head);
@@ -387,7 +390,7 @@ static PyObject *ag_record(ApiCallObject *self, PyObject **env, PyObject *local,
         PyObject *text = ac_text(env, rt_record, head, out);
         PyObject *r = NULL;
         if (text == Py_None)  /* an output the C text does not read: the usual end makes it a dict */
-            r = PyObject_CallFunctionObjArgs(g[G_END_DICT], key, name, n, head, rec, stack, parent, out, edges,
+            r = PyObject_CallFunctionObjArgs(env[ENV_END_DICT], key, name, n, head, rec, stack, parent, out, edges,
                                              grad ? Py_True : Py_False, NULL);
         else if (text != NULL) {  /* nothing was recorded during the call: its place is taken now */
             r = PyObject_CallMethodObjArgs(rec, S_put_text, name, text, Py_None, stack, parent, NULL);

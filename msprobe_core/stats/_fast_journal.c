@@ -116,7 +116,7 @@ typedef struct {
 } TextJournalObject;
 
 static PyObject *S_DIR_READY, *S_ENSURE_DIR, *S_JOURNAL, *S_MAP, *S_POS, *S_SIZE, *S_SID, *S_FRAMES, *S_APPEND, *S_J,
-    *S_S, *S_T, *S_FILLED, *S_EXPECTED, *S_TEXT, *MINUS_ONE;
+    *S_S, *S_T, *S_FILLED, *S_EXPECTED, *S_TEXT, *TJ_MINUS_ONE;
 
 /* Copies b into the journal's map when it has room and the journal's class appends as ``Journal`` does: 1 done,
  * 0 not (the caller calls ``append``), -1 with an error. */
@@ -397,7 +397,7 @@ static PyObject *tj_put_text_field(TextJournalObject *self, PyObject *const *arg
     int journaling = tj_journaling(recorder);
     if (journaling < 0) goto done;
     if (journaling) {
-        PyObject *items[8] = {S_T, name, MINUS_ONE, Py_None, field, index, text, Py_False};
+        PyObject *items[8] = {S_T, name, TJ_MINUS_ONE, Py_None, field, index, text, Py_False};
         if (m_frame(&b, items, 8) < 0 || tj_journal(self, recorder, &b, NULL, items, 8) < 0) goto done;
     }
     result = Py_NewRef(Py_False);
@@ -491,7 +491,7 @@ static int add_text_journal(PyObject *m) {
         {&S_POS, "_pos"}, {&S_SIZE, "_size"}, {&S_SID, "sid"}, {&S_FRAMES, "frames"}, {&S_APPEND, "append"},
         {&S_J, "J"}, {&S_S, "S"}, {&S_T, "t"}, {&S_FILLED, "filled"}, {&S_EXPECTED, "expected"},
         {&S_TEXT, "text"}};
-    if ((MINUS_ONE = PyLong_FromLong(-1)) == NULL) return -1;
+    if ((TJ_MINUS_ONE = PyLong_FromLong(-1)) == NULL) return -1;
     for (size_t i = 0; i < sizeof(strings) / sizeof(strings[0]); i++)
         if ((*strings[i].slot = PyUnicode_InternFromString(strings[i].text)) == NULL) return -1;
     if (PyType_Ready(&TextJournalType) < 0) return -1;

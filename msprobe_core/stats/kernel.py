@@ -23,12 +23,16 @@ Its functions (see ``_fast_stats.c``):
   Python's ``repr``;
 - ``TextJournal``: ``StepRecorder.put_text``/``put_text_field`` stored and journaled in one call
   (``_fast_journal.c``, ``files/step_recorder.py``);
-- ``ApiCall`` and ``ModePass``: an L1 API call with autograd off recorded in one call, and the operator mode's
-  pass-through (``_fast_api.c``, ``pytorch/api_fast.py``, ``pytorch/api_patch.py``);
+- ``ApiCall`` and ``ModePass``: an L1 API call recorded in one call, and the operator mode's pass-through
+  (``_fast_api.c``, ``pytorch/api_fast.py``, ``pytorch/api_patch.py``); ``ApiGrad``, ``NodeEdges``: the gradient
+  records of a call made with autograd on (``_fast_gradapi.c``);
 - ``ModuleHooks``, ``CallGrads``, ``ParamGrad``, ``SingleEdge``, ``OwnGrads``: the L0 dump's module and
   gradient hooks of a usual call (``_fast_l0.c``, ``dump/call_records.py``, ``pytorch/dump_service.py``);
 - ``ActivationCore``, ``ForwardSite``, ``Activation``: the monitor's activation hooks of a usual call
-  (``_fast_monitor.c``, ``monitor/module_hooks.py``).
+  (``_fast_monitor.c``, ``monitor/module_hooks.py``); ``state_rows``: a batch of weights, gradients or optimizer
+  moments recorded (rows and entries) in one call (``monitor/collector.py``);
+- ``write_lines``: a step's dump.json, stack.json or construct.json written from its dict in one call
+  (``_fast_files.c``, ``files/step_recorder.py``).
 
 Dtype codes: float32 0, float64 1, bfloat16 2, int64 3, int32 4, int16 5, int8 6, uint8 7, bool 8.
 """
