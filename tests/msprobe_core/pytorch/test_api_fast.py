@@ -8,6 +8,7 @@ import json
 import subprocess
 import textwrap
 from pathlib import Path
+from typing import Callable
 
 import pytest
 import torch
@@ -196,8 +197,6 @@ def test_the_c_call_checks_what_it_is_given(tmp_path):
 @needs_kernel
 def test_the_c_call_leaks_nothing(tmp_path):
     """100,000 recorded calls (records dropped at each step's end): the process's memory stays flat."""
-    import gc
-    import tracemalloc
     if api_fast._ApiCall is None:
         pytest.skip("the extension has no ApiCall")
     dbg = PrecisionDebugger({"dump_path": str(tmp_path), "level": "L1", "task": "structure"})
@@ -212,15 +211,7 @@ def test_the_c_call_leaks_nothing(tmp_path):
             dbg.stop()
             dbg.step()
 
-    steps(5)
-    gc.collect()
-    tracemalloc.start()
-    before = tracemalloc.get_traced_memory()[0]
-    steps(100)
-    gc.collect()
-    grown = tracemalloc.get_traced_memory()[0] - before
-    tracemalloc.stop()
-    assert grown < 2_000_000, grown
+    assert _growth(steps, 100) < 2_000_000
 
 
 def test_the_operator_modes_pass_through_calls_what_it_does_not_record(tmp_path):
@@ -359,8 +350,6 @@ def test_a_failing_gradient_record_never_breaks_the_backward(tmp_path, monkeypat
 def test_calls_with_autograd_on_leak_nothing(tmp_path):
     """3,000 recorded calls with autograd on and their backward records: the process's memory stays flat (what
     grows is the hooks kept for reuse by call site, bounded)."""
-    import gc
-    import tracemalloc
     dbg = PrecisionDebugger({"dump_path": str(tmp_path), "level": "L1", "task": "structure"})
     w = torch.ones(2, 2, requires_grad=True)
 
@@ -374,12 +363,19 @@ def test_calls_with_autograd_on_leak_nothing(tmp_path):
             dbg.stop()
             dbg.step()
 
+    assert _growth(steps, 30) < 500_000
+
+
+def _growth(steps: Callable[[int], None], n: int) -> int:
+    """Bytes the process's Python allocations grew by over ``n`` steps, after 5 steps to warm up."""
+    import gc
+    import tracemalloc
     steps(5)
     gc.collect()
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
-    steps(30)
+    steps(n)
     gc.collect()
     grown = tracemalloc.get_traced_memory()[0] - before
     tracemalloc.stop()
-    assert grown < 500_000, grown
+    return grown
