@@ -314,7 +314,8 @@ done:
 }
 
 /* The inputs' tensors counted for the backward record's sizes and their gradient edges (``_begin_record`` with
- * ``call.grad``): *edges a new reference (Py_None: none kept). 0, -1 with an error. */
+ * ``call.grad``): *edges (a reference the caller holds) replaced by them (Py_None: none kept). 0, -1 with an
+ * error. */
 static int ag_begin(PyObject **g, PyObject *records, PyObject *backward, PyObject *args, PyObject *kwargs,
                     PyObject **edges) {
     PyObject *both = PyTuple_Pack(2, args, kwargs);
@@ -326,8 +327,9 @@ static int ag_begin(PyObject **g, PyObject *records, PyObject *backward, PyObjec
     int rc = count == NULL ? -1 : ag_sizes(records, backward, NULL, count);
     Py_XDECREF(count);
     if (rc == 0) {
-        *edges = g[G_KEEP_OUT] == Py_True ? PyObject_CallOneArg(g[G_EDGES_OF], tensors) : Py_NewRef(Py_None);
-        if (*edges == NULL) rc = -1;
+        PyObject *e = g[G_KEEP_OUT] == Py_True ? PyObject_CallOneArg(g[G_EDGES_OF], tensors) : Py_NewRef(Py_None);
+        if (e == NULL) rc = -1;
+        else Py_SETREF(*edges, e);
     }
     Py_DECREF(tensors);
     return rc;
@@ -342,6 +344,20 @@ static int ag_valid(PyObject *grad) {
 /* "{key}.{n}.backward" */
 static PyObject *ag_backward_name(PyObject *key, PyObject *n) {
     return PyUnicode_FromFormat("%U.%S.backward", key, n);
+}
+
+/* Torch functions off (``on`` 0) or back on (1, an error already raised kept: ``rc`` returned, or -1 when turning
+ * them on fails) around the tool's own reads and hook registrations of a call with autograd on, as the Python
+ * route's ``_quiet``: through a TorchFunctionMode every tensor attribute goes through the mode, and torch leaks a
+ * reference to None at each property set (``t._backward_hooks = ...`` in ``add_tensor_hook``). */
+static int ag_tf(PyObject **env, int on, int rc) {
+    PyObject *et = NULL, *ev = NULL, *etb = NULL;
+    if (on) PyErr_Fetch(&et, &ev, &etb);
+    PyObject *r = PyObject_CallNoArgs(env[on ? ENV_TF_ON : ENV_TF_OFF]);
+    if (r == NULL) { Py_XDECREF(et); Py_XDECREF(ev); Py_XDECREF(etb); return -1; }
+    Py_DECREF(r);
+    if (on) PyErr_Restore(et, ev, etb);
+    return on ? rc : 0;
 }
 
 /* The fast route of a call that passed the gates (``api_call`` after its gates): ``autograd``, a call autograd
@@ -369,7 +385,8 @@ static PyObject *ac_record(ApiCallObject *self, PyObject **env, PyObject *local,
     if (name == NULL) goto fail;
     if (ac_where(env, &rec, &stack, &parent) < 0
         || (autograd && (backward = ag_backward_name(key, n)) == NULL)
-        || (grad && ag_begin(g, env[ENV_RECORDS], backward, args, kwargs, &edges) < 0)) {
+        || (grad && (ag_tf(env, 0, 0) < 0
+                     || ag_tf(env, 1, ag_begin(g, env[ENV_RECORDS], backward, args, kwargs, &edges)) < 0))) {
         if (ac_report(svc, name) < 0) goto fail;  /* the tool must never break the user's call */
         Py_CLEAR(head);
     }
@@ -397,7 +414,8 @@ static PyObject *ac_record(ApiCallObject *self, PyObject **env, PyObject *local,
             if (r != NULL && grad) {
                 Py_DECREF(r);
                 PyObject *p = parent == env[ENV_NO_PARENT] ? Py_None : parent;
-                r = ag_hooks(g, env[ENV_RECORDS], backward, p, out, edges) < 0 ? NULL : Py_NewRef(Py_None);
+                r = ag_tf(env, 0, 0) < 0 || ag_tf(env, 1, ag_hooks(g, env[ENV_RECORDS], backward, p, out, edges)) < 0
+                    ? NULL : Py_NewRef(Py_None);
             }
         }
         Py_XDECREF(text);

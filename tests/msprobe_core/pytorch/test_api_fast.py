@@ -379,3 +379,26 @@ def _growth(steps: Callable[[int], None], n: int) -> int:
     grown = tracemalloc.get_traced_memory()[0] - before
     tracemalloc.stop()
     return grown
+
+
+def test_calls_with_autograd_on_leave_no_reference_behind(tmp_path):
+    """The C route's hooks go in with torch functions off, as the Python route's: torch leaks a reference to None
+    at each tensor property set made through a TorchFunctionMode (``add_tensor_hook`` sets ``_backward_hooks``)."""
+    import sys
+    dbg = PrecisionDebugger({"dump_path": str(tmp_path), "level": "L1", "task": "statistics"})
+    w = torch.ones(2, 2, requires_grad=True)
+
+    def steps(n: int) -> None:
+        for _ in range(n):
+            dbg.start()
+            h = torch.ones(1, 2, requires_grad=True)
+            for _ in range(50):
+                h = torch.nn.functional.gelu(torch.nn.functional.linear(h, w))
+            h.sum().backward()
+            dbg.stop()
+            dbg.step()
+
+    steps(3)
+    before = sys.getrefcount(None)
+    steps(10)
+    assert sys.getrefcount(None) - before < 50  # 1,000 recorded calls: one leaked reference each before
