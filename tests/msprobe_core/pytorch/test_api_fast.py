@@ -350,20 +350,7 @@ def test_a_failing_gradient_record_never_breaks_the_backward(tmp_path, monkeypat
 def test_calls_with_autograd_on_leak_nothing(tmp_path):
     """3,000 recorded calls with autograd on and their backward records: the process's memory stays flat (what
     grows is the hooks kept for reuse by call site, bounded)."""
-    dbg = PrecisionDebugger({"dump_path": str(tmp_path), "level": "L1", "task": "structure"})
-    w = torch.ones(2, 2, requires_grad=True)
-
-    def steps(n: int) -> None:
-        for _ in range(n):
-            dbg.start()
-            h = torch.ones(1, 2, requires_grad=True)
-            for _ in range(50):
-                h = torch.nn.functional.gelu(torch.nn.functional.linear(h, w))
-            h.sum().backward()
-            dbg.stop()
-            dbg.step()
-
-    assert _growth(steps, 30) < 500_000
+    assert _growth(_grad_steps(tmp_path, "structure"), 30) < 500_000
 
 
 def _growth(steps: Callable[[int], None], n: int) -> int:
@@ -385,7 +372,16 @@ def test_calls_with_autograd_on_leave_no_reference_behind(tmp_path):
     """The C route's hooks go in with torch functions off, as the Python route's: torch leaks a reference to None
     at each tensor property set made through a TorchFunctionMode (``add_tensor_hook`` sets ``_backward_hooks``)."""
     import sys
-    dbg = PrecisionDebugger({"dump_path": str(tmp_path), "level": "L1", "task": "statistics"})
+    steps = _grad_steps(tmp_path, "statistics")
+    steps(3)
+    before = sys.getrefcount(None)
+    steps(10)
+    assert sys.getrefcount(None) - before < 50  # 1,000 recorded calls: one leaked reference each before
+
+
+def _grad_steps(tmp_path: Path, task: str) -> Callable[[int], None]:
+    """Steps of an L1 dump (``task``) each recording 100 calls with autograd on and their backward."""
+    dbg = PrecisionDebugger({"dump_path": str(tmp_path), "level": "L1", "task": task})
     w = torch.ones(2, 2, requires_grad=True)
 
     def steps(n: int) -> None:
@@ -398,7 +394,4 @@ def test_calls_with_autograd_on_leave_no_reference_behind(tmp_path):
             dbg.stop()
             dbg.step()
 
-    steps(3)
-    before = sys.getrefcount(None)
-    steps(10)
-    assert sys.getrefcount(None) - before < 50  # 1,000 recorded calls: one leaked reference each before
+    return steps
