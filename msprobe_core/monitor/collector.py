@@ -10,9 +10,10 @@ row lives in a *slot*:
   kernel's raw sums until ``finalize`` turns them into the ``ops`` for the whole step at once (a column at
   a time); a batch the kernel reads whole (the step's weights, gradients, moments) gets its rows and its
   entries in one kernel call (``record_plain``);
-* any other tensor (an accelerator's, or a CPU tensor the kernel cannot read) is summarised on its device
-  into a ``[n, len(ops)]`` block; its slot is ``(device, row)``. ``finalize`` concatenates every block of
-  a device and copies it to the host in one transfer.
+* an accelerator's tensor gets its row in that device's ``DeviceRows`` (``device_rows``: a snapshot now, the
+  statistics of many snapshots at once, a fixed number of kernel launches for many tensors); a CPU tensor the
+  kernel cannot read is summarised into a ``[n, len(ops)]`` block (the tensors of one call together), kept
+  there too; its slot is ``(device, row)``. ``finalize`` copies every device's rows to the host in one transfer.
 
 Every value is rounded to float32 at ``finalize`` (the blocks are float32), so the numbers do not depend
 on the path a tensor took. A named row waits as ``MetricRow``'s fields in one flat list, with its slot in
@@ -34,6 +35,7 @@ from typing import Iterable, Sequence, Union
 import numpy as np
 import torch
 
+from msprobe_core.monitor.device_rows import DeviceRows
 from msprobe_core.monitor.records import MetricRow, stage_of
 from msprobe_core.monitor.step_rows import RowLayout, StepRows
 from msprobe_core.monitor.stats import RAW_WIDTH, StatsEngine
@@ -64,8 +66,7 @@ class StepCollector:
         self.engine = engine
         self._raw = bytearray()
         """The host rows (``StatsEngine.append_row``), ``stats.RAW_WIDTH`` doubles a row."""
-        self._blocks: dict[torch.device, list[torch.Tensor]] = {}
-        self._rows: dict[torch.device, int] = {}
+        self._devices: dict[torch.device, DeviceRows] = {}
         self._entries: list = []
         """``MetricRow``'s fields one entry after the other (all but ``call_id``, its position), the slot in
         place of ``values``."""
@@ -116,25 +117,31 @@ class StepCollector:
         return where
 
     def _device_slots(self, tensors: Sequence[torch.Tensor]) -> list[Slot]:
-        by_device: dict[torch.device, list[int]] = {}
-        for i, t in enumerate(tensors):
-            by_device.setdefault(t.device, []).append(i)
         where: list[Slot] = [0] * len(tensors)
-        for device, idx in by_device.items():
-            block = self.engine.compute([tensors[i] for i in idx])
-            base = self.add_block(block)
-            for k, i in enumerate(idx):
+        on_cpu: list[int] = []
+        for i, t in enumerate(tensors):
+            device = t.device
+            if device.type == "cpu":
+                on_cpu.append(i)
+            else:
+                where[i] = (device, self._rows_of(device).add(t))
+        if on_cpu:
+            device = tensors[on_cpu[0]].device
+            base = self.add_block(self.engine.compute([tensors[i] for i in on_cpu]))
+            for k, i in enumerate(on_cpu):
                 where[i] = (device, base + k)
         return where
+
+    def _rows_of(self, device: torch.device) -> DeviceRows:
+        rows = self._devices.get(device)
+        if rows is None:
+            rows = self._devices[device] = DeviceRows(self.engine)
+        return rows
 
     def add_block(self, block: torch.Tensor) -> int:
         """Store an already computed [n, len(ops)] block; returns the row of its first line (the slot of
         line k is ``(block.device, base + k)``)."""
-        device = block.device
-        base = self._rows.get(device, 0)
-        self._blocks.setdefault(device, []).append(block)
-        self._rows[device] = base + block.shape[0]
-        return base
+        return self._rows_of(block.device).add_block(block)
 
     def add_entry(self, kind: str, name: str, module: str, micro_step: int | None, numel: int,
                   where: Slot, external: bool = False, alias: bool | None = None) -> None:
@@ -210,10 +217,9 @@ class StepCollector:
         device). ``take``: ``slots`` as an array, when known (host rows only)."""
         width = len(self.engine.ops)
         host = self.engine.host_values(self._raw) if self._raw else np.empty((0, width))
-        if not self._blocks:
+        if not self._devices:
             return host[take if take is not None else np.fromiter(slots, dtype=np.int64, count=len(slots))]
-        devices = {device: (blocks[0] if len(blocks) == 1 else torch.cat(blocks)).detach().cpu().double().numpy()
-                   for device, blocks in self._blocks.items()}
+        devices = {device: rows.values() for device, rows in self._devices.items()}
         out = np.empty((len(slots), width))
         for i, w in enumerate(slots):
             out[i] = host[w] if w.__class__ is int else devices[w[0]][w[1]]
@@ -229,9 +235,9 @@ class StepCollector:
                                      entries[7::_FIELDS])
             self._last, self._take = list(entries), None
         slots = entries[_SLOT::_FIELDS]
-        if self._take is None and not self._blocks:
+        if self._take is None and not self._devices:
             self._take = np.fromiter(slots, dtype=np.int64, count=len(slots))
-        rows = StepRows(self._layout, self._values(slots, self._take if not self._blocks else None))
+        rows = StepRows(self._layout, self._values(slots, self._take if not self._devices else None))
         self.reset()
         return rows
 
@@ -256,8 +262,7 @@ class StepCollector:
 
     def reset(self) -> None:
         del self._raw[:]
-        self._blocks.clear()
-        self._rows.clear()
+        self._devices.clear()
         self._entries.clear()
         self._named.clear()
 

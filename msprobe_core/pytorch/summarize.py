@@ -3,7 +3,8 @@
 A tensor becomes a summary dict (type, dtype, shape, Max, Min, Mean, Norm, requires_grad, plus
 data_name / md5 when asked). Statistics are computed once per tensor *version* (an API's output is the
 next API's input: one computation, and one file written, hard-linked under the second name), stay on the
-tensor's device, and reach the host in one stacked copy per ``resolve()`` call. Saved tensors are copied
+tensor's device, and reach the host in one stacked copy per ``resolve()`` call; an accelerator's small float
+tensors wait as snapshots (``snapshot_rows``: one launch each, their statistics a few launches for the lot). Saved tensors are copied
 once on the training thread and written by ``TensorFiles`` (a writer process).
 """
 
@@ -22,8 +23,9 @@ from msprobe_core.pytorch import tensor_stats
 from msprobe_core.pytorch.native_shards import is_dtensor
 from msprobe_core.pytorch.odd_tensors import PLAIN_TYPES, QUANTIZED_DTYPES, known_shape, unsupported_reason
 from msprobe_core.pytorch.pt_writer import TensorFiles
+from msprobe_core.pytorch.snapshot_rows import SnapshotRows, takes
 from msprobe_core.pytorch.tensor_crc import tensor_crc32
-from msprobe_core.pytorch.tensor_stats import HOST_CODES, host_stats, summary_kind, summary_stats
+from msprobe_core.pytorch.tensor_stats import HOST_CODES, host_stats, row_summary, summary_kind, summary_stats
 from msprobe_core.stats.kernel import KERNEL
 
 _contiguous = torch.Tensor.contiguous
@@ -91,6 +93,13 @@ class _PyEntry:
 _Entry = getattr(KERNEL, "Entry", None) or _PyEntry
 
 
+class _Waiting(list):
+    """The statistics of a snapshot waiting in ``SnapshotRows``: ``[None]`` until ``resolve`` reads them, then
+    ``[(max, min, sum, norm)]`` (kept as a version's statistics: its later records read them)."""
+
+    __slots__ = ()
+
+
 class Summarizer(SummarizerBase):
     """Summaries for one step (the core's ``SummarizerBase`` for torch tensors); ``reset()`` at step end
     drops the per-version cache. Call ``summarize`` under ``torch.no_grad()``."""
@@ -105,6 +114,7 @@ class Summarizer(SummarizerBase):
         self.combined: dict[int, tuple] = {}
         """id(tensor) -> ((Max, Min, Mean, Norm, shards), shape) of the full tensor a DTensor or an FSDP1 piece
         belongs to (``sharded_grads``), while the piece is recorded."""
+        self._snapshots = SnapshotRows(row_summary, keep_float64=True)
         self.record_text = self._record_text()
         maker = getattr(KERNEL, "GradText", None)
         self.grad_text = maker(self.record_text) if maker is not None and self.record_text is not None else None
@@ -189,7 +199,11 @@ class Summarizer(SummarizerBase):
                     entry.stats = stats
         if wants_stats:
             if stats is None:
-                stats = _stats_of(t, data, kind, summary)
+                if _waits(t, kind):
+                    stats = _Waiting((None,))
+                    self._snapshots.add(t, stats)
+                else:
+                    stats = _stats_of(t, data, kind, summary)
                 if entry is not None:
                     entry.stats = stats
             if stats is None:
@@ -353,11 +367,34 @@ class Summarizer(SummarizerBase):
 
     # ------------------------------------------------------------------ host copy
     def _rows_to_host(self, pending: list) -> list:
-        """One stacked transfer for all pending statistics."""
+        """One stacked transfer for all pending statistics (the snapshots': one per precision)."""
+        self._read_snapshots()
+        rest = [(summary, stats) for summary, stats, _, _ in pending if type(stats) is not _Waiting]
         try:
-            return _to_host([stats for _, stats, _, _ in pending])
+            values = _to_host([stats for _, stats in rest])
         except Exception:  # a tensor whose statistics cannot reach the host must not cost the others theirs
-            return [_one_to_host(summary, stats) for summary, stats, _, _ in pending]
+            values = [_one_to_host(summary, stats) for summary, stats in rest]
+        others = iter(values)
+        return [_snapshot_row(summary, stats) if type(stats) is _Waiting else next(others)
+                for summary, stats, _, _ in pending]
+
+    def _read_snapshots(self) -> None:
+        """The waiting snapshots' statistics into their ``_Waiting`` cells: summarised, one copy per precision."""
+        done = self._snapshots.done
+        try:
+            self._snapshots.summarise()
+            by_dtype: dict[torch.dtype, tuple[list, list]] = {}
+            for cells, block in done:
+                group = by_dtype.setdefault(block.dtype, ([], []))
+                group[0].extend(cells)
+                group[1].append(block)
+            for cells, blocks in by_dtype.values():
+                for cell, row in zip(cells, torch.cat(blocks).tolist()):
+                    cell[0] = row
+        except Exception:  # their cells stay empty: those summaries say their statistics could not be read
+            pass
+        finally:
+            done.clear()
 
     def _checksums(self, pending: list) -> None:
         if torch.cuda.is_available():
@@ -393,6 +430,18 @@ def _to_host(groups: list[tuple]) -> list[list[float]]:
             out[i] = values[pos:pos + n]
             pos += n
     return out
+
+
+def _waits(t: torch.Tensor, kind: str) -> bool:
+    """Do ``t``'s statistics wait as a snapshot (``snapshot_rows``): an accelerator's small float tensor?"""
+    return kind == "float" and not t.is_cpu and takes(t)
+
+
+def _snapshot_row(summary: dict, cell: _Waiting) -> Optional[list[float]]:
+    """A snapshot's statistics once read; None, with the reason in the summary, where they could not be."""
+    if cell[0] is None:
+        summary["summary"] = "unsupported: statistics could not be read"
+    return cell[0]
 
 
 def _one_to_host(summary: dict, stats: tuple) -> Optional[list[float]]:

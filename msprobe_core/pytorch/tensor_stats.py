@@ -153,6 +153,13 @@ def summary_stats(t: torch.Tensor, kind: str) -> tuple[torch.Tensor, ...]:
     return _amax(x), _amin(x), _tensor_sum(x), _vector_norm(x)
 
 
+def row_summary(rows: torch.Tensor) -> torch.Tensor:
+    """``summary_stats`` of each row of ``rows`` (a non-empty 2-D float tensor, its rows the tensors): [rows, 4]
+    (max, min, sum, norm) on its device, in five launches whatever the count of rows. Max and Min are exactly
+    ``summary_stats``'; Sum and Norm are reduced in another order, so they may differ in the last bits."""
+    return _stack((_amax(rows, dim=1), _amin(rows, dim=1), _tensor_sum(rows, dim=1), _vector_norm(rows, dim=1)), dim=1)
+
+
 @torch.no_grad()
 def has_inf_or_nan(t: torch.Tensor) -> torch.Tensor:
     """A 0-dim bool device tensor: does ``t`` hold any Inf or NaN? (False for non-float tensors.)"""
@@ -209,6 +216,31 @@ def batched_stats(tensors: Sequence[torch.Tensor], ops: Sequence[str], eps: floa
             done[op] = _tensor_to(_stack([torch.count_nonzero(_isnan(x)) for x in xs]), torch.float32)
     return _stack([done[op] for op in ops], dim=1)
 
+
+
+@torch.no_grad()
+def row_stats(rows: torch.Tensor, ops: Sequence[str], eps: float = 1e-8) -> torch.Tensor:
+    """``batched_stats`` of each row of ``rows`` (a non-empty 2-D float32 tensor, its rows the tensors): a float32
+    tensor [rows, len(ops)] on its device, in a fixed number of reductions along the rows whatever their count
+    (``batched_stats`` makes a few per tensor). min, max, zeros and nans are exactly ``batched_stats``'; norm
+    and mean are reduced in another order, so they may differ in the last bits."""
+    done: dict[str, torch.Tensor] = {}
+    for op in ops:
+        if op in done:
+            continue
+        if op in ("min", "max"):
+            done["min"], done["max"] = torch.aminmax(rows, dim=1)
+        elif op == "norm":
+            done[op] = _vector_norm(rows, dim=1)
+        elif op == "mean":
+            done[op] = rows.mean(dim=1)
+        elif op == "zeros":
+            done[op] = _tensor_to(torch.count_nonzero(_tensor_abs(rows) <= eps, dim=1), torch.float32) / rows.shape[1]
+        elif op == "nans":
+            done[op] = _tensor_to(torch.count_nonzero(_isnan(rows), dim=1), torch.float32)
+        else:
+            raise ValueError(f"unknown statistic '{op}'; allowed: {', '.join(MONITOR_OPS)}")
+    return _stack([done[op] for op in ops], dim=1)
 
 _NAN = float("nan")
 
