@@ -10,7 +10,9 @@
  *                           grad (``_hook_outputs``) and the call's own nodes hooked (``_hook_own_grads``:
  *                           the one-edge call in C through ``OwnGrads``' hooks, any other by
  *                           ``backward_capture.capture``). The same records, frames and hooks as the Python
- *                           route; an input or output the C text does not read takes the Python route.
+ *                           route; an input or output the C text does not read takes the Python route. The
+ *                           call's hooks reach ``StepHooks`` in one ``keep_keys`` call (no handle objects); its
+ *                           stateless hooks are made once per call site and used again in later steps.
  *   ApiGrad(records, service, text, field, fields, construct, no_parent, grad_enabled, dumping_thread_of,
  *           tf_off, tf_on)
  *   NodeEdges               the hook of a call's node whose inputs' edges start there (made by ac_record)
