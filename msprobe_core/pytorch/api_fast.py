@@ -24,10 +24,12 @@ which sends a call Dynamo traces to the usual wrapper, so torch.compile sees wha
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from functools import partial
 from typing import Any, Callable, Optional
 
 import torch
+from torch.utils.hooks import RemovableHandle
 
 from msprobe_core.dump.api_wrap import next_call
 from msprobe_core.dump.call import Call
@@ -121,7 +123,7 @@ class FastApi:
         return (bool(records.selection.backward), records.selection.keeps("backward", "output"),
                 records._keep_grad_in, records._tensors_in, InputEdges.of, report_in, report_out, partial,
                 svc._hook_tensor_grad, capture, svc._on_own_grad_error, svc._keep_hook, hooks, own, _sequence_nr,
-                ACCUMULATE_GRAD, torch.Tensor)
+                ACCUMULATE_GRAD, torch.Tensor, svc._keep_keys, RemovableHandle, OrderedDict)
 
     def _capture(self) -> Optional[Callable[[], Any]]:
         """The caller's stack (frames of the toolkit left out), without a method call on the way; None

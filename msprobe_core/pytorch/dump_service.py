@@ -356,6 +356,14 @@ class DumpService(DumpServiceBase):
             self._step_handles.append(hooks)  # its remove() runs with the step's other handles
         hooks.keep(handle)
 
+    def _keep_keys(self, flat: list) -> None:
+        """Hold hooks put in their dicts without a handle (``StepHooks.keep_keys``' ``flat``) for their removal when
+        the step ends."""
+        hooks = self._step_hooks
+        if not hooks:
+            self._step_handles.append(hooks)
+        hooks.keep_keys(flat)
+
     def _keep_tensor_hook(self, t: torch.Tensor, hook: Callable) -> None:
         """``t.register_hook(hook)`` until the step ends, made without a handle object (``StepHooks``)."""
         hooks = self._step_hooks

@@ -10,7 +10,9 @@
  *                           grad (``_hook_outputs``) and the call's own nodes hooked (``_hook_own_grads``:
  *                           the one-edge call in C through ``OwnGrads``' hooks, any other by
  *                           ``backward_capture.capture``). The same records, frames and hooks as the Python
- *                           route; an input or output the C text does not read takes the Python route.
+ *                           route; an input or output the C text does not read takes the Python route. The
+ *                           call's hooks reach ``StepHooks`` in one ``keep_keys`` call (no handle objects); its
+ *                           stateless hooks are made once per call site and used again in later steps.
  *   ApiGrad(records, service, text, field, fields, construct, no_parent, grad_enabled, dumping_thread_of,
  *           tf_off, tf_on)
  *   NodeEdges               the hook of a call's node whose inputs' edges start there (made by ac_record)
@@ -21,15 +23,19 @@
 
 enum {
     G_BACKWARD, G_KEEP_OUT, G_KEEP_IN, G_TENSORS_IN, G_EDGES_OF, G_REPORT_IN, G_REPORT_OUT, G_PARTIAL,
-    G_HOOK_TENSOR, G_CAPTURE, G_FAIL, G_KEEP, G_HOOKS, G_OWN, G_SEQUENCE_NR, G_ACCUMULATE, G_TENSOR, G_N
-};
+    G_HOOK_TENSOR, G_CAPTURE, G_FAIL, G_KEEP, G_HOOKS, G_OWN, G_SEQUENCE_NR, G_ACCUMULATE, G_TENSOR, G_KEEP_KEYS,
+    G_HANDLE, G_ORDERED_DICT, G_N
+};  /* G_KEEP_KEYS: ``keep_keys(flat)`` holds hooks put in without a handle (``StepHooks.keep_keys``' form) for their
+     * removal when the step ends; G_HANDLE: ``RemovableHandle`` (its ``next_id``); G_ORDERED_DICT: the hook dicts' type */
 
-static PyObject *ag_s[16];  /* attribute names and suffixes, interned once (AS_*) */
+static PyObject *ag_s[22];  /* attribute names and suffixes, interned once (AS_*) */
 enum { AS_BWD_SIZES, AS_SLOTS, AS_BEGIN, AS_LEAF, AS_GRAD_FN, AS_OUTPUT_NR, AS_SEQUENCE_NR, AS_REQUIRES_GRAD,
-       AS_REGISTER_HOOK, AS_ON_GRAD, AS_PUT_TEXT_FIELD, AS_SYNC, AS_ERROR, AS_GET, AS_BACKWARD_SUFFIX, AS_FORWARD_SUFFIX, AS_N };
+       AS_REGISTER_HOOK, AS_ON_GRAD, AS_PUT_TEXT_FIELD, AS_SYNC, AS_ERROR, AS_GET, AS_BACKWARD_SUFFIX, AS_FORWARD_SUFFIX,
+       AS_ID, AS_HOOKS_DICT_REF, AS_EXTRA_DICT_REF, AS_BACKWARD_HOOKS, AS_REGISTER_HOOK_DICT, AS_NEXT_ID, AS_N };
 static const char *const AG_NAMES[AS_N] = {"bwd_sizes", "slots", "begin", "leaf", "grad_fn", "output_nr",
     "_sequence_nr", "requires_grad", "register_hook", "on_grad", "put_text_field", "_sync", "_error", "get",
-    ".backward", ".forward"};
+    ".backward", ".forward", "id", "hooks_dict_ref", "extra_dict_ref", "_backward_hooks", "_register_hook_dict",
+    "next_id"};
 static PyObject *ag_no_sizes;  /* (0, 0) */
 #define AGR_VISIT(f) Py_VISIT(self->f);
 #define AGR_CLEAR(f) Py_CLEAR(self->f);
@@ -69,6 +75,88 @@ static long long ag_long(PyObject *obj, int a, int call) {
     long long r = PyLong_AsLongLong(v);
     Py_DECREF(v);
     return r;
+}
+
+/* ------------------------------------------------------------------------------------ hooks of a call
+ * A call's hooks are kept for their removal as ``StepHooks`` keeps them (key, number of dicts, the dicts, ...: no
+ * handle object), gathered in one list per call (``flat``) and handed to ``keep_keys`` once. Stateless hooks
+ * (the outputs' partials, ``NodeEdges``) are kept in ``hooks`` by what they hold and used again by the same call
+ * site in later steps: a step's calls then leave no new objects for Python's garbage collector to carry into its
+ * oldest generation (whose full collections cost ~100 ms with torch loaded). */
+
+/* The hook kept under ``key`` (a new reference), or NULL: none (no error: make it and ``ag_kept_put`` it). */
+static PyObject *ag_kept(PyObject **g, PyObject *key) {
+    PyObject *hook = g[G_OWN] == Py_None ? NULL : PyDict_GetItemWithError(g[G_HOOKS], key);
+    return Py_XNewRef(hook);
+}
+
+/* ``hook`` kept under ``key`` for the next steps (``hooks`` bounded as ``OwnGrads`` bounds it): 0, -1 an error. */
+static int ag_kept_put(PyObject **g, PyObject *key, PyObject *hook) {
+    if (g[G_OWN] == Py_None) return 0;  /* (no ``OwnGrads``: no bound known, nothing kept) */
+    if (PyDict_GET_SIZE(g[G_HOOKS]) >= ((OwnGradsObject *)g[G_OWN])->max_hooks) PyDict_Clear(g[G_HOOKS]);
+    return PyDict_SetItem(g[G_HOOKS], key, hook);
+}
+
+/* ``StepHooks.keep(handle)`` into ``flat``: the handle's key and hook dicts (the handle itself dropped). 0, -1. */
+static int ag_keep_handle(PyObject *flat, PyObject *handle) {
+    PyObject *id = PyObject_GetAttr(handle, ag_s[AS_ID]);
+    PyObject *ref = id == NULL ? NULL : PyObject_GetAttr(handle, ag_s[AS_HOOKS_DICT_REF]);
+    PyObject *hooks = ref == NULL ? NULL : PyObject_CallNoArgs(ref);
+    PyObject *extra = hooks == NULL ? NULL : PyObject_GetAttr(handle, ag_s[AS_EXTRA_DICT_REF]);
+    int truth = extra == NULL ? -1 : PyObject_IsTrue(extra);
+    PyObject *refs = truth <= 0 ? NULL : PySequence_Fast(extra, "extra_dict_ref is no sequence");
+    Py_ssize_t n = refs == NULL ? 0 : PySequence_Fast_GET_SIZE(refs);
+    PyObject *count = truth < 0 || (truth && refs == NULL) ? NULL : PyLong_FromSsize_t(1 + n);
+    int rc = count == NULL || PyList_Append(flat, id) < 0 || PyList_Append(flat, count) < 0
+             || PyList_Append(flat, hooks) < 0 ? -1 : 0;
+    for (Py_ssize_t i = 0; i < n && rc == 0; i++) {
+        PyObject *d = PyObject_CallNoArgs(PySequence_Fast_GET_ITEM(refs, i));
+        rc = d == NULL || PyList_Append(flat, d) < 0 ? -1 : 0;
+        Py_XDECREF(d);
+    }
+    Py_XDECREF(id); Py_XDECREF(ref); Py_XDECREF(hooks); Py_XDECREF(extra); Py_XDECREF(refs); Py_XDECREF(count);
+    return rc;
+}
+
+/* ``node.register_hook(hook)``, its key and dicts into ``flat``: 0, -1 with an error. */
+static int ag_node_hook(PyObject *flat, PyObject *node, PyObject *hook) {
+    PyObject *handle = PyObject_CallMethodOneArg(node, ag_s[AS_REGISTER_HOOK], hook);
+    int rc = handle == NULL ? -1 : ag_keep_handle(flat, handle);
+    Py_XDECREF(handle);
+    return rc;
+}
+
+/* ``t.register_hook(hook)`` held for the step's end (``StepHooks.tensor_hook``): for a plain tensor the entry
+ * ``add_tensor_hook`` makes (the key ``next_hook_id`` takes, at the end of the tensor's ``_backward_hooks``, the
+ * dict made and given to its ``grad_fn`` on first use) into ``flat``; anything else by ``_hook_tensor_grad``
+ * (a subclass may route ``register_hook`` elsewhere). 0, -1 with an error. */
+static int ag_tensor_hook(PyObject **g, PyObject *flat, PyObject *t, PyObject *hook) {
+    if (Py_TYPE(t) != (PyTypeObject *)g[G_TENSOR]) {
+        PyObject *r = PyObject_CallFunctionObjArgs(g[G_HOOK_TENSOR], t, hook, NULL);
+        Py_XDECREF(r);
+        return r == NULL ? -1 : 0;
+    }
+    PyObject *hooks = PyObject_GetAttr(t, ag_s[AS_BACKWARD_HOOKS]), *key = NULL, *next = NULL;
+    int rc = -1;
+    if (hooks == Py_None) {
+        Py_SETREF(hooks, PyObject_CallNoArgs(g[G_ORDERED_DICT]));  /* an OrderedDict, as torch's (handles weakref it) */
+        PyObject *fn = hooks == NULL || PyObject_SetAttr(t, ag_s[AS_BACKWARD_HOOKS], hooks) < 0 ? NULL
+                       : PyObject_GetAttr(t, ag_s[AS_GRAD_FN]);
+        PyObject *r = fn == NULL ? NULL : fn == Py_None ? Py_NewRef(Py_None)
+                      : PyObject_CallMethodOneArg(fn, ag_s[AS_REGISTER_HOOK_DICT], t);
+        Py_XDECREF(fn);
+        if (r == NULL) goto done;
+        Py_DECREF(r);
+    }
+    if (hooks == NULL || (key = PyObject_GetAttr(g[G_HANDLE], ag_s[AS_NEXT_ID])) == NULL) goto done;
+    next = PyNumber_Add(key, ONE);  /* ``next_hook_id``: the next ``RemovableHandle`` id, taken as torch takes it */
+    if (next == NULL || PyObject_SetAttr(g[G_HANDLE], ag_s[AS_NEXT_ID], next) < 0
+        || PyObject_SetItem(hooks, key, hook) < 0)
+        goto done;
+    rc = PyList_Append(flat, key) < 0 || PyList_Append(flat, ONE) < 0 || PyList_Append(flat, hooks) < 0 ? -1 : 0;
+done:
+    Py_XDECREF(hooks); Py_XDECREF(key); Py_XDECREF(next);
+    return rc;
 }
 
 /* ------------------------------------------------------------------------------------------ NodeEdges
@@ -160,20 +248,26 @@ static PyObject *ne_make(PyObject **g, PyObject *context, PyObject *node_hits, P
         if (pair == NULL) { Py_DECREF(pairs); return NULL; }
         PyTuple_SET_ITEM(pairs, i, pair);
     }
+    PyObject *key = PyTuple_Pack(2, context, pairs);  /* the call site's hook of an earlier step, if kept */
+    PyObject *kept = key == NULL ? NULL : ag_kept(g, key);
+    if (kept != NULL || key == NULL || PyErr_Occurred()) { Py_DECREF(pairs); Py_XDECREF(key); return kept; }
     NodeEdgesObject *self = PyObject_GC_New(NodeEdgesObject, &NodeEdgesType);
-    if (self == NULL) { Py_DECREF(pairs); return NULL; }
+    if (self == NULL) { Py_DECREF(pairs); Py_DECREF(key); return NULL; }
     self->report = Py_NewRef(g[G_REPORT_OUT]);
     self->fail = Py_NewRef(g[G_FAIL]);
     self->context = Py_NewRef(context);
     self->pairs = pairs;
     self->vectorcall = (vectorcallfunc)ne_call;
     PyObject_GC_Track(self);
+    if (ag_kept_put(g, key, (PyObject *)self) < 0) Py_CLEAR(self);
+    Py_DECREF(key);
     return (PyObject *)self;
 }
 
 /* Each node of ``hits`` hooked by its NodeEdges, in order: 1 done, 0 a node that needs sums (nothing done:
  * ``capture`` takes the call), -1 an error. */
-static int ne_hook_all(PyObject **g, PyObject *context, PyObject *hits, PyObject *slots, PyObject *counts) {
+static int ne_hook_all(PyObject **g, PyObject *flat, PyObject *context, PyObject *hits, PyObject *slots,
+                       PyObject *counts) {
     Py_ssize_t n = PyList_GET_SIZE(hits);
     PyObject *made = PyList_New(n);
     if (made == NULL) return -1;
@@ -185,11 +279,7 @@ static int ne_hook_all(PyObject **g, PyObject *context, PyObject *hits, PyObject
         else PyList_SET_ITEM(made, i, hook);
     }
     for (Py_ssize_t i = 0; i < n && rc == 1; i++) {
-        PyObject *node = PyTuple_GET_ITEM(PyList_GET_ITEM(hits, i), 0);
-        PyObject *handle = PyObject_CallMethodOneArg(node, ag_s[AS_REGISTER_HOOK], PyList_GET_ITEM(made, i));
-        PyObject *r = handle == NULL ? NULL : PyObject_CallOneArg(g[G_KEEP], handle);
-        if (r == NULL) rc = -1;
-        Py_XDECREF(handle); Py_XDECREF(r);
+        if (ag_node_hook(flat, PyTuple_GET_ITEM(PyList_GET_ITEM(hits, i), 0), PyList_GET_ITEM(made, i)) < 0) rc = -1;
     }
     Py_DECREF(made);
     return rc;
@@ -198,7 +288,7 @@ static int ne_hook_all(PyObject **g, PyObject *context, PyObject *hits, PyObject
 /* ``capture`` in C where no gradient needs a sum: the call's one node sends one edge to one input (its hook from
  * ``OwnGrads``' table, made once per call site), or each input's one edge starts at one of the call's nodes
  * (``NodeEdges``). 1 done, 0 another shape (nothing done: ``capture`` takes it), -1 an error. */
-static int ag_own_edges(PyObject **g, PyObject *edges, PyObject *outs, PyObject *context) {
+static int ag_own_edges(PyObject **g, PyObject *flat, PyObject *edges, PyObject *outs, PyObject *context) {
     if (g[G_OWN] == Py_None) return 0;
     PyObject *slots = PyObject_GetAttr(edges, ag_s[AS_SLOTS]), *end = NULL, *roots = NULL, *walked = NULL;
     PyObject *skip = NULL, *b = NULL, *leaf = NULL;
@@ -242,7 +332,7 @@ static int ag_own_edges(PyObject **g, PyObject *edges, PyObject *outs, PyObject 
     if (PyList_GET_SIZE(hits) == 0) { rc = 1; goto done; }  /* nothing of the call sends to its inputs */
     PyObject *hit = PyList_GET_ITEM(hits, 0), *node_hits = PyTuple_GET_ITEM(hit, 1);
     if (PyList_GET_SIZE(hits) != 1 || PyTuple_GET_SIZE(node_hits) != 1) {  /* several inputs or nodes */
-        rc = ne_hook_all(g, context, hits, slots, PyTuple_GET_ITEM(walked, 1));
+        rc = ne_hook_all(g, flat, context, hits, slots, PyTuple_GET_ITEM(walked, 1));
         goto done;
     }
     PyObject *key_edges = PyTuple_GET_ITEM(node_hits, 0), *edge_list = PyTuple_GET_ITEM(key_edges, 1);
@@ -252,11 +342,8 @@ static int ag_own_edges(PyObject **g, PyObject *edges, PyObject *outs, PyObject 
     Py_ssize_t edge = PyLong_AsSsize_t(PyTuple_GET_ITEM(edge_list, 0));
     if (edge == -1 && PyErr_Occurred()) { rc = -1; goto done; }
     PyObject *hook = og_single_edge((OwnGradsObject *)g[G_OWN], context, slot, edge, -1);
-    PyObject *handle = hook == NULL ? NULL
-                       : PyObject_CallMethodOneArg(PyTuple_GET_ITEM(hit, 0), ag_s[AS_REGISTER_HOOK], hook);
-    PyObject *r = handle == NULL ? NULL : PyObject_CallOneArg(g[G_KEEP], handle);
-    rc = r == NULL ? -1 : 1;
-    Py_XDECREF(hook); Py_XDECREF(handle); Py_XDECREF(r);
+    rc = hook == NULL || ag_node_hook(flat, PyTuple_GET_ITEM(hit, 0), hook) < 0 ? -1 : 1;
+    Py_XDECREF(hook);
 done:
     Py_XDECREF(slots); Py_XDECREF(end); Py_XDECREF(roots); Py_XDECREF(walked); Py_XDECREF(skip); Py_XDECREF(b);
     Py_XDECREF(leaf);
@@ -267,14 +354,16 @@ done:
 static int ag_hooks(PyObject **g, PyObject *records, PyObject *backward, PyObject *parent, PyObject *out,
                     PyObject *edges) {
     PyObject *outs = NULL, *context = NULL, *bparent = NULL, *count = NULL, *false_ = Py_False;
+    PyObject *flat = PyList_New(0);  /* the call's hooks, for their removal when the step ends */
     int rc = -1;
+    if (flat == NULL) return -1;
     if (Py_TYPE(out) == (PyTypeObject *)g[G_TENSOR]) {  /* ``tensors_in`` of a plain tensor */
         outs = PyList_New(1);
-        if (outs == NULL) return -1;
+        if (outs == NULL) goto done;
         PyList_SET_ITEM(outs, 0, Py_NewRef(out));
     } else {
         outs = PyObject_CallOneArg(g[G_TENSORS_IN], out);
-        if (outs == NULL) return -1;
+        if (outs == NULL) goto done;
         if (!PyList_CheckExact(outs)) { PyErr_SetString(PyExc_TypeError, "tensors_in gave no list"); goto done; }
     }
     int set = parent == Py_None ? 0 : PyObject_IsTrue(parent);  /* ``Call.backward_parent`` */
@@ -288,16 +377,19 @@ static int ag_hooks(PyObject **g, PyObject *records, PyObject *backward, PyObjec
             int grad = ag_requires_grad(t);
             if (grad <= 0) { if (grad < 0) goto done; continue; }
             PyObject *index = PyLong_FromSsize_t(i);
-            PyObject *hook = index == NULL ? NULL
-                             : PyObject_CallFunctionObjArgs(g[G_PARTIAL], g[G_REPORT_IN], context, index, NULL);
-            PyObject *r = hook == NULL ? NULL : PyObject_CallFunctionObjArgs(g[G_HOOK_TENSOR], t, hook, NULL);
-            Py_XDECREF(index); Py_XDECREF(hook);
-            if (r == NULL) goto done;
-            Py_DECREF(r);
+            PyObject *key = index == NULL ? NULL : PyTuple_Pack(2, context, index);
+            PyObject *hook = key == NULL ? NULL : ag_kept(g, key);
+            if (hook == NULL && key != NULL && !PyErr_Occurred()) {  /* the call site's first step */
+                hook = PyObject_CallFunctionObjArgs(g[G_PARTIAL], g[G_REPORT_IN], context, index, NULL);
+                if (hook != NULL && ag_kept_put(g, key, hook) < 0) Py_CLEAR(hook);
+            }
+            int added = hook == NULL ? -1 : ag_tensor_hook(g, flat, t, hook);
+            Py_XDECREF(index); Py_XDECREF(key); Py_XDECREF(hook);
+            if (added < 0) goto done;
         }
     }
     if (edges != Py_None) {
-        int done = ag_own_edges(g, edges, outs, context);
+        int done = ag_own_edges(g, flat, edges, outs, context);
         if (done < 0) goto done;
         if (!done) {  /* another shape of graph: ``capture`` */
             PyObject *a[10] = {edges, outs, g[G_REPORT_OUT], g[G_FAIL], context, g[G_KEEP], Py_None, Py_None,
@@ -309,7 +401,18 @@ static int ag_hooks(PyObject **g, PyObject *records, PyObject *backward, PyObjec
     }
     rc = 0;
 done:
-    Py_XDECREF(outs); Py_XDECREF(context); Py_XDECREF(bparent); Py_XDECREF(count);
+    if (PyList_GET_SIZE(flat)) {  /* every hook that went in is removed at the step's end, an error or not */
+        PyObject *et, *ev, *etb;
+        PyErr_Fetch(&et, &ev, &etb);
+        PyObject *r = PyObject_CallOneArg(g[G_KEEP_KEYS], flat);
+        if (r == NULL) {
+            rc = -1;
+            if (et != NULL) PyErr_Clear();
+        }
+        Py_XDECREF(r);
+        if (et != NULL) PyErr_Restore(et, ev, etb);
+    }
+    Py_DECREF(flat); Py_XDECREF(outs); Py_XDECREF(context); Py_XDECREF(bparent); Py_XDECREF(count);
     return rc;
 }
 
@@ -338,6 +441,7 @@ static int ag_begin(PyObject **g, PyObject *records, PyObject *backward, PyObjec
 /* Is ``grad`` the tuple ac_record reads (G_*)? */
 static int ag_valid(PyObject *grad) {
     return PyTuple_Check(grad) && PyTuple_GET_SIZE(grad) == G_N && PyType_Check(PyTuple_GET_ITEM(grad, G_TENSOR))
+           && PyDict_Check(PyTuple_GET_ITEM(grad, G_HOOKS))
            && (PyTuple_GET_ITEM(grad, G_OWN) == Py_None || Py_TYPE(PyTuple_GET_ITEM(grad, G_OWN)) == &OwnGradsType);
 }
 

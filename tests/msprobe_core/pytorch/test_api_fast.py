@@ -395,3 +395,43 @@ def _grad_steps(tmp_path: Path, task: str) -> Callable[[int], None]:
             dbg.step()
 
     return steps
+
+
+@needs_grad_route
+@pytest.mark.parametrize("route", ["c", "usual"])
+def test_the_hooks_of_calls_with_autograd_on_go_when_the_step_ends(tmp_path, route, monkeypatch):
+    """Every hook a call with autograd on put in (its output's tensor hook, its nodes' hooks) is held for the step's
+    end and gone then; a backward run later through the same graph records nothing. The C route's hooks, used again
+    by the same call sites in the next step, record that step's calls."""
+    if route == "usual":
+        monkeypatch.setattr(api_fast, "_ApiGrad", None)
+    dbg = PrecisionDebugger({"dump_path": str(tmp_path), "level": "L1", "task": "statistics"})
+    w = torch.randn(3, 3, requires_grad=True)
+    kept = []
+    for _ in range(2):
+        dbg.start()
+        x = torch.randn(2, 3, requires_grad=True)
+        y = torch.nn.functional.gelu(torch.nn.functional.linear(x, w))
+        y.sum().backward(retain_graph=True)
+        flat = list(dbg.service._step_hooks._flat)  # key, number of dicts, the dicts, key, ...
+        dbg.stop()
+        dbg.step()
+        held, i = [], 0
+        while i < len(flat):
+            held += [(flat[i], d) for d in flat[i + 2:i + 2 + flat[i + 1]]]
+            i += 2 + flat[i + 1]
+        assert len(held) >= 5  # two outputs' tensor hooks, linear's two nodes and gelu's node
+        assert all(d is None or key not in d for key, d in held)
+        assert not y._backward_hooks
+        kept.append(y)
+    written = {p: p.read_bytes() for p in tmp_path.rglob("*.json")}
+    for y in kept:
+        y.sum().backward()  # after the step: no hook of the tool's runs
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*.json")} == written
+    assert len([p for p in written if p.name == "dump.json"]) == 2
+    for path in written:
+        if path.name == "dump.json":
+            data = json.loads(path.read_text())["data"]
+            assert len(data["Functional.linear.0.backward"]["output"]) == 2  # x's and w's gradients
+            assert len(data["Functional.gelu.0.backward"]["input"]) == 1
+    assert not list(tmp_path.rglob("dump_error_info.log"))
