@@ -89,25 +89,29 @@ static int ac_report(PyObject *svc, PyObject *name) {
     return 0;
 }
 
-/* fn(a, b) of RecordText with torch functions off (``with DisableTorchFunction()``: the tool's own tensor
- * reads skip every TorchFunctionMode); one guard serves every call (its __enter__ and __exit__ in ``env``): the
- * dumping thread alone comes here, and nothing here calls an API of the plan. */
+/* Torch functions off (``on`` 0, ``fn`` the shared guard's __enter__: 0, or -1 with an error) or back on (``on`` 1,
+ * ``fn`` its __exit__: an error already raised is kept and ``rc`` returned; -1, its own error set, when __exit__
+ * fails) around the tool's own work (``with DisableTorchFunction()``, the Python route's ``_quiet``): its tensor reads
+ * skip every TorchFunctionMode, and no tensor property is set through the operator mode (torch leaks a reference to
+ * None at each). One guard serves every call (its __enter__ and __exit__ in ``env``, ``ApiGrad``'s fields): the
+ * dumping thread alone comes here, never nested, and nothing here calls an API of the plan. */
+static int ac_tf(PyObject *fn, int on, int rc) {
+    PyObject *et = NULL, *ev = NULL, *etb = NULL;
+    if (on) PyErr_Fetch(&et, &ev, &etb);
+    PyObject *r = PyObject_CallNoArgs(fn);
+    if (r == NULL) { Py_XDECREF(et); Py_XDECREF(ev); Py_XDECREF(etb); return -1; }
+    Py_DECREF(r);
+    if (on) PyErr_Restore(et, ev, etb);
+    return on ? rc : 0;
+}
+
+/* fn(a, b) of RecordText with torch functions off (``ac_tf``). */
 typedef PyObject *(*rt_fn)(RecordTextObject *, PyObject *const *, Py_ssize_t);
 static PyObject *ac_text(PyObject **env, rt_fn fn, PyObject *a, PyObject *b) {
-    PyObject *r = PyObject_CallNoArgs(env[ENV_TF_OFF]);
-    if (r == NULL) return NULL;
-    Py_DECREF(r);
+    if (ac_tf(env[ENV_TF_OFF], 0, 0) < 0) return NULL;
     PyObject *argv[2] = {a, b};
     PyObject *text = fn((RecordTextObject *)env[ENV_RT], argv, 2);
-    PyObject *et, *ev, *etb;
-    PyErr_Fetch(&et, &ev, &etb);
-    r = PyObject_CallNoArgs(env[ENV_TF_ON]);
-    if (r == NULL) {  /* __exit__ failed: its error stands */
-        Py_XDECREF(text); Py_XDECREF(et); Py_XDECREF(ev); Py_XDECREF(etb);
-        return NULL;
-    }
-    Py_DECREF(r);
-    PyErr_Restore(et, ev, etb);
+    if (ac_tf(env[ENV_TF_ON], 1, 0) < 0) Py_CLEAR(text);
     return text;
 }
 
