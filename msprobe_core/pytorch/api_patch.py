@@ -108,8 +108,8 @@ class _DunderMode(TorchFunctionMode):
 
     torch sends every overridable call through the mode while it is on (``.grad``, ``is_complex``, ``item``...):
     where the extension has it, the instance's ``__torch_function__`` is ``ModePass`` (``stats/_fast_api.c``),
-    which calls a function outside the plan itself, without a Python frame, and gives the others to the method
-    below.
+    which calls a function outside the plan itself, without a Python frame, a function with the fast route's
+    wrapper that wrapper (as the method below would), and gives the others to the method below.
 
     Invisible to ``torch.compile`` (``never_traced``): a function compiled while the mode is on (vLLM compiles
     ``get_masked_input_and_mask`` even in eager mode) would otherwise have Dynamo trace the mode's lookups and

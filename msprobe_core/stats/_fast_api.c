@@ -382,8 +382,9 @@ static PyTypeObject ApiCallType = {
  *                             on; ``funcs`` is the plan's dict of the functions the mode records, ``record`` the
  *                             mode's Python method (its ``__self__``, the mode, is this one's: torch checks it)
  *     (func, types, args=(), kwargs=None) -> func(*args, **kwargs) for a function not in ``funcs`` (no Python
- *                             frame), ``record(func, types, args, kwargs)`` (the Python method, which Dynamo
- *                             never traces) for the others and for anything unusual. */
+ *                             frame), the fast route's wrapper of a function that has one (``funcs[func][2]``),
+ *                             ``record(func, types, args, kwargs)`` (the Python method, which Dynamo never
+ *                             traces) for the others and for anything unusual. */
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
@@ -394,11 +395,19 @@ static PyObject *mp_vectorcall(ModePassObject *self, PyObject *const *argv, size
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     if (kwnames == NULL && nargs >= 2 && nargs <= 4) {
         PyObject *entry = PyDict_GetItemWithError(self->funcs, argv[0]);
-        if (entry == NULL && !PyErr_Occurred()) {
+        /* outside the plan: the function itself; a function of the plan with the fast route's wrapper (``entry[2]``,
+         * which decides itself whether to record): that wrapper, as the Python method calls it */
+        PyObject *fn = entry == NULL ? (PyErr_Occurred() ? NULL : argv[0])
+                       : PyTuple_CheckExact(entry) && PyTuple_GET_SIZE(entry) == 3
+                         && PyTuple_GET_ITEM(entry, 2) != Py_None ? PyTuple_GET_ITEM(entry, 2) : NULL;
+        if (fn != NULL) {
             PyObject *args = nargs > 2 ? argv[2] : NULL, *kwargs = nargs > 3 ? argv[3] : Py_None;
             if ((args == NULL || PyTuple_Check(args)) && (kwargs == Py_None || PyDict_Check(kwargs))) {
-                if (args == NULL) return PyObject_CallNoArgs(argv[0]);
-                return PyObject_Call(argv[0], args, kwargs != Py_None && PyDict_GET_SIZE(kwargs) ? kwargs : NULL);
+                Py_INCREF(fn);  /* (borrowed from the plan's dict) */
+                PyObject *out = args == NULL ? PyObject_CallNoArgs(fn)
+                    : PyObject_Call(fn, args, kwargs != Py_None && PyDict_GET_SIZE(kwargs) ? kwargs : NULL);
+                Py_DECREF(fn);
+                return out;
             }
         }
         PyErr_Clear();  /* an unhashable func: the Python method says so */
