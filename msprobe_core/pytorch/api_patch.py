@@ -50,6 +50,10 @@ _stack_pop = torch._C._pop_torch_function_stack
 _stack_push = torch._C._push_on_torch_function_stack
 _ModePass = getattr(KERNEL, "ModePass", None)
 """The mode's pass-through in C (``_DunderMode``); None without the extension."""
+_dynamo_callback = getattr(getattr(torch._C, "_dynamo", None), "eval_frame", None)
+_dynamo_callback = getattr(_dynamo_callback, "get_eval_frame_callback", None)
+"""torch's Dynamo callback of this thread (None outside compiled code; this function None: ``ModePass`` then
+gives every planned function to the mode's method)."""
 
 ApiHandler = api_wrap.ApiHandler
 # (original, prefix, api, the usual wrapper) -> a faster wrapper for that API, or None (``api_fast``)
@@ -108,7 +112,8 @@ class _DunderMode(TorchFunctionMode):
 
     torch sends every overridable call through the mode while it is on (``.grad``, ``is_complex``, ``item``...):
     where the extension has it, the instance's ``__torch_function__`` is ``ModePass`` (``stats/_fast_api.c``),
-    which calls a function outside the plan itself, without a Python frame, and gives the others to the method
+    which calls a function outside the plan itself, without a Python frame, a function with the fast route's
+    wrapper that wrapper (as the method below would) outside compiled code, and gives the others to the method
     below.
 
     Invisible to ``torch.compile`` (``never_traced``): a function compiled while the mode is on (vLLM compiles
@@ -123,7 +128,7 @@ class _DunderMode(TorchFunctionMode):
         self.handler = handler
         self.should_record = should_record
         if _ModePass is not None:  # torch looks ``__torch_function__`` up on the mode: the compiled pass-through
-            self.__torch_function__ = _ModePass(funcs, self.__torch_function__)
+            self.__torch_function__ = _ModePass(funcs, self.__torch_function__, _dynamo_callback)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}

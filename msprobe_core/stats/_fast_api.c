@@ -89,25 +89,29 @@ static int ac_report(PyObject *svc, PyObject *name) {
     return 0;
 }
 
-/* fn(a, b) of RecordText with torch functions off (``with DisableTorchFunction()``: the tool's own tensor
- * reads skip every TorchFunctionMode); one guard serves every call (its __enter__ and __exit__ in ``env``): the
- * dumping thread alone comes here, and nothing here calls an API of the plan. */
+/* Torch functions off (``on`` 0, ``fn`` the shared guard's __enter__: 0, or -1 with an error) or back on (``on`` 1,
+ * ``fn`` its __exit__: an error already raised is kept and ``rc`` returned; -1, its own error set, when __exit__
+ * fails) around the tool's own work (``with DisableTorchFunction()``, the Python route's ``_quiet``): its tensor reads
+ * skip every TorchFunctionMode, and no tensor property is set through the operator mode (torch leaks a reference to
+ * None at each). One guard serves every call (its __enter__ and __exit__ in ``env``, ``ApiGrad``'s fields): the
+ * dumping thread alone comes here, never nested, and nothing here calls an API of the plan. */
+static int ac_tf(PyObject *fn, int on, int rc) {
+    PyObject *et = NULL, *ev = NULL, *etb = NULL;
+    if (on) PyErr_Fetch(&et, &ev, &etb);
+    PyObject *r = PyObject_CallNoArgs(fn);
+    if (r == NULL) { Py_XDECREF(et); Py_XDECREF(ev); Py_XDECREF(etb); return -1; }
+    Py_DECREF(r);
+    if (on) PyErr_Restore(et, ev, etb);
+    return on ? rc : 0;
+}
+
+/* fn(a, b) of RecordText with torch functions off (``ac_tf``). */
 typedef PyObject *(*rt_fn)(RecordTextObject *, PyObject *const *, Py_ssize_t);
 static PyObject *ac_text(PyObject **env, rt_fn fn, PyObject *a, PyObject *b) {
-    PyObject *r = PyObject_CallNoArgs(env[ENV_TF_OFF]);
-    if (r == NULL) return NULL;
-    Py_DECREF(r);
+    if (ac_tf(env[ENV_TF_OFF], 0, 0) < 0) return NULL;
     PyObject *argv[2] = {a, b};
     PyObject *text = fn((RecordTextObject *)env[ENV_RT], argv, 2);
-    PyObject *et, *ev, *etb;
-    PyErr_Fetch(&et, &ev, &etb);
-    r = PyObject_CallNoArgs(env[ENV_TF_ON]);
-    if (r == NULL) {  /* __exit__ failed: its error stands */
-        Py_XDECREF(text); Py_XDECREF(et); Py_XDECREF(ev); Py_XDECREF(etb);
-        return NULL;
-    }
-    Py_DECREF(r);
-    PyErr_Restore(et, ev, etb);
+    if (ac_tf(env[ENV_TF_ON], 1, 0) < 0) Py_CLEAR(text);
     return text;
 }
 
@@ -373,28 +377,51 @@ static PyTypeObject ApiCallType = {
 };
 
 /* ---------------------------------------------------------------------------------------- ModePass
- *   ModePass(funcs, record)   the operator mode's __torch_function__ (``pytorch/api_patch._DunderMode``), set
+ *   ModePass(funcs, record, dynamo=None)
+ *                             the operator mode's __torch_function__ (``pytorch/api_patch._DunderMode``), set
  *                             on the mode instance: torch calls it for every overridable call while the dump is
  *                             on; ``funcs`` is the plan's dict of the functions the mode records, ``record`` the
  *                             mode's Python method (its ``__self__``, the mode, is this one's: torch checks it)
  *     (func, types, args=(), kwargs=None) -> func(*args, **kwargs) for a function not in ``funcs`` (no Python
- *                             frame), ``record(func, types, args, kwargs)`` (the Python method, which Dynamo
- *                             never traces) for the others and for anything unusual. */
+ *                             frame), the fast route's wrapper of a function that has one (``funcs[func][2]``)
+ *                             while no Dynamo callback runs (``dynamo``: torch's ``get_eval_frame_callback``),
+ *                             ``record(func, types, args, kwargs)`` (the Python method, which Dynamo never
+ *                             traces) for the others and for anything unusual. */
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
-    PyObject *funcs, *record, *owner;
+    PyObject *funcs, *record, *owner, *dynamo;
 } ModePassObject;
+
+/* Does no Dynamo callback run on this thread (``dynamo()``, torch's ``get_eval_frame_callback``, gives None)? Only
+ * then may the fast route's wrapper be called from here: inside compiled code, the mode's method (which Dynamo
+ * skips, with everything it calls) must stand between Dynamo and that wrapper, or Dynamo compiles the wrapper's
+ * frame. 0 (with no error left) otherwise. */
+static int mp_eager(ModePassObject *self) {
+    if (self->dynamo == Py_None) return 0;
+    PyObject *cb = PyObject_CallNoArgs(self->dynamo);
+    if (cb == NULL) { PyErr_Clear(); return 0; }
+    Py_DECREF(cb);
+    return cb == Py_None;
+}
 
 static PyObject *mp_vectorcall(ModePassObject *self, PyObject *const *argv, size_t nargsf, PyObject *kwnames) {
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     if (kwnames == NULL && nargs >= 2 && nargs <= 4) {
         PyObject *entry = PyDict_GetItemWithError(self->funcs, argv[0]);
-        if (entry == NULL && !PyErr_Occurred()) {
+        /* outside the plan: the function itself; a function of the plan with the fast route's wrapper (``entry[2]``,
+         * which decides itself whether to record): that wrapper, as the Python method calls it */
+        PyObject *fn = entry == NULL ? (PyErr_Occurred() ? NULL : argv[0])
+                       : PyTuple_CheckExact(entry) && PyTuple_GET_SIZE(entry) == 3
+                         && PyTuple_GET_ITEM(entry, 2) != Py_None && mp_eager(self) ? PyTuple_GET_ITEM(entry, 2) : NULL;
+        if (fn != NULL) {
             PyObject *args = nargs > 2 ? argv[2] : NULL, *kwargs = nargs > 3 ? argv[3] : Py_None;
             if ((args == NULL || PyTuple_Check(args)) && (kwargs == Py_None || PyDict_Check(kwargs))) {
-                if (args == NULL) return PyObject_CallNoArgs(argv[0]);
-                return PyObject_Call(argv[0], args, kwargs != Py_None && PyDict_GET_SIZE(kwargs) ? kwargs : NULL);
+                Py_INCREF(fn);  /* (borrowed from the plan's dict) */
+                PyObject *out = args == NULL ? PyObject_CallNoArgs(fn)
+                    : PyObject_Call(fn, args, kwargs != Py_None && PyDict_GET_SIZE(kwargs) ? kwargs : NULL);
+                Py_DECREF(fn);
+                return out;
             }
         }
         PyErr_Clear();  /* an unhashable func: the Python method says so */
@@ -402,12 +429,12 @@ static PyObject *mp_vectorcall(ModePassObject *self, PyObject *const *argv, size
     return PyObject_Vectorcall(self->record, argv, nargsf, kwnames);
 }
 static PyObject *mp_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
-    PyObject *funcs, *record;
+    PyObject *funcs, *record, *dynamo = Py_None;
     if (kwds != NULL && PyDict_GET_SIZE(kwds)) {
         PyErr_SetString(PyExc_TypeError, "ModePass takes no keyword arguments");
         return NULL;
     }
-    if (!PyArg_ParseTuple(args, "O!O:ModePass", &PyDict_Type, &funcs, &record)) return NULL;
+    if (!PyArg_ParseTuple(args, "O!O|O:ModePass", &PyDict_Type, &funcs, &record, &dynamo)) return NULL;
     if (!PyCallable_Check(record)) {
         PyErr_SetString(PyExc_TypeError, "ModePass(funcs, record): record must be callable");
         return NULL;
@@ -417,18 +444,19 @@ static PyObject *mp_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     self->vectorcall = (vectorcallfunc)mp_vectorcall;
     self->funcs = Py_NewRef(funcs);
     self->record = Py_NewRef(record);
+    self->dynamo = Py_NewRef(dynamo);
     self->owner = PyObject_GetAttrString(record, "__self__");  /* torch checks handler.__self__ is the mode */
     if (self->owner == NULL) { Py_DECREF(self); return NULL; }
     return (PyObject *)self;
 }
 
 static int mp_traverse(ModePassObject *self, visitproc visit, void *arg) {
-    Py_VISIT(self->funcs); Py_VISIT(self->record); Py_VISIT(self->owner);
+    Py_VISIT(self->funcs); Py_VISIT(self->record); Py_VISIT(self->owner); Py_VISIT(self->dynamo);
     return 0;
 }
 
 static int mp_clear(ModePassObject *self) {
-    Py_CLEAR(self->funcs); Py_CLEAR(self->record); Py_CLEAR(self->owner);
+    Py_CLEAR(self->funcs); Py_CLEAR(self->record); Py_CLEAR(self->owner); Py_CLEAR(self->dynamo);
     return 0;
 }
 

@@ -450,20 +450,6 @@ static PyObject *ag_backward_name(PyObject *key, PyObject *n) {
     return PyUnicode_FromFormat("%U.%S.backward", key, n);
 }
 
-/* Torch functions off (``on`` 0) or back on (1, an error already raised kept: ``rc`` returned, or -1 when turning
- * them on fails) around the tool's own reads and hook registrations of a call with autograd on, as the Python
- * route's ``_quiet``: through a TorchFunctionMode every tensor attribute goes through the mode, and torch leaks a
- * reference to None at each property set (``t._backward_hooks = ...`` in ``add_tensor_hook``). */
-static int ag_tf(PyObject **env, int on, int rc) {
-    PyObject *et = NULL, *ev = NULL, *etb = NULL;
-    if (on) PyErr_Fetch(&et, &ev, &etb);
-    PyObject *r = PyObject_CallNoArgs(env[on ? ENV_TF_ON : ENV_TF_OFF]);
-    if (r == NULL) { Py_XDECREF(et); Py_XDECREF(ev); Py_XDECREF(etb); return -1; }
-    Py_DECREF(r);
-    if (on) PyErr_Restore(et, ev, etb);
-    return on ? rc : 0;
-}
-
 /* The fast route of a call that passed the gates (``api_call`` after its gates): ``autograd``, a call autograd
  * records (``ApiCall``'s third way: the backward record's sizes, edges and hooks as well). */
 static PyObject *ac_record(ApiCallObject *self, PyObject **env, PyObject *local, PyObject *args, PyObject *kwargs,
@@ -489,8 +475,8 @@ static PyObject *ac_record(ApiCallObject *self, PyObject **env, PyObject *local,
     if (name == NULL) goto fail;
     if (ac_where(env, &rec, &stack, &parent) < 0
         || (autograd && (backward = ag_backward_name(key, n)) == NULL)
-        || (grad && (ag_tf(env, 0, 0) < 0
-                     || ag_tf(env, 1, ag_begin(g, env[ENV_RECORDS], backward, args, kwargs, &edges)) < 0))) {
+        || (grad && (ac_tf(env[ENV_TF_OFF], 0, 0) < 0
+                     || ac_tf(env[ENV_TF_ON], 1, ag_begin(g, env[ENV_RECORDS], backward, args, kwargs, &edges)) < 0))) {
         if (ac_report(svc, name) < 0) goto fail;  /* the tool must never break the user's call */
         Py_CLEAR(head);
     }
@@ -518,7 +504,8 @@ static PyObject *ac_record(ApiCallObject *self, PyObject **env, PyObject *local,
             if (r != NULL && grad) {
                 Py_DECREF(r);
                 PyObject *p = parent == env[ENV_NO_PARENT] ? Py_None : parent;
-                r = ag_tf(env, 0, 0) < 0 || ag_tf(env, 1, ag_hooks(g, env[ENV_RECORDS], backward, p, out, edges)) < 0
+                r = ac_tf(env[ENV_TF_OFF], 0, 0) < 0
+                    || ac_tf(env[ENV_TF_ON], 1, ag_hooks(g, env[ENV_RECORDS], backward, p, out, edges)) < 0
                     ? NULL : Py_NewRef(Py_None);
             }
         }
@@ -546,15 +533,6 @@ static PyObject *agr_python(ApiGradObject *self, PyObject *context, PyObject *in
     PyObject *a[7] = {self->records, PyTuple_GET_ITEM(context, 0), self->field, index, PyTuple_GET_ITEM(context, 1),
                       PyTuple_GET_ITEM(context, 2), grad};
     return PyObject_VectorcallMethod(ag_s[AS_ON_GRAD], a, 7 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
-}
-
-/* torch functions off (``on``: 0) or back on (1), as ``_quiet``: the shared guard of ``ApiCall``, whose
- * __enter__ and __exit__ only the dumping thread calls, never nested. 0, -1 with an error. */
-static int agr_guard(ApiGradObject *self, int on) {
-    PyObject *r = PyObject_CallNoArgs(on ? self->tf_on : self->tf_off);
-    if (r == NULL) return -1;
-    Py_DECREF(r);
-    return 0;
 }
 
 /* The text of ``grad`` set as slot ``index`` of the record (``_put_grad_text`` from its ``put_text_field``), the
@@ -614,18 +592,12 @@ static PyObject *agr_call(ApiGradObject *self, PyObject *const *args, size_t nar
     }
     PyObject *result = NULL;
     if (ac_depth(local, ONE) < 0) goto done;  /* the tool's own work, as ``_put_grad_text`` */
-    if (agr_guard(self, 0) < 0) { ac_depth(local, MINUS_ONE); goto done; }
+    if (ac_tf(self->tf_off, 0, 0) < 0) { ac_depth(local, MINUS_ONE); goto done; }
     PyObject *text = rt_tensor((RecordTextObject *)self->text, grad);
     int rc = text == NULL || text == Py_None ? 0 : agr_put(self, rec, context, index, text);
     int failed = text == NULL || rc < 0;
     if (failed && ac_report(self->service, backward) == 0) failed = 0;  /* the tool never breaks the backward */
-    PyObject *et = NULL, *ev = NULL, *etb = NULL;
-    PyErr_Fetch(&et, &ev, &etb);  /* (a ``finally``: an error already raised wins) */
-    if (agr_guard(self, 1) < 0) {
-        failed = 1;
-        if (et != NULL) PyErr_Clear();
-    }
-    if (et != NULL) PyErr_Restore(et, ev, etb);
+    if (ac_tf(self->tf_on, 1, 0) < 0) failed = 1;  /* (a ``finally``: an error already raised is kept) */
     if (ac_depth(local, MINUS_ONE) < 0) failed = 1;
     if (!failed)  /* a summary not known at once: the Python route for the whole gradient */
         result = text == Py_None ? agr_python(self, context, index, grad) : Py_NewRef(Py_None);

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import textwrap
 from pathlib import Path
 from typing import Callable
@@ -230,6 +231,9 @@ def test_the_operator_modes_pass_through_calls_what_it_does_not_record(tmp_path)
             assert torch.equal(torch.sum(t, dim=1), torch.tensor([3.0, 12.0]))  # a keyword, outside the plan
             assert t.is_complex() is False and t.grad is None
             assert torch.equal(t / 2, torch.arange(6.0).reshape(2, 3) / 2)  # an operator the mode records
+            entered = _python_calls(lambda: t / 3)
+        # an operator whose function has the fast route's wrapper goes to that wrapper, not to the mode's method
+        assert "api_call" in entered and "__torch_function__" not in entered
         with pytest.raises(TypeError):
             mode.__torch_function__([], (), (), None)  # an unhashable func: the Python method's own error
     finally:
@@ -237,6 +241,17 @@ def test_the_operator_modes_pass_through_calls_what_it_does_not_record(tmp_path)
         dbg.step()
     data = json.loads(next(tmp_path.rglob("dump.json")).read_text())["data"]
     assert any(k.startswith("Tensor.__truediv__.0.forward") or k.startswith("Tensor.div.0.forward") for k in data)
+
+
+def _python_calls(fn: Callable[[], object]) -> list[str]:
+    """The Python functions entered while ``fn`` runs."""
+    entered: list[str] = []
+    sys.setprofile(lambda frame, event, arg: entered.append(frame.f_code.co_name) if event == "call" else None)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return entered
 
 
 GRAD_SCRIPT = textwrap.dedent("""
