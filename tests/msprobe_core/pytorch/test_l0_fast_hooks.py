@@ -185,14 +185,28 @@ def _errors_and_records(tmp_path: Path, monkeypatch, fast: bool) -> tuple[list[s
         monkeypatch.setattr(dump_service, "_CallGrads", None)
         monkeypatch.setattr(backward_capture, "_OwnGradsC", None)
         monkeypatch.setattr(backward_capture, "_single_edge_type", backward_capture._SingleEdge)
-    reserve = StepRecorder.reserve
+    reserve, init = StepRecorder.reserve, StepRecorder.__init__
 
-    def refusing(self, name, *args):
+    def refuse(name: str) -> None:
         if name in ("Module.1.GELU.forward.0", "Module.2.Linear.backward.0"):
             raise RuntimeError(f"no place for {name}")
+
+    def refusing(self, name, *args):
+        refuse(name)
         return reserve(self, name, *args)
 
+    def made(self, *args, **kwargs):  # a whole backward record takes its place in its one put_text (seq None)
+        init(self, *args, **kwargs)
+        put_text = self.put_text
+
+        def refusing_text(name, text, seq, *rest):
+            if seq is None:
+                refuse(name)
+            return put_text(name, text, seq, *rest)
+        self.put_text = refusing_text
+
     monkeypatch.setattr(StepRecorder, "reserve", refusing)
+    monkeypatch.setattr(StepRecorder, "__init__", made)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.GELU(), torch.nn.Linear(4, 2))
     dbg = PrecisionDebugger({"dump_path": str(tmp_path / f"fast{fast}"), "level": "L0", "task": "statistics"})
