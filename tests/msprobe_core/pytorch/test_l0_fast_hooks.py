@@ -255,3 +255,82 @@ def test_the_c_hooks_make_a_stack_once_per_call_site_and_journal_later_parameter
     for step in range(2):
         data = json.loads((step_dir(tmp_path, step) / "dump.json").read_text())["data"]
         assert all(list(data[f"Module.{i}.Linear.parameters_grad.0"]) == ["bias", "weight"] for i in range(5))
+
+
+def _python_route(monkeypatch) -> None:
+    """Every module call and gradient on the Python route (as ``SCRIPT`` with ``fast`` False)."""
+    monkeypatch.setattr(dump_service, "_ModuleHooks", None)
+    monkeypatch.setattr(dump_service, "_ParamGrad", None)
+    monkeypatch.setattr(dump_service, "_CallGrads", None)
+    monkeypatch.setattr(backward_capture, "_OwnGradsC", None)
+    monkeypatch.setattr(backward_capture, "_single_edge_type", backward_capture._SingleEdge)
+
+
+def _many_calls(path: Path, calls: int) -> dict:
+    """Two steps of a module called ``calls`` times a step, and its backward: the second step's dump.json data."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    dbg = PrecisionDebugger({"dump_path": str(path), "level": "L0", "task": "statistics"})
+    for _ in range(2):
+        dbg.start(model)
+        h = torch.ones(1, 2)
+        for _ in range(calls):
+            h = model(h) * 0.5
+        h.sum().backward()
+        dbg.stop()
+        dbg.step()
+    return json.loads((step_dir(path, 1) / "dump.json").read_text())["data"]
+
+
+@needs_kernel
+def test_names_past_those_kept_are_made_per_call_as_the_python_route_makes_them(tmp_path, monkeypatch):
+    """The C hooks make a module's record names once per call number and keep them (``L0_NAMES_KEPT``, 4096) for
+    the next steps; a module called more often than that in a step still gets every name, as the Python route's."""
+    fast = _many_calls(tmp_path / "fast", 4100)
+    _python_route(monkeypatch)
+    assert list(fast) == list(_many_calls(tmp_path / "python", 4100))
+    assert "Module.0.Linear.forward.4099" in fast and "Module.0.Linear.backward.4099" in fast
+
+
+@needs_kernel
+def test_node_hooks_kept_in_c_are_removed_when_the_step_ends(tmp_path):
+    """``OwnGrads`` puts a node hook's handle into the step's ``StepHooks`` itself (``step_hooks=``): each is
+    removed from its node's hook dict when the step ends, as ``StepHooks.keep``'s."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.GELU(), torch.nn.Linear(4, 4), torch.nn.GELU())
+    dbg = PrecisionDebugger({"dump_path": str(tmp_path), "level": "L0", "task": "statistics"})
+    service = PrecisionDebugger._get().service
+    dbg.start(model)
+    model(torch.randn(3, 4, requires_grad=True)).sum().backward()
+    flat = list(service._step_hooks._flat)
+    kept, i = [], 0
+    while i < len(flat):
+        key, n = flat[i], flat[i + 1]
+        kept += [(key, d) for d in flat[i + 2:i + 2 + n]]
+        i += 2 + n
+    node_hooks = [(key, d) for key, d in kept if type(d[key]).__name__ == "SingleEdge"]
+    assert len(node_hooks) == 4  # one per module call
+    dbg.stop()
+    dbg.step()
+    assert not service._step_hooks and all(key not in d for key, d in kept)
+
+
+@needs_kernel
+def test_the_c_hooks_leave_no_reference_behind(tmp_path):
+    """Steps of the C hooks leave no reference to None (or any other object counted per call) behind."""
+    import sys
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[m for _ in range(20) for m in (torch.nn.Linear(4, 4), torch.nn.GELU())])
+    dbg = PrecisionDebugger({"dump_path": str(tmp_path), "level": "L0", "task": "statistics"})
+
+    def steps(n: int) -> None:
+        for _ in range(n):
+            dbg.start(model)
+            model(torch.randn(3, 4, requires_grad=True)).sum().backward()
+            dbg.stop()
+            dbg.step()
+
+    steps(3)
+    before = sys.getrefcount(None)
+    steps(10)
+    assert sys.getrefcount(None) - before < 50  # 400 module calls and 400 gradients recorded
