@@ -39,14 +39,14 @@ enum { A_STEP_STATE, A_MODULE_CALLS, A_COUNTERS, A_MODULE_STACK, A_RECORDER, A_O
        A_PARAMETERS, A_ERROR, A_INPUT_RECORD, A_NAME, A_BACKWARD, A_SEQ, A_RECORD, A_PARENT, A_OUTPUT,
        A_REQUIRES_GRAD, A_HOOK_OUTPUTS, A_PUT_STACK, A_DATA, A_ON_CALL_GRADS, A_TENSOR_TEXT, A_PUT_TEXT_FIELD,
        A_SYNC, A_PARAM_GRAD_DICT, A_BEGIN, A_SLOTS, A_LEAF, A_GRAD_FN, A_OUTPUT_NR, A_SEQUENCE_NR, A_SAVE,
-       A_REGISTER_HOOK, A_ID, A_EXTRA_DICT_REF, A_HOOKS_DICT_REF, N_ATTRS };
+       A_REGISTER_HOOK, A_ID, A_EXTRA_DICT_REF, A_HOOKS_DICT_REF, A_NEXT_FUNCTIONS, A_VARIABLE, N_ATTRS };
 static const char *const L0_ATTR_NAMES[N_ATTRS] = {
     "step_state", "module_calls", "counters", "module_stack", "recorder", "_open_step", "reserve", "put_text",
     "stack", "bwd_sizes", "recorded_modules", "edges", "by_node", "depth", "_recording", "dumping_thread",
     "_parameters", "_error", "_input_record", "name", "backward", "seq", "record", "parent", "output",
     "requires_grad", "_hook_outputs", "put_stack", "data", "on_call_grads", "_tensor_text", "put_text_field",
     "_sync", "_param_grad_dict", "begin", "slots", "leaf", "grad_fn", "output_nr", "_sequence_nr", "save",
-    "register_hook", "id", "extra_dict_ref", "hooks_dict_ref"};
+    "register_hook", "id", "extra_dict_ref", "hooks_dict_ref", "next_functions", "variable"};
 static PyObject *l0_attr[N_ATTRS];
 static PyObject *l0_no_sizes;  /* (0, 0) */
 
@@ -1037,6 +1037,7 @@ typedef struct {
 
 static PyObject *dot_forward, *dot_backward;  /* ".forward", ".backward" */
 static PyObject *og_no_skip;                  /* {}: no edge left out of the usual call's walk */
+static PyObject *og_32;                       /* 32: an edge key's shift */
 
 /* The number an object's attribute holds (a C long long); -1 with an error (also for a non-int). */
 static long long og_long(PyObject *obj, int a, int call) {
@@ -1076,6 +1077,64 @@ static PyObject *og_single_edge(OwnGradsObject *self, PyObject *context, PyObjec
     return (PyObject *)se;
 }
 
+#define OG_NODES 32  /* the nodes of a call walked by ``og_one_input`` at most (more: the generic walk) */
+
+/* ``walk``'s answer for a call with one input edge, ``(id, low)`` (its key ``id << 32 | low``), as the usual call
+ * needs it, without the generic walk's dicts, lists and keys: 1 when the only edge to the input from the nodes made
+ * during the call (from ``fn`` on, sequence numbers in [begin, end)) is one edge of ``fn`` itself (its index set in
+ * *edge), 0 for any other graph (or more than ``OG_NODES`` nodes), -1 with an error. */
+static int og_one_input(OwnGradsObject *self, PyObject *fn, void *id, long long low, int leaf, long long begin,
+                        long long end, Py_ssize_t *edge) {
+    PyObject *nodes[OG_NODES];  /* borrowed: each is held by its parent's next_functions, held below */
+    PyObject *held[OG_NODES];   /* the next_functions tuples walked (new references) */
+    int n_nodes = 1, n_held = 0, hits = 0, rc = 0;
+    nodes[0] = fn;
+    for (int at = 0; at < n_nodes && rc == 0; at++) {
+        PyObject *node = nodes[at];
+        PyObject *next = L0_GET(node, A_NEXT_FUNCTIONS);
+        if (next == NULL) { rc = -1; break; }
+        held[n_held++] = next;
+        if (!PyTuple_CheckExact(next)) { rc = 0; hits = -1; break; }
+        for (Py_ssize_t e = 0; e < PyTuple_GET_SIZE(next); e++) {
+            PyObject *pair = PyTuple_GET_ITEM(next, e);
+            if (!PyTuple_CheckExact(pair) || PyTuple_GET_SIZE(pair) != 2) { hits = -1; break; }
+            PyObject *nxt = PyTuple_GET_ITEM(pair, 0);
+            if (nxt == Py_None) continue;
+            int hit;
+            if ((PyObject *)Py_TYPE(nxt) == self->accumulate_grad) {
+                if (!leaf || low != 0) continue;
+                PyObject *var = L0_GET(nxt, A_VARIABLE);
+                if (var == NULL) { rc = -1; break; }
+                hit = (void *)var == id;
+                Py_DECREF(var);
+            } else {
+                long long nr = PyLong_AsLongLong(PyTuple_GET_ITEM(pair, 1));
+                if (nr == -1 && PyErr_Occurred()) { rc = -1; break; }
+                hit = (void *)nxt == id && nr + 1 == low;
+                if (!hit) {  /* a node of the call is walked (once) */
+                    int known = 0;
+                    for (int i = 0; i < n_nodes && !known; i++) known = nodes[i] == nxt;
+                    if (known) continue;
+                    long long seq = og_long(nxt, A_SEQUENCE_NR, 1);
+                    if (seq == -1 && PyErr_Occurred()) { rc = -1; break; }
+                    if (begin <= seq && seq < end) {
+                        if (n_nodes == OG_NODES || n_held == OG_NODES) { hits = -1; break; }
+                        nodes[n_nodes++] = nxt;
+                    }
+                    continue;
+                }
+            }
+            if (!hit) continue;
+            if (node != fn || hits) { hits = -1; break; }  /* another node's edge, or a second edge */
+            hits = 1;
+            *edge = e;
+        }
+        if (hits < 0) break;
+    }
+    for (int i = 0; i < n_held; i++) Py_DECREF(held[i]);
+    return rc < 0 ? -1 : hits == 1;
+}
+
 /* The usual call's node and edge: 1 found (node, index, edge, out_nr set; node a new reference), 0 another shape
  * of graph, -1 with an error. Nothing of the call's state is changed. */
 static int og_find(OwnGradsObject *self, PyObject *edges, PyObject *out, PyObject **node, PyObject **index,
@@ -1101,6 +1160,28 @@ static int og_find(OwnGradsObject *self, PyObject *edges, PyObject *out, PyObjec
     long long stop = PyLong_AsLongLong(end);
     if (PyErr_Occurred()) goto done;
     if (!(begin <= seq && seq < stop)) { rc = 0; goto done; }
+    if (PyDict_GET_SIZE(slots) == 1) {  /* one input tensor (the usual call): its key's id and low part */
+        Py_ssize_t pos = 0;
+        PyObject *k, *slot;
+        PyDict_Next(slots, &pos, &k, &slot);
+        PyObject *high = PyLong_CheckExact(k) && PyLong_CheckExact(slot) ? PyNumber_Rshift(k, og_32) : NULL;
+        if (high == NULL) { rc = PyErr_Occurred() ? -1 : 0; goto done; }
+        void *id = PyLong_AsVoidPtr(high);
+        unsigned long long low = PyLong_AsUnsignedLongLongMask(k) & 0xffffffffULL;
+        Py_DECREF(high);
+        if (PyErr_Occurred()) goto done;
+        PyObject *leaf = L0_GET(edges, A_LEAF);
+        int is_leaf = leaf == NULL ? -1 : PyObject_IsTrue(leaf);
+        Py_XDECREF(leaf);
+        if (is_leaf < 0) goto done;
+        rc = og_one_input(self, fn, id, (long long)low, is_leaf, begin, stop, edge);
+        if (rc == 1) {
+            *out_nr = (Py_ssize_t)nr;
+            *node = Py_NewRef(fn);
+            *index = Py_NewRef(slot);
+        }
+        goto done;
+    }
     PyObject *leaf = L0_GET(edges, A_LEAF);
     PyObject *skip = leaf == NULL ? NULL : Py_NewRef(og_no_skip);  /* (walk only reads it) */
     PyObject *b = skip == NULL ? NULL : PyLong_FromLongLong(begin);
@@ -1257,6 +1338,7 @@ static int add_module_hooks(PyObject *m) {
     if (step_hooks_flat == NULL && (step_hooks_flat = PyUnicode_InternFromString("_flat")) == NULL) return -1;
     if (step_hooks_one == NULL && (step_hooks_one = PyLong_FromLong(1)) == NULL) return -1;
     if (og_no_skip == NULL && (og_no_skip = PyDict_New()) == NULL) return -1;
+    if (og_32 == NULL && (og_32 = PyLong_FromLong(32)) == NULL) return -1;
     PyTypeObject *types[] = {&ModuleHooksType, &CallGradsType, &ParamGradType, &SingleEdgeType, &OwnGradsType};
     const char *names[] = {"ModuleHooks", "CallGrads", "ParamGrad", "SingleEdge", "OwnGrads"};
     for (int i = 0; i < 5; i++) {

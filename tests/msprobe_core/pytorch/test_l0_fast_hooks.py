@@ -334,3 +334,46 @@ def test_the_c_hooks_leave_no_reference_behind(tmp_path):
     before = sys.getrefcount(None)
     steps(10)
     assert sys.getrefcount(None) - before < 50  # 400 module calls and 400 gradients recorded
+
+
+class _Twice(torch.nn.Module):
+    def forward(self, x):
+        return x.sin() * x  # two of the call's nodes send to its one input
+
+
+class _Inner(torch.nn.Module):
+    def forward(self, x):
+        return x.exp().sin()  # the node sending to the input is not the output's
+
+
+class _Scaled(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.lin(x).tanh() * 2  # nodes of the call between the output's node and the input's edge
+
+
+def _records_of(path: Path, input_grad: bool) -> tuple[dict, str]:
+    """One step of a model of one-input calls of several graph shapes: dump.json's data and construct.json."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), _Twice(), _Inner(), _Scaled(), torch.nn.GELU())
+    dbg = PrecisionDebugger({"dump_path": str(path), "level": "L0", "task": "statistics"})
+    dbg.start(model)
+    model(torch.randn(3, 4, requires_grad=input_grad)).sum().backward()
+    dbg.stop()
+    dbg.step()
+    step = step_dir(path, 0)
+    return json.loads((step / "dump.json").read_text())["data"], (step / "construct.json").read_text()
+
+
+@needs_kernel
+@pytest.mark.parametrize("input_grad", [True, False])
+def test_one_input_calls_of_every_graph_shape_get_the_python_routes_records(tmp_path, monkeypatch, input_grad):
+    """``OwnGrads``' walk for a call with one input tensor (``og_one_input``) takes the usual call only (one edge
+    from the output's own node to the input, a leaf input included): the records are the Python route's."""
+    fast = _records_of(tmp_path / "fast", input_grad)
+    _python_route(monkeypatch)
+    assert fast == _records_of(tmp_path / "python", input_grad)
+    assert "Module.1._Twice.backward.0" in fast[0] and "Module.3._Scaled.backward.0" in fast[0]
