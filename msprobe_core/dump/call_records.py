@@ -369,8 +369,9 @@ class CallRecords:
                         texts[i] = self._tensor_text(grad)
                         if texts[i] is None:
                             return False
-                rec.put_text(backward, f'{{"input": [{texts[0]}], "output": [{texts[1]}]}}', rec.reserve(backward),
-                             None, parent if self._construct else NO_PARENT)
+                # seq None: its place in execution order taken now (``reserve`` and ``put_text`` in one call)
+                rec.put_text(backward, f'{{"input": [{texts[0]}], "output": [{texts[1]}]}}', None, None,
+                             parent if self._construct else NO_PARENT)
         finally:
             tls.depth -= 1
         return True

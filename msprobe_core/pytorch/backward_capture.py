@@ -165,16 +165,18 @@ def capture(edges: InputEdges, outputs: list, report: Report, fail: Callable[[An
 
 def usual_capture(fallback: Callable[[Any, Any], None], report: Report, fail: Callable[[Any, BaseException], None],
                   report_output: Report, report_both: BothReport, keep: Callable[[Any], None],
-                  hooks: dict) -> Optional[Callable[[Any, Any], None]]:
+                  hooks: dict, step_hooks: Any = None) -> Optional[Callable[[Any, Any], None]]:
     """``capture`` in C for the usual call of a module (``OwnGrads``: a ``Call`` whose one plain output is made by
     the call's one node with one edge to one input, that output's gradient read by that node), taking
     ``fallback(call, out)`` for any other; None without the kernel. ``call.edges`` are its ``InputEdges``, the
-    context given to the callbacks ``(call.backward, call.save, call.backward_parent())``."""
+    context given to the callbacks ``(call.backward, call.save, call.backward_parent())``. ``step_hooks``: the
+    ``StepHooks`` that ``keep`` fills, given a node hook's handle directly once it holds the step's first (no
+    Python call per hook)."""
     if _OwnGradsC is None:
         return None
     return _OwnGradsC(fallback=fallback, sequence_nr=_sequence_nr, accumulate_grad=ACCUMULATE_GRAD, report=report,
                      fail=fail, report_output=report_output, report_both=report_both, keep=keep, hooks=hooks,
-                     max_hooks=_MAX_HOOKS)
+                     max_hooks=_MAX_HOOKS, step_hooks=step_hooks)
 
 
 def _single_edge(hooks: Optional[dict], report: Report, fail: Callable, context: Any, index: int, edge: int,

@@ -289,7 +289,7 @@ class DumpService(DumpServiceBase):
         if self._own_grads_c is None:
             self._own_grads_c = usual_capture(self._hook_own_grads, self._own_grad_hook, self._own_grad_error,
                                               self._output_grad_hook, self._both_grads_hook, self._keep_hook,
-                                              self._call_hooks) or self._hook_own_grads
+                                              self._call_hooks, self._step_hooks) or self._hook_own_grads
         return self._own_grads_c
 
     def _param_grad_hook(self, base: str, pname: str, count: int, hook: Callable, fields: Callable) -> Callable:

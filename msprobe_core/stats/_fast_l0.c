@@ -8,7 +8,7 @@
  *               sequence_nr, interned=None)
  *     .pre(module, args, kwargs)          -> None: ``CallRecords._module_pre``'s work (``pre``: the Python route)
  *     .post(module, args, kwargs, output) -> None: ``_module_post``'s (``post``: the Python route)
- *   OwnGrads(...)(call, out)              -> ``DumpService._hook_own_grads`` (``capture``) of the usual call
+ *   OwnGrads(..., step_hooks=None)(call, out) -> ``DumpService._hook_own_grads`` (``capture``) of the usual call
  *   SingleEdge(...)(grad_inputs, grad_outputs) -> ``backward_capture._SingleEdge``, the call's node hook
  *   CallGrads(...)(context, index, received, sent) -> ``CallRecords.on_call_grads``: the backward record
  *   ParamGrad(...)(grad)                  -> ``CallRecords._on_param_grad``: one parameter's gradient
@@ -27,7 +27,11 @@ typedef struct {
     PyObject *graph_task_id, *grad_enabled, *mode_enabled, *tls, *capture_stack, *backward;
     PyObject *hook_own_grads, *input_edges, *sequence_nr;
     PyObject *interned;  /* ``StackCapture.interned`` of ``capture_stack``'s capture, or Py_None */
+    PyObject *names;     /* list: the n-th call's ("<base>.forward.<n>", "<base>.backward.<n>"), made once */
 } ModuleHooksObject;
+
+/* Names made once per number and kept (step after step a module's calls take the same numbers): at most */
+#define L0_NAMES_KEPT 4096
 
 /* attribute names, interned once */
 enum { A_STEP_STATE, A_MODULE_CALLS, A_COUNTERS, A_MODULE_STACK, A_RECORDER, A_OPEN_STEP, A_RESERVE, A_PUT_TEXT,
@@ -35,14 +39,14 @@ enum { A_STEP_STATE, A_MODULE_CALLS, A_COUNTERS, A_MODULE_STACK, A_RECORDER, A_O
        A_PARAMETERS, A_ERROR, A_INPUT_RECORD, A_NAME, A_BACKWARD, A_SEQ, A_RECORD, A_PARENT, A_OUTPUT,
        A_REQUIRES_GRAD, A_HOOK_OUTPUTS, A_PUT_STACK, A_DATA, A_ON_CALL_GRADS, A_TENSOR_TEXT, A_PUT_TEXT_FIELD,
        A_SYNC, A_PARAM_GRAD_DICT, A_BEGIN, A_SLOTS, A_LEAF, A_GRAD_FN, A_OUTPUT_NR, A_SEQUENCE_NR, A_SAVE,
-       A_REGISTER_HOOK, N_ATTRS };
+       A_REGISTER_HOOK, A_ID, A_EXTRA_DICT_REF, A_HOOKS_DICT_REF, A_NEXT_FUNCTIONS, A_VARIABLE, N_ATTRS };
 static const char *const L0_ATTR_NAMES[N_ATTRS] = {
     "step_state", "module_calls", "counters", "module_stack", "recorder", "_open_step", "reserve", "put_text",
     "stack", "bwd_sizes", "recorded_modules", "edges", "by_node", "depth", "_recording", "dumping_thread",
     "_parameters", "_error", "_input_record", "name", "backward", "seq", "record", "parent", "output",
     "requires_grad", "_hook_outputs", "put_stack", "data", "on_call_grads", "_tensor_text", "put_text_field",
     "_sync", "_param_grad_dict", "begin", "slots", "leaf", "grad_fn", "output_nr", "_sequence_nr", "save",
-    "register_hook"};
+    "register_hook", "id", "extra_dict_ref", "hooks_dict_ref", "next_functions", "variable"};
 static PyObject *l0_attr[N_ATTRS];
 static PyObject *l0_no_sizes;  /* (0, 0) */
 
@@ -314,7 +318,8 @@ done:
     return call;
 }
 
-/* The number after the stem: "<base>.forward.<n>" and "<base>.backward.<n>", the counter moved on. */
+/* The number after the stem: "<base>.forward.<n>" and "<base>.backward.<n>" (made once per n: ``names``), the
+ * counter moved on. */
 static int l0_names(ModuleHooksObject *self, PyObject *state, PyObject **name, PyObject **backward) {
     PyObject *counters = L0_GET(state, A_COUNTERS);
     if (counters == NULL) return -1;
@@ -327,9 +332,24 @@ static int l0_names(ModuleHooksObject *self, PyObject *state, PyObject **name, P
     Py_XDECREF(next);
     Py_DECREF(counters);
     if (rc < 0) return -1;
+    if (n >= 0 && n < PyList_GET_SIZE(self->names)) {
+        PyObject *pair = PyList_GET_ITEM(self->names, n);
+        *name = Py_NewRef(PyTuple_GET_ITEM(pair, 0));
+        *backward = Py_NewRef(PyTuple_GET_ITEM(pair, 1));
+        return 0;
+    }
     *name = PyUnicode_FromFormat("%U.forward.%zd", self->base, n);
     *backward = *name == NULL ? NULL : PyUnicode_FromFormat("%U.backward.%zd", self->base, n);
     if (*backward == NULL) { Py_CLEAR(*name); return -1; }
+    if (n == PyList_GET_SIZE(self->names) && n < L0_NAMES_KEPT) {  /* the next number: kept for the next steps */
+        PyObject *pair = PyTuple_Pack(2, *name, *backward);
+        if (pair == NULL || PyList_Append(self->names, pair) < 0) {
+            Py_XDECREF(pair);
+            Py_CLEAR(*name); Py_CLEAR(*backward);
+            return -1;
+        }
+        Py_DECREF(pair);
+    }
     return 0;
 }
 
@@ -499,7 +519,7 @@ static PyObject *mh_post(ModuleHooksObject *self, PyObject *const *args, Py_ssiz
 
 #define MH_OBJECTS(X) X(records) X(service) X(text) X(base) X(pre) X(post) X(call) X(skipped) X(tensor) X(parameter) \
                       X(graph_task_id) X(grad_enabled) X(mode_enabled) X(tls) X(capture_stack) X(backward) \
-                      X(hook_own_grads) X(input_edges) X(sequence_nr) X(interned)
+                      X(hook_own_grads) X(input_edges) X(sequence_nr) X(interned) X(names)
 
 static PyObject *mh_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     static char *kw[] = {"records", "service", "text", "base", "pre", "post", "call", "skipped", "tensor", "parameter",
@@ -523,6 +543,8 @@ static PyObject *mh_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
                           &self->backward, &self->hook_own_grads, &self->input_edges, &self->sequence_nr,
                           &self->interned};
     for (int i = 0; i < 20; i++) *slots[i] = Py_NewRef(o[i]);
+    self->names = PyList_New(0);
+    if (self->names == NULL) { Py_DECREF(self); return NULL; }
     return (PyObject *)self;
 }
 
@@ -648,23 +670,23 @@ static PyObject *cg_call(CallGradsObject *self, PyObject *const *args, size_t na
         Py_RETURN_FALSE;
     }
     if (g_depth(self, 1) < 0) { Py_DECREF(rec); return NULL; }
-    PyObject *result = NULL, *received = NULL, *sent = NULL, *seq = NULL;
+    PyObject *result = NULL, *received = NULL, *sent = NULL;
     received = g_text(self, args[2], 0);
     sent = received == NULL || received == Py_None ? NULL : g_text(self, args[3], 1);
     if (received == Py_None || sent == Py_None) {
         result = Py_NewRef(Py_False);
     } else if (sent != NULL) {
         PyObject *text = PyUnicode_FromFormat("{\"input\": [%U], \"output\": [%U]}", received, sent);
-        seq = text == NULL ? NULL : PyObject_CallMethodOneArg(rec, l0_attr[A_RESERVE], backward);
-        PyObject *r = seq == NULL ? NULL
-                      : PyObject_CallMethodObjArgs(rec, l0_attr[A_PUT_TEXT], backward, text, seq, Py_None, parent, NULL);
+        /* seq None: its place in execution order taken now (``reserve`` and ``put_text`` in one call) */
+        PyObject *r = text == NULL ? NULL
+                      : PyObject_CallMethodObjArgs(rec, l0_attr[A_PUT_TEXT], backward, text, Py_None, Py_None, parent, NULL);
         Py_XDECREF(text);
         if (r != NULL) {
             Py_DECREF(r);
             result = Py_NewRef(Py_True);
         }
     }
-    Py_XDECREF(received); Py_XDECREF(sent); Py_XDECREF(seq);
+    Py_XDECREF(received); Py_XDECREF(sent);
     Py_DECREF(rec);
     if (result == NULL) l0_undepth_raised(self->tls);
     else if (g_depth(self, -1) < 0) Py_CLEAR(result);
@@ -733,6 +755,7 @@ typedef struct {
     vectorcallfunc vectorcall;
     PyObject *base, *pname, *count, *key, *fallback, *fields;
     PyObject *text_fields;  /* the ``TextFields`` type ``fields`` makes, or Py_None */
+    PyObject *names;        /* list: "<base>.parameters_grad.<k>" of each k, made once (``L0_NAMES_KEPT``) */
 } ParamGradObject;
 
 /* The parameter's slot in the module's ``parameters_grad`` record when the record is there as ``TextFields``
@@ -757,6 +780,15 @@ static int pg_slot(ParamGradObject *self, PyObject *rec, PyObject *name) {
     }
     Py_DECREF(data);
     return rc;
+}
+
+/* "<base>.parameters_grad.<k>": a new reference (made once per k), or NULL. */
+static PyObject *pg_name(ParamGradObject *self, Py_ssize_t k) {
+    if (k >= 0 && k < PyList_GET_SIZE(self->names)) return Py_NewRef(PyList_GET_ITEM(self->names, k));
+    PyObject *name = PyUnicode_FromFormat("%U.parameters_grad.%zd", self->base, k);
+    if (name != NULL && k == PyList_GET_SIZE(self->names) && k < L0_NAMES_KEPT && PyList_Append(self->names, name) < 0)
+        Py_CLEAR(name);
+    return name;
 }
 
 static PyObject *pg_call(ParamGradObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
@@ -785,7 +817,7 @@ static PyObject *pg_call(ParamGradObject *self, PyObject *const *args, size_t na
     PyObject *next = PyLong_FromSsize_t(k + 1);
     int rc = next == NULL ? -1 : PyDict_SetItem(counters, self->key, next);
     Py_XDECREF(next);
-    if (rc < 0 || (name = PyUnicode_FromFormat("%U.parameters_grad.%zd", self->base, k)) == NULL) goto done;
+    if (rc < 0 || (name = pg_name(self, k)) == NULL) goto done;
     if (g_depth(g, 1) < 0) goto done;
     PyObject *text = g_text(g, grad, 0);
     if (text == Py_None) {  /* the dict route for this gradient (``_param_grad_dict``) */
@@ -834,12 +866,13 @@ static PyObject *pg_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
                           &self->fallback, &self->fields, &self->text_fields};
     for (int i = 0; i < 12; i++) *slots[i] = Py_NewRef(a[i]);
     self->key = PyUnicode_FromFormat("%U#%U", self->base, self->pname);
-    if (self->key == NULL) { Py_DECREF(self); return NULL; }
+    self->names = PyList_New(0);
+    if (self->key == NULL || self->names == NULL) { Py_DECREF(self); return NULL; }
     self->vectorcall = (vectorcallfunc)pg_call;
     return (PyObject *)self;
 }
 
-#define PG_OBJECTS(X) X(base) X(pname) X(count) X(key) X(fallback) X(fields) X(text_fields)
+#define PG_OBJECTS(X) X(base) X(pname) X(count) X(key) X(fallback) X(fields) X(text_fields) X(names)
 #define PG_VISIT(f) Py_VISIT(self->f);
 #define PG_CLEAR(f) Py_CLEAR(self->f);
 static int pg_traverse(ParamGradObject *self, visitproc visit, void *arg) {
@@ -987,19 +1020,24 @@ static PyTypeObject SingleEdgeType = {
 };
 
 /* ``DumpService._hook_own_grads`` + ``backward_capture.capture`` of the usual call
- *   OwnGrads(fallback, sequence_nr, accumulate_grad, report, fail, report_output, report_both, keep, hooks, max_hooks)
+ *   OwnGrads(fallback, sequence_nr, accumulate_grad, report, fail, report_output, report_both, keep, hooks, max_hooks,
+ *            step_hooks=None)
  *     (call, out) -> None
  * The usual call: one plain output made by the call's one node with one edge to one of its inputs; its node
  * gets its ``SingleEdge`` (made once per call site and kept in ``hooks``, as ``_single_edge`` does). Any
- * other call: ``fallback(call, out)`` (nothing of it done here). */
+ * other call: ``fallback(call, out)`` (nothing of it done here). With ``step_hooks=`` (the ``StepHooks`` that
+ * ``keep`` fills), a node hook's handle is put into it here (``og_keep``) once it holds hooks of the step. */
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
     PyObject *fallback, *sequence_nr, *accumulate_grad, *report, *fail, *report_output, *report_both, *keep, *hooks;
+    PyObject *step_hooks;  /* the ``StepHooks`` that ``keep`` fills, or Py_None */
     Py_ssize_t max_hooks;
 } OwnGradsObject;
 
 static PyObject *dot_forward, *dot_backward;  /* ".forward", ".backward" */
+static PyObject *og_no_skip;                  /* {}: no edge left out of the usual call's walk */
+static PyObject *og_32;                       /* 32: an edge key's shift */
 
 /* The number an object's attribute holds (a C long long); -1 with an error (also for a non-int). */
 static long long og_long(PyObject *obj, int a, int call) {
@@ -1039,6 +1077,64 @@ static PyObject *og_single_edge(OwnGradsObject *self, PyObject *context, PyObjec
     return (PyObject *)se;
 }
 
+#define OG_NODES 32  /* the nodes of a call walked by ``og_one_input`` at most (more: the generic walk) */
+
+/* ``walk``'s answer for a call with one input edge, ``(id, low)`` (its key ``id << 32 | low``), as the usual call
+ * needs it, without the generic walk's dicts, lists and keys: 1 when the only edge to the input from the nodes made
+ * during the call (from ``fn`` on, sequence numbers in [begin, end)) is one edge of ``fn`` itself (its index set in
+ * *edge), 0 for any other graph (or more than ``OG_NODES`` nodes), -1 with an error. */
+static int og_one_input(OwnGradsObject *self, PyObject *fn, void *id, long long low, int leaf, long long begin,
+                        long long end, Py_ssize_t *edge) {
+    PyObject *nodes[OG_NODES];  /* borrowed: each is held by its parent's next_functions, held below */
+    PyObject *held[OG_NODES];   /* the next_functions tuples walked (new references) */
+    int n_nodes = 1, n_held = 0, hits = 0, rc = 0;
+    nodes[0] = fn;
+    for (int at = 0; at < n_nodes && rc == 0; at++) {
+        PyObject *node = nodes[at];
+        PyObject *next = L0_GET(node, A_NEXT_FUNCTIONS);
+        if (next == NULL) { rc = -1; break; }
+        held[n_held++] = next;
+        if (!PyTuple_CheckExact(next)) { rc = 0; hits = -1; break; }
+        for (Py_ssize_t e = 0; e < PyTuple_GET_SIZE(next); e++) {
+            PyObject *pair = PyTuple_GET_ITEM(next, e);
+            if (!PyTuple_CheckExact(pair) || PyTuple_GET_SIZE(pair) != 2) { hits = -1; break; }
+            PyObject *nxt = PyTuple_GET_ITEM(pair, 0);
+            if (nxt == Py_None) continue;
+            int hit;
+            if ((PyObject *)Py_TYPE(nxt) == self->accumulate_grad) {
+                if (!leaf || low != 0) continue;
+                PyObject *var = L0_GET(nxt, A_VARIABLE);
+                if (var == NULL) { rc = -1; break; }
+                hit = (void *)var == id;
+                Py_DECREF(var);
+            } else {
+                long long nr = PyLong_AsLongLong(PyTuple_GET_ITEM(pair, 1));
+                if (nr == -1 && PyErr_Occurred()) { rc = -1; break; }
+                hit = (void *)nxt == id && nr + 1 == low;
+                if (!hit) {  /* a node of the call is walked (once) */
+                    int known = 0;
+                    for (int i = 0; i < n_nodes && !known; i++) known = nodes[i] == nxt;
+                    if (known) continue;
+                    long long seq = og_long(nxt, A_SEQUENCE_NR, 1);
+                    if (seq == -1 && PyErr_Occurred()) { rc = -1; break; }
+                    if (begin <= seq && seq < end) {
+                        if (n_nodes == OG_NODES || n_held == OG_NODES) { hits = -1; break; }
+                        nodes[n_nodes++] = nxt;
+                    }
+                    continue;
+                }
+            }
+            if (!hit) continue;
+            if (node != fn || hits) { hits = -1; break; }  /* another node's edge, or a second edge */
+            hits = 1;
+            *edge = e;
+        }
+        if (hits < 0) break;
+    }
+    for (int i = 0; i < n_held; i++) Py_DECREF(held[i]);
+    return rc < 0 ? -1 : hits == 1;
+}
+
 /* The usual call's node and edge: 1 found (node, index, edge, out_nr set; node a new reference), 0 another shape
  * of graph, -1 with an error. Nothing of the call's state is changed. */
 static int og_find(OwnGradsObject *self, PyObject *edges, PyObject *out, PyObject **node, PyObject **index,
@@ -1064,8 +1160,30 @@ static int og_find(OwnGradsObject *self, PyObject *edges, PyObject *out, PyObjec
     long long stop = PyLong_AsLongLong(end);
     if (PyErr_Occurred()) goto done;
     if (!(begin <= seq && seq < stop)) { rc = 0; goto done; }
+    if (PyDict_GET_SIZE(slots) == 1) {  /* one input tensor (the usual call): its key's id and low part */
+        Py_ssize_t pos = 0;
+        PyObject *k, *slot;
+        PyDict_Next(slots, &pos, &k, &slot);
+        PyObject *high = PyLong_CheckExact(k) && PyLong_CheckExact(slot) ? PyNumber_Rshift(k, og_32) : NULL;
+        if (high == NULL) { rc = PyErr_Occurred() ? -1 : 0; goto done; }
+        void *id = PyLong_AsVoidPtr(high);
+        unsigned long long low = PyLong_AsUnsignedLongLongMask(k) & 0xffffffffULL;
+        Py_DECREF(high);
+        if (PyErr_Occurred()) goto done;
+        PyObject *leaf = L0_GET(edges, A_LEAF);
+        int is_leaf = leaf == NULL ? -1 : PyObject_IsTrue(leaf);
+        Py_XDECREF(leaf);
+        if (is_leaf < 0) goto done;
+        rc = og_one_input(self, fn, id, (long long)low, is_leaf, begin, stop, edge);
+        if (rc == 1) {
+            *out_nr = (Py_ssize_t)nr;
+            *node = Py_NewRef(fn);
+            *index = Py_NewRef(slot);
+        }
+        goto done;
+    }
     PyObject *leaf = L0_GET(edges, A_LEAF);
-    PyObject *skip = leaf == NULL ? NULL : PyDict_New();
+    PyObject *skip = leaf == NULL ? NULL : Py_NewRef(og_no_skip);  /* (walk only reads it) */
     PyObject *b = skip == NULL ? NULL : PyLong_FromLongLong(begin);
     roots = b == NULL ? NULL : PyList_New(1);
     if (roots != NULL) {
@@ -1110,6 +1228,36 @@ static PyObject *og_context(PyObject *call) {
     return context;
 }
 
+static PyObject *step_hooks_flat, *step_hooks_one;  /* "_flat", 1 */
+
+/* ``keep(handle)``, or what ``StepHooks.keep`` does with it, done here: the handle's key, 1 and its hook dict
+ * appended to ``step_hooks._flat`` when that already holds hooks of the step (so ``keep`` has put it among
+ * the step's handles: ``DumpService._keep_hook``) and the handle has no extra dicts (a node's hook). 0, -1. */
+static int og_keep(OwnGradsObject *self, PyObject *handle) {
+    if (self->step_hooks != Py_None) {
+        PyObject *flat = PyObject_GetAttr(self->step_hooks, step_hooks_flat);
+        if (flat == NULL) return -1;
+        int rc = 1;  /* 1: not taken here */
+        if (PyList_CheckExact(flat) && PyList_GET_SIZE(flat)) {
+            PyObject *id = L0_GET(handle, A_ID), *extra = L0_GET(handle, A_EXTRA_DICT_REF);
+            PyObject *ref = L0_GET(handle, A_HOOKS_DICT_REF);
+            PyObject *hooks = id && extra && ref && PyTuple_CheckExact(extra) && !PyTuple_GET_SIZE(extra)
+                              ? PyObject_CallNoArgs(ref) : NULL;
+            if (hooks != NULL)
+                rc = PyList_Append(flat, id) < 0 || PyList_Append(flat, step_hooks_one) < 0
+                     || PyList_Append(flat, hooks) < 0 ? -1 : 0;
+            else if (PyErr_Occurred())
+                rc = -1;
+            Py_XDECREF(id); Py_XDECREF(extra); Py_XDECREF(ref); Py_XDECREF(hooks);
+        }
+        Py_DECREF(flat);
+        if (rc <= 0) return rc;
+    }
+    PyObject *r = PyObject_CallOneArg(self->keep, handle);
+    Py_XDECREF(r);
+    return r == NULL ? -1 : 0;
+}
+
 static PyObject *og_call(OwnGradsObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     if (PyVectorcall_NARGS(nargsf) != 2 || kwnames != NULL) return PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);
     PyObject *call = args[0], *out = args[1];
@@ -1131,7 +1279,7 @@ static PyObject *og_call(OwnGradsObject *self, PyObject *const *args, size_t nar
     context = og_context(call);
     hook = context == NULL ? NULL : og_single_edge(self, context, index, edge, out_nr);
     handle = hook == NULL ? NULL : PyObject_CallMethodOneArg(node, l0_attr[A_REGISTER_HOOK], hook);
-    result = handle == NULL ? NULL : PyObject_CallOneArg(self->keep, handle);
+    result = handle == NULL || og_keep(self, handle) < 0 ? NULL : Py_NewRef(Py_None);
 done:
     Py_DECREF(edges); Py_XDECREF(node); Py_XDECREF(index); Py_XDECREF(context); Py_XDECREF(hook); Py_XDECREF(handle);
     return result;
@@ -1139,24 +1287,25 @@ done:
 
 static PyObject *og_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     static char *kw[] = {"fallback", "sequence_nr", "accumulate_grad", "report", "fail", "report_output", "report_both",
-                         "keep", "hooks", "max_hooks", NULL};
-    PyObject *a[9];
+                         "keep", "hooks", "max_hooks", "step_hooks", NULL};
+    PyObject *a[9], *step_hooks = Py_None;
     Py_ssize_t max_hooks;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOOOOO!n:OwnGrads", kw, &a[0], &a[1], &a[2], &a[3], &a[4], &a[5],
-                                     &a[6], &a[7], &PyDict_Type, &a[8], &max_hooks))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOOOOO!n|O:OwnGrads", kw, &a[0], &a[1], &a[2], &a[3], &a[4], &a[5],
+                                     &a[6], &a[7], &PyDict_Type, &a[8], &max_hooks, &step_hooks))
         return NULL;
     OwnGradsObject *self = (OwnGradsObject *)type->tp_alloc(type, 0);
     if (self == NULL) return NULL;
     PyObject **slots[] = {&self->fallback, &self->sequence_nr, &self->accumulate_grad, &self->report, &self->fail,
                           &self->report_output, &self->report_both, &self->keep, &self->hooks};
     for (int i = 0; i < 9; i++) *slots[i] = Py_NewRef(a[i]);
+    self->step_hooks = Py_NewRef(step_hooks);
     self->max_hooks = max_hooks;
     self->vectorcall = (vectorcallfunc)og_call;
     return (PyObject *)self;
 }
 
 #define OG_OBJECTS(X) X(fallback) X(sequence_nr) X(accumulate_grad) X(report) X(fail) X(report_output) X(report_both) \
-                      X(keep) X(hooks)
+                      X(keep) X(hooks) X(step_hooks)
 static int og_traverse(OwnGradsObject *self, visitproc visit, void *arg) { OG_OBJECTS(SE_VISIT) return 0; }
 static int og_clear(OwnGradsObject *self) { OG_OBJECTS(SE_CLEAR) return 0; }
 static void og_dealloc(OwnGradsObject *self) {
@@ -1186,6 +1335,10 @@ static int add_module_hooks(PyObject *m) {
     if (l0_no_sizes == NULL && (l0_no_sizes = Py_BuildValue("(ii)", 0, 0)) == NULL) return -1;
     if (dot_forward == NULL && (dot_forward = PyUnicode_InternFromString(".forward")) == NULL) return -1;
     if (dot_backward == NULL && (dot_backward = PyUnicode_InternFromString(".backward")) == NULL) return -1;
+    if (step_hooks_flat == NULL && (step_hooks_flat = PyUnicode_InternFromString("_flat")) == NULL) return -1;
+    if (step_hooks_one == NULL && (step_hooks_one = PyLong_FromLong(1)) == NULL) return -1;
+    if (og_no_skip == NULL && (og_no_skip = PyDict_New()) == NULL) return -1;
+    if (og_32 == NULL && (og_32 = PyLong_FromLong(32)) == NULL) return -1;
     PyTypeObject *types[] = {&ModuleHooksType, &CallGradsType, &ParamGradType, &SingleEdgeType, &OwnGradsType};
     const char *names[] = {"ModuleHooks", "CallGrads", "ParamGrad", "SingleEdge", "OwnGrads"};
     for (int i = 0; i < 5; i++) {

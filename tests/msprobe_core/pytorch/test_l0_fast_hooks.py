@@ -185,14 +185,28 @@ def _errors_and_records(tmp_path: Path, monkeypatch, fast: bool) -> tuple[list[s
         monkeypatch.setattr(dump_service, "_CallGrads", None)
         monkeypatch.setattr(backward_capture, "_OwnGradsC", None)
         monkeypatch.setattr(backward_capture, "_single_edge_type", backward_capture._SingleEdge)
-    reserve = StepRecorder.reserve
+    reserve, init = StepRecorder.reserve, StepRecorder.__init__
 
-    def refusing(self, name, *args):
+    def refuse(name: str) -> None:
         if name in ("Module.1.GELU.forward.0", "Module.2.Linear.backward.0"):
             raise RuntimeError(f"no place for {name}")
+
+    def refusing(self, name, *args):
+        refuse(name)
         return reserve(self, name, *args)
 
+    def made(self, *args, **kwargs):  # a whole backward record takes its place in its one put_text (seq None)
+        init(self, *args, **kwargs)
+        put_text = self.put_text
+
+        def refusing_text(name, text, seq, *rest):
+            if seq is None:
+                refuse(name)
+            return put_text(name, text, seq, *rest)
+        self.put_text = refusing_text
+
     monkeypatch.setattr(StepRecorder, "reserve", refusing)
+    monkeypatch.setattr(StepRecorder, "__init__", made)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.GELU(), torch.nn.Linear(4, 2))
     dbg = PrecisionDebugger({"dump_path": str(tmp_path / f"fast{fast}"), "level": "L0", "task": "statistics"})
@@ -241,3 +255,125 @@ def test_the_c_hooks_make_a_stack_once_per_call_site_and_journal_later_parameter
     for step in range(2):
         data = json.loads((step_dir(tmp_path, step) / "dump.json").read_text())["data"]
         assert all(list(data[f"Module.{i}.Linear.parameters_grad.0"]) == ["bias", "weight"] for i in range(5))
+
+
+def _python_route(monkeypatch) -> None:
+    """Every module call and gradient on the Python route (as ``SCRIPT`` with ``fast`` False)."""
+    monkeypatch.setattr(dump_service, "_ModuleHooks", None)
+    monkeypatch.setattr(dump_service, "_ParamGrad", None)
+    monkeypatch.setattr(dump_service, "_CallGrads", None)
+    monkeypatch.setattr(backward_capture, "_OwnGradsC", None)
+    monkeypatch.setattr(backward_capture, "_single_edge_type", backward_capture._SingleEdge)
+
+
+def _many_calls(path: Path, calls: int) -> dict:
+    """Two steps of a module called ``calls`` times a step, and its backward: the second step's dump.json data."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    dbg = PrecisionDebugger({"dump_path": str(path), "level": "L0", "task": "statistics"})
+    for _ in range(2):
+        dbg.start(model)
+        h = torch.ones(1, 2)
+        for _ in range(calls):
+            h = model(h) * 0.5
+        h.sum().backward()
+        dbg.stop()
+        dbg.step()
+    return json.loads((step_dir(path, 1) / "dump.json").read_text())["data"]
+
+
+@needs_kernel
+def test_names_past_those_kept_are_made_per_call_as_the_python_route_makes_them(tmp_path, monkeypatch):
+    """The C hooks make a module's record names once per call number and keep them (``L0_NAMES_KEPT``, 4096) for
+    the next steps; a module called more often than that in a step still gets every name, as the Python route's."""
+    fast = _many_calls(tmp_path / "fast", 4100)
+    _python_route(monkeypatch)
+    assert list(fast) == list(_many_calls(tmp_path / "python", 4100))
+    assert "Module.0.Linear.forward.4099" in fast and "Module.0.Linear.backward.4099" in fast
+
+
+@needs_kernel
+def test_node_hooks_kept_in_c_are_removed_when_the_step_ends(tmp_path):
+    """``OwnGrads`` puts a node hook's handle into the step's ``StepHooks`` itself (``step_hooks=``): each is
+    removed from its node's hook dict when the step ends, as ``StepHooks.keep``'s."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.GELU(), torch.nn.Linear(4, 4), torch.nn.GELU())
+    dbg = PrecisionDebugger({"dump_path": str(tmp_path), "level": "L0", "task": "statistics"})
+    service = PrecisionDebugger._get().service
+    dbg.start(model)
+    model(torch.randn(3, 4, requires_grad=True)).sum().backward()
+    flat = list(service._step_hooks._flat)
+    kept, i = [], 0
+    while i < len(flat):
+        key, n = flat[i], flat[i + 1]
+        kept += [(key, d) for d in flat[i + 2:i + 2 + n]]
+        i += 2 + n
+    node_hooks = [(key, d) for key, d in kept if type(d[key]).__name__ == "SingleEdge"]
+    assert len(node_hooks) == 4  # one per module call
+    dbg.stop()
+    dbg.step()
+    assert not service._step_hooks and all(key not in d for key, d in kept)
+
+
+@needs_kernel
+def test_the_c_hooks_leave_no_reference_behind(tmp_path):
+    """Steps of the C hooks leave no reference to None (or any other object counted per call) behind."""
+    import sys
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[m for _ in range(20) for m in (torch.nn.Linear(4, 4), torch.nn.GELU())])
+    dbg = PrecisionDebugger({"dump_path": str(tmp_path), "level": "L0", "task": "statistics"})
+
+    def steps(n: int) -> None:
+        for _ in range(n):
+            dbg.start(model)
+            model(torch.randn(3, 4, requires_grad=True)).sum().backward()
+            dbg.stop()
+            dbg.step()
+
+    steps(3)
+    before = sys.getrefcount(None)
+    steps(10)
+    assert sys.getrefcount(None) - before < 50  # 400 module calls and 400 gradients recorded
+
+
+class _Twice(torch.nn.Module):
+    def forward(self, x):
+        return x.sin() * x  # two of the call's nodes send to its one input
+
+
+class _Inner(torch.nn.Module):
+    def forward(self, x):
+        return x.exp().sin()  # the node sending to the input is not the output's
+
+
+class _Scaled(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.lin(x).tanh() * 2  # nodes of the call between the output's node and the input's edge
+
+
+def _records_of(path: Path, input_grad: bool) -> tuple[dict, str]:
+    """One step of a model of one-input calls of several graph shapes: dump.json's data and construct.json."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), _Twice(), _Inner(), _Scaled(), torch.nn.GELU())
+    dbg = PrecisionDebugger({"dump_path": str(path), "level": "L0", "task": "statistics"})
+    dbg.start(model)
+    model(torch.randn(3, 4, requires_grad=input_grad)).sum().backward()
+    dbg.stop()
+    dbg.step()
+    step = step_dir(path, 0)
+    return json.loads((step / "dump.json").read_text())["data"], (step / "construct.json").read_text()
+
+
+@needs_kernel
+@pytest.mark.parametrize("input_grad", [True, False])
+def test_one_input_calls_of_every_graph_shape_get_the_python_routes_records(tmp_path, monkeypatch, input_grad):
+    """``OwnGrads``' walk for a call with one input tensor (``og_one_input``) takes the usual call only (one edge
+    from the output's own node to the input, a leaf input included): the records are the Python route's."""
+    fast = _records_of(tmp_path / "fast", input_grad)
+    _python_route(monkeypatch)
+    assert fast == _records_of(tmp_path / "python", input_grad)
+    assert "Module.1._Twice.backward.0" in fast[0] and "Module.3._Scaled.backward.0" in fast[0]
