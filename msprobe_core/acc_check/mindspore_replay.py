@@ -56,6 +56,7 @@ from msprobe_core.acc_check.replay_common import (benchmark_failed, failure_text
                                                   shared_reason, unknown_typed_reason)
 from msprobe_core.acc_check.standards import round_to
 from msprobe_core.dumpdir.tensor_reader import ArrayTensor
+from msprobe_core.mindspore.runtime import settle
 from msprobe_core.files.safe_names import name_max, safe_file_name
 
 MINDSPORE, MINDTORCH = "mindspore", "mindtorch"
@@ -327,9 +328,13 @@ class MindSporeBackend:
 
         c_args, c_kwargs = [convert(v) for v in args], {k: convert(v) for k, v in kwargs.items()}
         leaves = [i for i, (s, t) in enumerate(zip(specs, tensors)) if s.requires_grad and _is_float(t)]
-        out = fn(*c_args, **c_kwargs)
-        for t in _tensors(out):
-            t.asnumpy()  # a kernel's failure surfaces here, not at a later call (PyNative runs kernels asynchronously)
+        try:
+            out = fn(*c_args, **c_kwargs)
+            for t in _tensors(out):
+                t.asnumpy()  # a kernel's failure surfaces here, not at a later call (PyNative runs kernels asynchronously)
+        except Exception:
+            settle()  # nothing of this call's failure is left to surface at the next call
+            raise
         if in_place or not leaves:
             return _Run(out, None, [], [], bench_dtype)
 

@@ -43,6 +43,18 @@ def register_grad_hook(t: Tensor, fn: Callable[[Tensor], None]) -> Any:
     return handle
 
 
+def settle() -> None:
+    """Wait for PyNative's queued kernels, dropping any error they raise. After a call whose kernel failed,
+    MindSpore may hold that error and raise it again at a later synchronization, under another call's name
+    (acc_check once saw a ``GeluExt`` failure reported for the next API replayed)."""
+    for _ in range(4):
+        try:
+            _pynative_executor.sync()
+            return
+        except Exception:  # noqa: BLE001 - the failed call's own error, raised again
+            continue
+
+
 def recording_grad() -> bool:
     """Is autograd recording the current forward pass (inside ``value_and_grad`` / ``grad``)?"""
     return bool(_pynative_executor.requires_grad())
