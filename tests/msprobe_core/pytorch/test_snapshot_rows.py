@@ -62,7 +62,7 @@ def test_summaries_equal_the_usual_paths(waiting):
 
 def test_values_are_those_of_the_call_and_read_once(waiting, monkeypatch):
     s = Summarizer(statistics=True, md5=False)
-    x = torch.randn(6, 6)
+    x = torch.randn(6, 6, generator=torch.Generator().manual_seed(7))  # seeded: a mean near 0 has few exact digits
     want = _summaries(Summarizer(statistics=True, md5=False), [x.clone()])[0]
     reads = []
     real = snapshot_rows.SnapshotRows.summarise
