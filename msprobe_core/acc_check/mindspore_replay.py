@@ -56,8 +56,8 @@ from msprobe_core.acc_check.replay_common import (benchmark_failed, failure_text
                                                   shared_reason, unknown_typed_reason)
 from msprobe_core.acc_check.standards import round_to
 from msprobe_core.dumpdir.tensor_reader import ArrayTensor
-from msprobe_core.mindspore.runtime import settle
 from msprobe_core.files.safe_names import name_max, safe_file_name
+from msprobe_core.mindspore.runtime import settle
 
 MINDSPORE, MINDTORCH = "mindspore", "mindtorch"
 _OWNERS: dict[str, dict[str, tuple[str, Any]]] = {

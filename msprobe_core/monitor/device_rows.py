@@ -29,9 +29,9 @@ class DeviceRows:
         self.engine = engine
         self.count = 0
         """Rows given out so far."""
-        self._done: list[tuple[Sequence[int], torch.Tensor]] = []  # (rows, their [len(rows), ops] block)
         self._snapshots = snapshot_rows.SnapshotRows(partial(row_stats, ops=engine.ops, eps=engine.eps))
-        self._snapshots.done = self._done  # summarised snapshots land with the rest
+        self._done: list[tuple[Sequence[int], torch.Tensor]] = self._snapshots.done
+        """(rows, their [len(rows), ops] block): the summarised snapshots' and every other tensor's."""
 
     def add(self, t: torch.Tensor) -> int:
         """The row of one non-empty tensor on this device (its statistics taken now, or its snapshot)."""

@@ -4,8 +4,8 @@ A tensor becomes a summary dict (type, dtype, shape, Max, Min, Mean, Norm, requi
 data_name / md5 when asked). Statistics are computed once per tensor *version* (an API's output is the
 next API's input: one computation, and one file written, hard-linked under the second name), stay on the
 tensor's device, and reach the host in one stacked copy per ``resolve()`` call; an accelerator's small float
-tensors wait as snapshots (``snapshot_rows``: one launch each, their statistics a few launches for the lot). Saved tensors are copied
-once on the training thread and written by ``TensorFiles`` (a writer process).
+tensors wait as snapshots (``snapshot_rows``: one launch each, their statistics a few launches for the lot).
+Saved tensors are copied once on the training thread and written by ``TensorFiles`` (a writer process).
 """
 
 from __future__ import annotations
