@@ -36,6 +36,7 @@ from msprobe_core.dump.call import Call
 from msprobe_core.dump.call_records import backward_fields
 from msprobe_core.files.step_recorder import NO_PARENT
 from msprobe_core.pytorch.backward_capture import ACCUMULATE_GRAD, InputEdges, capture, usual_capture
+from msprobe_core.pytorch.summarize import tensors_in
 from msprobe_core.stats.kernel import KERNEL
 
 
@@ -121,9 +122,10 @@ class FastApi:
         hooks: dict = {}  # the hooks of calls with one edge to one input, reused step after step
         own = usual_capture(capture, report_out, svc._on_own_grad_error, report_in, report_in, svc._keep_hook, hooks)
         return (bool(records.selection.backward), records.selection.keeps("backward", "output"),
-                records._keep_grad_in, records._tensors_in, InputEdges.of, report_in, report_out, partial,
+                records._keep_grad_in, records._tensors_in, InputEdges, report_in, report_out, partial,
                 svc._hook_tensor_grad, capture, svc._on_own_grad_error, svc._keep_hook, hooks, own, _sequence_nr,
-                ACCUMULATE_GRAD, torch.Tensor, svc._keep_keys, RemovableHandle, OrderedDict)
+                ACCUMULATE_GRAD, torch.Tensor, svc._keep_keys, RemovableHandle, OrderedDict,
+                records._tensors_in is tensors_in)
 
     def _capture(self) -> Optional[Callable[[], Any]]:
         """The caller's stack (frames of the toolkit left out), without a method call on the way; None

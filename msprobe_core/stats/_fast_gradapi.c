@@ -22,10 +22,11 @@
  *                           goes to ``records.on_grad`` itself. */
 
 enum {
-    G_BACKWARD, G_KEEP_OUT, G_KEEP_IN, G_TENSORS_IN, G_EDGES_OF, G_REPORT_IN, G_REPORT_OUT, G_PARTIAL,
+    G_BACKWARD, G_KEEP_OUT, G_KEEP_IN, G_TENSORS_IN, G_EDGES, G_REPORT_IN, G_REPORT_OUT, G_PARTIAL,
     G_HOOK_TENSOR, G_CAPTURE, G_FAIL, G_KEEP, G_HOOKS, G_OWN, G_SEQUENCE_NR, G_ACCUMULATE, G_TENSOR, G_KEEP_KEYS,
-    G_HANDLE, G_ORDERED_DICT, G_N
-};  /* G_KEEP_KEYS: ``keep_keys(flat)`` holds hooks put in without a handle (``StepHooks.keep_keys``' form) for their
+    G_HANDLE, G_ORDERED_DICT, G_COLLECT, G_N
+};  /* G_EDGES: the ``InputEdges`` class (``ag_edges_of`` makes its ``of``); G_COLLECT: True where G_TENSORS_IN is
+     * ``summarize.tensors_in`` (then ``ag_tensors_in`` collects in C); G_KEEP_KEYS: ``keep_keys(flat)`` holds hooks put in without a handle (``StepHooks.keep_keys``' form) for their
      * removal when the step ends; G_HANDLE: ``RemovableHandle`` (its ``next_id``); G_ORDERED_DICT: the hook dicts' type */
 
 static PyObject *ag_s[22];  /* attribute names and suffixes, interned once (AS_*) */
@@ -416,21 +417,127 @@ done:
     return rc;
 }
 
+/* ``summarize._collect`` in C: the instances of ``type`` in the exact list or tuple ``seq`` and in the exact lists,
+ * tuples and dicts nested in it (a dict by its values), in order, appended to ``found``. 1 done, 0 a container of
+ * another type met (a subclass may iterate its own way: the Python ``tensors_in`` then takes the whole call), -1
+ * with an error. */
+static int ag_collect(PyObject *seq, PyObject *found, PyObject *type) {
+    if (Py_EnterRecursiveCall(" in tensors_in")) return -1;
+    PyObject *fast = PySequence_Fast(seq, "");  /* (an exact list or tuple: a new reference to itself) */
+    int rc = fast == NULL ? -1 : 1;
+    for (Py_ssize_t i = 0; rc == 1 && i < PySequence_Fast_GET_SIZE(fast); i++) {
+        PyObject *v = PySequence_Fast_GET_ITEM(fast, i);
+        if (PyObject_TypeCheck(v, (PyTypeObject *)type)) {
+            rc = PyList_Append(found, v) < 0 ? -1 : 1;
+        } else if (PyList_CheckExact(v) || PyTuple_CheckExact(v)) {
+            rc = ag_collect(v, found, type);
+        } else if (PyDict_CheckExact(v)) {
+            PyObject *values = PyDict_Values(v);
+            rc = values == NULL ? -1 : ag_collect(values, found, type);
+            Py_XDECREF(values);
+        } else if (v != Py_None && !PyLong_CheckExact(v) && !PyFloat_CheckExact(v) && !PyBool_Check(v)
+                   && !PyUnicode_CheckExact(v)) {  /* anything else as ``isinstance`` sees it */
+            int is = PyObject_IsInstance(v, type);
+            if (is == 0) {
+                int container = PyList_Check(v) || PyTuple_Check(v) || PyDict_Check(v);
+                is = container ? 2 : PyObject_IsInstance(v, (PyObject *)&PyList_Type);
+                if (is == 0) is = PyObject_IsInstance(v, (PyObject *)&PyTuple_Type);
+                if (is == 0) is = PyObject_IsInstance(v, (PyObject *)&PyDict_Type);
+                rc = is < 0 ? -1 : is ? 0 : 1;
+            } else {
+                rc = is < 0 || PyList_Append(found, v) < 0 ? -1 : 1;
+            }
+        }
+    }
+    Py_XDECREF(fast);
+    Py_LeaveRecursiveCall();
+    return rc;
+}
+
+/* The call's tensor inputs in record order (``tensors_in((args, kwargs))``): in C where G_COLLECT allows it and
+ * every container is a plain list, tuple or dict, else by G_TENSORS_IN. A new list, or NULL with an error. */
+static PyObject *ag_tensors_in(PyObject **g, PyObject *args, PyObject *kwargs) {
+    if (g[G_COLLECT] == Py_True && PyTuple_CheckExact(args) && PyDict_CheckExact(kwargs)) {
+        PyObject *found = PyList_New(0), *values = found == NULL ? NULL : PyDict_Values(kwargs);
+        int rc = values == NULL ? -1 : ag_collect(args, found, g[G_TENSOR]);
+        if (rc == 1) rc = ag_collect(values, found, g[G_TENSOR]);
+        Py_XDECREF(values);
+        if (rc == 1) return found;
+        Py_XDECREF(found);
+        if (rc < 0) return NULL;
+    }
+    PyObject *both = PyTuple_Pack(2, args, kwargs);
+    PyObject *tensors = both == NULL ? NULL : PyObject_CallOneArg(g[G_TENSORS_IN], both);
+    Py_XDECREF(both);
+    return tensors;
+}
+
+/* ``InputEdges.of(tensors)`` (``backward_capture``; ``tensors`` a list or tuple, ``cls`` the ``InputEdges`` class,
+ * ``sequence_nr`` autograd's ``_get_sequence_nr``): a new reference (Py_None: no input requires grad), or NULL with
+ * an error. */
+static PyObject *ag_edges_of(PyObject *cls, PyObject *sequence_nr, PyObject *tensors) {
+    PyObject *fast = PySequence_Fast(tensors, "InputEdges.of takes a sequence");
+    PyObject *slots = fast == NULL ? NULL : PyDict_New(), *alive = slots == NULL ? NULL : PyList_New(0);
+    PyObject *result = NULL;
+    int leaf = 0;
+    if (alive == NULL) goto done;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(fast); i++) {
+        PyObject *t = PySequence_Fast_GET_ITEM(fast, i);
+        int grad = ag_requires_grad(t);
+        if (grad <= 0) { if (grad < 0) goto done; continue; }
+        PyObject *fn = PyObject_GetAttr(t, ag_s[AS_GRAD_FN]), *key = NULL, *obj = fn;  /* ``_key`` */
+        if (fn == NULL) goto done;
+        if (fn == Py_None) {
+            key = edge_key(t, 0);
+            obj = t;
+        } else {
+            long long nr = ag_long(t, AS_OUTPUT_NR, 0);
+            key = nr == -1 && PyErr_Occurred() ? NULL : edge_key(fn, (long)nr + 1);
+        }
+        PyObject *index = key == NULL ? NULL : PyLong_FromSsize_t(i);
+        PyObject *had = index == NULL ? NULL : PyDict_GetItemWithError(slots, key);
+        int rc = index == NULL || (had == NULL && PyErr_Occurred()) ? -1 : 0;
+        if (rc == 0 && had == NULL) {
+            rc = PyDict_SetItem(slots, key, index) < 0 || PyList_Append(alive, obj) < 0 ? -1 : 0;
+            leaf = leaf || obj == t;
+        } else if (rc == 0) {  /* the same tensor again: the tuple of its indices */
+            PyObject *prev = PyTuple_Check(had) ? Py_NewRef(had) : PyTuple_Pack(1, had);
+            PyObject *one = prev == NULL ? NULL : PyTuple_Pack(1, index);
+            PyObject *indices = one == NULL ? NULL : PySequence_Concat(prev, one);
+            rc = indices == NULL || PyDict_SetItem(slots, key, indices) < 0 ? -1 : 0;
+            Py_XDECREF(prev); Py_XDECREF(one); Py_XDECREF(indices);
+        }
+        Py_DECREF(fn); Py_XDECREF(key); Py_XDECREF(index);
+        if (rc < 0) goto done;
+    }
+    if (!PyDict_GET_SIZE(slots)) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    PyObject *begin = PyObject_CallNoArgs(sequence_nr);
+    if (begin == NULL) goto done;
+    PyObject *a[4] = {begin, slots, alive, leaf ? Py_True : Py_False};
+    result = PyObject_Vectorcall(cls, a, 4, NULL);
+    Py_DECREF(begin);
+done:
+    Py_XDECREF(fast); Py_XDECREF(slots); Py_XDECREF(alive);
+    return result;
+}
+
 /* The inputs' tensors counted for the backward record's sizes and their gradient edges (``_begin_record`` with
  * ``call.grad``): *edges (a reference the caller holds) replaced by them (Py_None: none kept). 0, -1 with an
  * error. */
 static int ag_begin(PyObject **g, PyObject *records, PyObject *backward, PyObject *args, PyObject *kwargs,
                     PyObject **edges) {
-    PyObject *both = PyTuple_Pack(2, args, kwargs);
-    PyObject *tensors = both == NULL ? NULL : PyObject_CallOneArg(g[G_TENSORS_IN], both);
-    Py_XDECREF(both);
+    PyObject *tensors = ag_tensors_in(g, args, kwargs);
     if (tensors == NULL) return -1;
     Py_ssize_t n = PyObject_Length(tensors);
     PyObject *count = n < 0 ? NULL : PyLong_FromSsize_t(n);
     int rc = count == NULL ? -1 : ag_sizes(records, backward, NULL, count);
     Py_XDECREF(count);
     if (rc == 0) {
-        PyObject *e = g[G_KEEP_OUT] == Py_True ? PyObject_CallOneArg(g[G_EDGES_OF], tensors) : Py_NewRef(Py_None);
+        PyObject *e = g[G_KEEP_OUT] == Py_True ? ag_edges_of(g[G_EDGES], g[G_SEQUENCE_NR], tensors)
+                      : Py_NewRef(Py_None);
         if (e == NULL) rc = -1;
         else Py_SETREF(*edges, e);
     }
