@@ -35,6 +35,8 @@ SCRIPT = textwrap.dedent("""
     model = nn.Sequential(nn.Linear(8, 8), nn.GELU(), nn.Linear(8, 4))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False)
     dbg = PrecisionDebugger({{"dump_path": {out!r}, "level": {level!r}, "task": "statistics"}})
+    class Seq(list):                                    # a list subclass: the Python ``tensors_in`` takes the call
+        pass
     for step in range(3):
         dbg.start(model)
         loss = model(torch.randn(2, 8)).sum()
@@ -267,6 +269,8 @@ GRAD_SCRIPT = textwrap.dedent("""
     w = torch.randn(6, 6, requires_grad=True)
     opt = torch.optim.AdamW(list(model.parameters()) + [w], lr=1e-3, foreach=False)
     dbg = PrecisionDebugger({{"dump_path": {out!r}, "level": {level!r}, "task": "statistics"}})
+    class Seq(list):                                    # a list subclass: the Python ``tensors_in`` takes the call
+        pass
     for step in range(3):
         dbg.start(model)
         x = torch.randn(4, 8, requires_grad=True)
@@ -278,6 +282,9 @@ GRAD_SCRIPT = textwrap.dedent("""
         y = h * 2
         y.add_(1)                                       # in place, with autograd on
         twice = h + h                                   # one input taken twice
+        cat = torch.cat([a, (b,)[0]], dim=1) + torch.cat(Seq([b, a]), dim=1)  # inputs in a list, a list subclass
+        kw = F.linear(input=h, weight=w, bias=torch.zeros(6, requires_grad=True))  # tensors as keyword arguments
+        nest = torch.stack(((a, b)[0], b)).sum(0)       # a tuple of inputs
         n = h.sum().item()                              # a number as output
         lo = torch.ones(4, 3, dtype=torch.float16, requires_grad=True)
         z = lo.float().mul(2)                           # a half input (the kernel's text or the usual record)
@@ -288,7 +295,8 @@ GRAD_SCRIPT = textwrap.dedent("""
             pass
         with torch.no_grad():
             h.mul(2)                                    # no_grad inside the step
-        loss = a.sum() + b.mean() + top.values.sum() + y.sum() + twice.sum() + z.sum() + c.sum()
+        loss = a.sum() + b.mean() + top.values.sum() + y.sum() + twice.sum() + z.sum() + c.sum() + cat.sum() \
+            + kw.sum() + nest.sum()
         opt.zero_grad()
         loss.backward(retain_graph=True)
         loss.backward()                                 # a second backward on the same records
