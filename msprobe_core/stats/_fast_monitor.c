@@ -32,8 +32,8 @@
 static PyObject *s_training, *s_state, *s_collecting, *s_generation, *s_calls, *s_micro, *s_seen, *s_on_grad,
     *s_hook_failed, *s_next_id, *s_register_hook_dict, *s_backward_hooks, *s_one, *s_hooks_generation;
 
-enum { AC_VERSION, AC_REQUIRES_GRAD, AC_DATA_PTR, AC_GRAD_FN, AC_N };
-static const char *const AC_NAMES[AC_N] = {"_version", "requires_grad", "data_ptr", "grad_fn"};
+enum { AC_VERSION, AC_REQUIRES_GRAD, AC_DATA_PTR, AC_GRAD_FN, AC_NUMEL, AC_N };
+static const char *const AC_NAMES[AC_N] = {"_version", "requires_grad", "data_ptr", "grad_fn", "numel"};
 
 #define AC_OBJECTS(X) X(hooks) X(rows) X(raw) X(entries) X(actv) X(actv_grad) X(graph_task_id) \
                       X(get_num_threads) X(ordered_dict) X(handle_class)
@@ -54,6 +54,7 @@ typedef struct {
 typedef struct {
     PyObject_HEAD
     PyObject *ref, *core, *slot, *micro, *state, *names;
+    int plain; /* made by ForwardSite for a tensor tr_plain accepted (one the Python route made: 0) */
 } ActivationObject;
 
 static PyTypeObject ActivationCoreType, ActivationType;
@@ -201,6 +202,7 @@ static ActivationObject *act_make(PyObject *ref, PyObject *core) {
     self->micro = PyLong_FromLong(0);
     self->state = Py_NewRef(Py_None);
     self->names = PyTuple_New(0);
+    self->plain = 0;
     if (self->micro == NULL || self->names == NULL) {
         Py_DECREF(self);
         return NULL;
@@ -330,18 +332,23 @@ typedef struct {
     Py_ssize_t chunk;
 } ForwardSiteObject;
 
-/* module_hooks._identity of a plain tensor: id << 96 | data_ptr << 32 | (version & 0xFFFFFFFF), one int. */
-static PyObject *fs_identity(ActivationCoreObject *core, PyObject *t) {
+/* t.data_ptr() into *ptr: 0, or -1 with an error. */
+static int fs_data_ptr(ActivationCoreObject *core, PyObject *t, unsigned long long *ptr) {
+    PyObject *d = descr_get(core->descr[AC_DATA_PTR], t);
+    if (d == NULL) return -1;
+    *ptr = PyLong_AsUnsignedLongLong(d);
+    Py_DECREF(d);
+    return *ptr == (unsigned long long)-1 && PyErr_Occurred() ? -1 : 0;
+}
+
+/* module_hooks._identity of a plain tensor whose data pointer is ptr: id << 96 | data_ptr << 32 | (version &
+ * 0xFFFFFFFF), one int. */
+static PyObject *fs_identity(ActivationCoreObject *core, PyObject *t, unsigned long long ptr) {
     PyObject *v = descr_get(core->descr[AC_VERSION], t);
     if (v == NULL) return NULL;
     unsigned long long version = PyLong_AsUnsignedLongLongMask(v);
     Py_DECREF(v);
     if (version == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
-    PyObject *d = descr_get(core->descr[AC_DATA_PTR], t);
-    if (d == NULL) return NULL;
-    unsigned long long ptr = PyLong_AsUnsignedLongLong(d);
-    Py_DECREF(d);
-    if (ptr == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
     unsigned long long id = (unsigned long long)(uintptr_t)t;
     unsigned char b[20];
     for (int i = 0; i < 4; i++) b[i] = (unsigned char)(version >> (8 * i));
@@ -382,12 +389,11 @@ fail:
     return -1;
 }
 
-/* The work of one leaf of the usual call (``_on_forward``'s loop body): 0, or -1 with an error. */
+/* The work of one leaf of the usual call (``_on_forward``'s loop body), key its identity (a new reference, taken
+ * here): 0, or -1 with an error. p is NULL for a known activation whose memory is not read again (fs_known). */
 static int fs_leaf(ForwardSiteObject *s, PyObject *seen, PyObject *state, PyObject *micro, PyObject *t, int i,
-                   void *p, Py_ssize_t n, long code) {
+                   void *p, Py_ssize_t n, long code, PyObject *key) {
     ActivationCoreObject *core = (ActivationCoreObject *)s->core;
-    PyObject *key = fs_identity(core, t);
-    if (key == NULL) return -1;
     ActivationObject *known = (ActivationObject *)PyDict_GetItemWithError(seen, key);  /* borrowed */
     if (known == NULL && PyErr_Occurred()) { Py_DECREF(key); return -1; }
     if (known != NULL && Py_TYPE(known) == &ActivationType && PyWeakref_GetObject(known->ref) == t) {
@@ -399,8 +405,14 @@ static int fs_leaf(ForwardSiteObject *s, PyObject *seen, PyObject *state, PyObje
     } else {
         PyObject *ref = PyWeakref_NewRef(t, NULL);
         if (ref == NULL) { Py_DECREF(key); return -1; }
+        /* a weak reference without a callback refers to nothing the collector could follow: untracked, the step's
+         * thousands of them do not bring on collections */
+        if (PyObject_GC_IsTracked(ref) && Py_TYPE(ref) == &_PyWeakref_RefType && PyWeakref_CheckRefExact(ref) &&
+            ((PyWeakReference *)ref)->wr_callback == NULL)
+            PyObject_GC_UnTrack(ref);
         known = act_make(ref, s->core);
         Py_DECREF(ref);
+        if (known != NULL) known->plain = p != NULL;
         if (known == NULL || PyDict_SetItem(seen, key, (PyObject *)known) < 0) {
             Py_XDECREF(known);
             Py_DECREF(key);
@@ -419,6 +431,10 @@ static int fs_leaf(ForwardSiteObject *s, PyObject *seen, PyObject *state, PyObje
     Py_DECREF(rg);
     if (s->fwd[i] != NULL) {
         if (known->slot == Py_None) {
+            if (p == NULL) {  /* fs_call takes a known tensor's memory as read only where its row is made */
+                PyErr_SetString(PyExc_RuntimeError, "ForwardSite: a known activation without its row");
+                goto done;
+            }
             PyObject *slot = acore_row(core, p, n, code);
             if (slot == NULL) goto done;
             Py_SETREF(known->slot, slot);
@@ -445,6 +461,30 @@ done:
     return rc;
 }
 
+/* Whether t is an activation this step knows already, as a tensor tr_plain accepted (fs_leaf made it), with its
+ * row there where the site wants one: then its memory is not read again and tr_plain not asked (the facts of one
+ * tensor object at one data pointer and version). 1 with *n its element count (asked again, as the Python route
+ * asks), 0 where not, -1 with an error; *key: its identity (a new reference), or NULL. */
+static int fs_known(ForwardSiteObject *s, PyObject *seen, PyObject *t, PyObject **key, Py_ssize_t *n) {
+    ActivationCoreObject *core = (ActivationCoreObject *)s->core;
+    TensorRowsObject *rows = (TensorRowsObject *)core->rows;
+    if (!PyDict_CheckExact(seen) || ((PyObject *)Py_TYPE(t) != rows->tensor && (PyObject *)Py_TYPE(t) != rows->parameter))
+        return 0;
+    unsigned long long ptr;
+    if (fs_data_ptr(core, t, &ptr) < 0 || (*key = fs_identity(core, t, ptr)) == NULL) return -1;
+    ActivationObject *known = (ActivationObject *)PyDict_GetItemWithError(seen, *key);  /* borrowed */
+    if (known == NULL) return PyErr_Occurred() ? -1 : 0;
+    if (Py_TYPE(known) != &ActivationType || !known->plain || PyWeakref_GetObject(known->ref) != t ||
+        known->slot == NULL || (s->fwd[0] != NULL && known->slot == Py_None))
+        return 0;
+    PyObject *c = descr_get(core->descr[AC_NUMEL], t);
+    if (c == NULL) return -1;
+    *n = PyLong_AsSsize_t(c);
+    Py_DECREF(c);
+    if (*n == -1 && PyErr_Occurred()) return -1;
+    return *n > 0;
+}
+
 static PyObject *fs_fallback(ForwardSiteObject *s, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     return PyObject_Vectorcall(s->fallback, args, nargsf, kwnames);
 }
@@ -462,7 +502,7 @@ static PyObject *fs_call(ForwardSiteObject *s, PyObject *const *args, size_t nar
     if (nargs != 4 || kwnames != NULL) return fs_fallback(s, args, nargsf, kwnames);
     ActivationCoreObject *core = (ActivationCoreObject *)s->core;
     PyObject *module = args[0], *in = args[1], *kwargs = args[2], *out = args[3];
-    PyObject *state = NULL, *seen = NULL, *micro = NULL, *gen = NULL, *ret = NULL;
+    PyObject *state = NULL, *seen = NULL, *micro = NULL, *gen = NULL, *ret = NULL, *keys[2] = {NULL, NULL};
     int on = fs_truth(PyObject_GetAttr(module, s_training));
     if (on <= 0) return on < 0 ? fs_fallback(s, args, nargsf, kwnames) : Py_NewRef(Py_None);
     if (!PyTuple_CheckExact(in) || PyTuple_GET_SIZE(in) != 1 || !PyDict_CheckExact(kwargs) ||
@@ -495,12 +535,22 @@ static PyObject *fs_call(ForwardSiteObject *s, PyObject *const *args, size_t nar
     int same = PyObject_RichCompareBool(site_gen, gen, Py_EQ);
     Py_DECREF(site_gen);
     if (same != 0) goto fallback;
-    /* both tensors read by the kernel as they are (a plain float tensor, dense, on the CPU) */
-    PyObject *x = PyTuple_GET_ITEM(in, 0);
+    /* both tensors read by the kernel as they are (a plain float tensor, dense, on the CPU); the input is, as a
+     * rule, the output of the call before, known this step: then it is not asked again (fs_known) */
+    seen = PyObject_GetAttr(core->hooks, s_seen);
+    if (seen == NULL) goto fallback;
+    PyObject *x = PyTuple_GET_ITEM(in, 0), *tensors[2] = {x, out};
     void *p[2] = {NULL, NULL};
     Py_ssize_t n[2] = {0, 0};
     long code[2] = {0, 0};
-    int plain = tr_plain((TensorRowsObject *)core->rows, x, &p[0], &n[0], &code[0]);
+    int plain = 1;
+    if (s->fwd[0] != NULL || s->bwd[0] != NULL) {
+        plain = fs_known(s, seen, x, &keys[0], &n[0]);
+        if (plain == 0) plain = tr_plain((TensorRowsObject *)core->rows, x, &p[0], &n[0], &code[0]);
+        else if (plain < 0) plain = 0;  /* the Python route answers (or fails) as it would */
+    } else {
+        plain = tr_plain((TensorRowsObject *)core->rows, x, &p[0], &n[0], &code[0]);
+    }
     if (plain > 0) plain = tr_plain((TensorRowsObject *)core->rows, out, &p[1], &n[1], &code[1]);
     if (plain <= 0) goto fallback;
     /* from here on this call is the usual one: _on_forward's work, an error reported as it reports one */
@@ -513,16 +563,16 @@ static PyObject *fs_call(ForwardSiteObject *s, PyObject *const *args, size_t nar
     if (micro == NULL) goto failed;
     if (PyLong_Check(micro) && _PyLong_Sign(micro) < 0) Py_SETREF(micro, PyLong_FromLong(0));
     if (micro == NULL) goto failed;
-    seen = PyObject_GetAttr(core->hooks, s_seen);
-    if (seen == NULL) goto failed;
     if (!PyDict_CheckExact(seen)) {
         PyErr_SetString(PyExc_TypeError, "the step's seen activations must be a dict");
         goto failed;
     }
-    PyObject *tensors[2] = {x, out};
     for (int i = 0; i < 2; i++) {
         if (s->fwd[i] == NULL && s->bwd[i] == NULL) continue;
-        if (fs_leaf(s, seen, state, micro, tensors[i], i, p[i], n[i], code[i]) < 0) goto failed;
+        PyObject *key = keys[i];
+        keys[i] = NULL;
+        if (key == NULL) key = fs_identity(core, tensors[i], (unsigned long long)(uintptr_t)p[i]);
+        if (key == NULL || fs_leaf(s, seen, state, micro, tensors[i], i, p[i], n[i], code[i], key) < 0) goto failed;
     }
     ret = Py_NewRef(Py_None);
     goto done;
@@ -542,6 +592,8 @@ done:
     Py_XDECREF(gen);
     Py_XDECREF(micro);
     Py_XDECREF(seen);
+    Py_XDECREF(keys[0]);
+    Py_XDECREF(keys[1]);
     return ret;
 }
 

@@ -1,7 +1,8 @@
 """The monitor's C routes (the kernel's ``ForwardSite`` and ``Activation``, ``module_hooks``; ``state_rows``,
 ``collector``) against their Python routes: the same CSV bytes, alerts, metrics and losses for a run mixing the usual
 call with every other kind (a module called twice, tuple outputs, keywords, a non-float input, a strided view, eval
-mode, gradient checkpointing, a NaN injected, a transposed and an empty parameter), and no object left behind by a
+mode, gradient checkpointing, a NaN injected, a transposed and an empty parameter, an input the Python route
+knows, an activation changed in place between two modules), and no object left behind by a
 long loop of hooked calls or batches."""
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ class Block(nn.Module):
         h = self.act(self.fc(x))
         h = self.act(h)  # the same module twice: .call1
         a, b = self.pair(h)
+        a = self.act(a)  # an input the Python route knows (a tuple's leaf): asked again, not taken as known
         h = a + b.t() + self.idx(torch.arange(x.shape[0]) % 10)  # an int input
         h = self.fc(input=h)  # keywords
         h = self.act(h.t()).t()  # a strided view in
@@ -77,6 +79,8 @@ def forward(x):
     h = model[0](x, 0)
     for m in model[1:]:
         h = m(h)
+        if m is model[3]:
+            h.mul_(1.0)  # changed in place after it was seen: the next module's input is a new activation
     return h
 
 
@@ -110,7 +114,8 @@ def test_the_c_hooks_write_what_the_python_hooks_write(tmp_path):
     assert c_files == py_files and len(c_files) >= 6 * 5
     assert c_out == py_out
     actv = b"".join(data for name, data in c_files.items() if "/actv_" in name).decode()
-    for name in ("0.fc.output", "0.act.call1.output", "0.pair.output.0", "0.inner.0.input", "4.output"):
+    for name in ("0.fc.output", "0.act.call1.output", "0.act.call2.input", "0.pair.output.0", "0.inner.0.input",
+                 "4.input", "4.output"):
         assert name in actv
     assert "0.frozen" not in actv
 
