@@ -439,7 +439,8 @@ class StepRecorder:
         expected slot set), the record is held as its JSON text. A record that is not a ``TextFields`` (made
         by ``put_field``, or complete and set again by a second backward) takes the field through ``put_field``:
         then True is returned, and the fragments wait for ``sync_journal``. With the kernel, the instance's
-        ``put_text_field`` is ``TextJournal.put_text_field`` (this method for a record's first field)."""
+        ``put_text_field`` is ``TextJournal.put_text_field``: this in C, the same bytes (this method for a record
+        that is not a ``TextFields``)."""
         record = self.data.get(name)
         skeleton = None
         if record is None:
