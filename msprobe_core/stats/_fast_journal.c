@@ -3,11 +3,15 @@
  * as its JSON text is stored in the recorder's dicts and journaled whole, its frame built here and copied into the
  * journal's shared memory map, the same bytes ``marshal.dumps`` writes.
  *
- *   TextJournal(recorder, append, text_fields, put_text_field)
+ *   TextJournal(recorder, append, text_fields, put_text_field, field_keys)
  *                                  -> over one StepRecorder (a weak reference); append: ``Journal.append`` (a journal
  *                                     whose class has another one, a test's fault injection, is given each frame
  *                                     through it); text_fields: the ``TextFields`` class; put_text_field: the
- *                                     Python method (the route of a record's first field)
+ *                                     Python method (the route of a record that is no ``TextFields``); field_keys:
+ *                                     ``_FIELD_KEYS`` (a field name -> its JSON text and '": [', as
+ *                                     ``TextFields.text`` writes it: a complete record's text is made here when
+ *                                     each of its names is there, by the method otherwise)
+ *     .reserve(name, stack=None)  -> int (``StepRecorder.reserve``)
  *     .put_text(name, text, seq, stack=None, parent=NO_PARENT) -> None (``StepRecorder.put_text``)
  *     .put_text_field(name, field, index, text, fields, arg, parent=NO_PARENT) -> bool
  *                                  (``StepRecorder.put_text_field``: a slot of a ``TextFields`` record set here, the
@@ -136,7 +140,7 @@ static int m_frame(text_t *b, PyObject *const *items, Py_ssize_t n) {
 
 /* TextJournal's object fields */
 #define TJ_OBJECTS(X) X(recorder) X(data) X(construct) X(stacks) X(journaled) X(queued) X(counter) X(acquire) \
-                      X(release) X(append) X(text_fields) X(put_field)
+                      X(release) X(append) X(text_fields) X(put_field) X(field_keys)
 
 typedef struct {
     PyObject_HEAD
@@ -288,6 +292,23 @@ static PyObject *tj_take_seq(TextJournalObject *self, PyObject *recorder) {
     return seq;
 }
 
+static PyObject *tj_reserve(TextJournalObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 1 && nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "reserve() takes 1 or 2 arguments");
+        return NULL;
+    }
+    PyObject *recorder = tj_recorder(self);
+    if (recorder == NULL) return NULL;
+    PyObject *seq = tj_take_seq(self, recorder);
+    Py_DECREF(recorder);
+    PyObject *had = seq ? PyDict_SetDefault(self->data, args[0], Py_None) : NULL;  /* borrowed */
+    if (had == NULL || (nargs == 2 && args[1] != Py_None && PyDict_SetItem(self->stacks, args[0], args[1]) < 0)) {
+        Py_XDECREF(seq);
+        return NULL;
+    }
+    return seq;
+}
+
 static PyObject *tj_put_text(TextJournalObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     static const char *const names[] = {"name", "text", "seq", "stack", "parent"};
     PyObject *a[5] = {NULL, NULL, NULL, Py_None, Py_False};  /* parent: NO_PARENT */
@@ -377,6 +398,36 @@ static long tj_count_up(PyObject *record, PyObject *name) {
     return rc < 0 ? -1 : n + 1;
 }
 
+/* ``TextFields.text`` of record (a new str) when each field name's text is in ``_FIELD_KEYS``, each field's slots
+ * a list of strs and Nones, and each text has UTF-8; NULL without an error otherwise (the method writes it). */
+static PyObject *tj_fields_text(TextJournalObject *self, PyObject *record) {
+    text_t b;
+    text_init(&b);
+    Py_ssize_t pos = 0;
+    PyObject *k, *v;
+    int first = 1;
+    if (PUT_LIT(&b, "{") < 0) goto fail;
+    while (PyDict_Next(record, &pos, &k, &v)) {
+        PyObject *key = PyUnicode_CheckExact(k) ? PyDict_GetItemWithError(self->field_keys, k) : NULL;
+        if (key == NULL || !PyUnicode_CheckExact(key) || !PyList_CheckExact(v)) goto fail;
+        if ((!first && PUT_LIT(&b, ", ") < 0) || text_put_str(&b, key) < 0) goto fail;
+        first = 0;
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(v); i++) {
+            PyObject *t = PyList_GET_ITEM(v, i);
+            if (i && PUT_LIT(&b, ", ") < 0) goto fail;
+            if (t == Py_None ? PUT_LIT(&b, "null") < 0 : !PyUnicode_CheckExact(t) || text_put_str(&b, t) < 0)
+                goto fail;
+        }
+        if (PUT_LIT(&b, "]") < 0) goto fail;
+    }
+    if (PUT_LIT(&b, "}") < 0) goto fail;
+    return text_finish(&b);
+fail:
+    text_free(&b);
+    PyErr_Clear();
+    return NULL;
+}
+
 /* Sets slot i (in range) of a ``TextFields`` record's slots to text, counting it when it was empty; the record,
  * complete, is then held as its JSON text under name: 0, or -1 with an error. */
 static int tj_set_slot(TextJournalObject *self, PyObject *record, PyObject *slots, Py_ssize_t i, PyObject *name,
@@ -390,7 +441,8 @@ static int tj_set_slot(TextJournalObject *self, PyObject *record, PyObject *slot
     Py_XDECREF(filled);
     Py_XDECREF(expected);
     if (complete <= 0) return complete;
-    PyObject *whole = PyObject_CallMethodNoArgs(record, S_TEXT);  /* held as its JSON text from now on */
+    PyObject *whole = tj_fields_text(self, record);  /* held as its JSON text from now on */
+    if (whole == NULL && !PyErr_Occurred()) whole = PyObject_CallMethodNoArgs(record, S_TEXT);
     int rc = whole ? PyDict_SetItem(self->data, name, whole) : -1;
     Py_XDECREF(whole);
     return rc;
@@ -522,8 +574,9 @@ done:
 }
 
 static PyObject *tj_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
-    PyObject *recorder, *append, *text_fields, *put_field;
-    if (!PyArg_ParseTuple(args, "OOO!O:TextJournal", &recorder, &append, &PyType_Type, &text_fields, &put_field))
+    PyObject *recorder, *append, *text_fields, *put_field, *field_keys;
+    if (!PyArg_ParseTuple(args, "OOO!OO!:TextJournal", &recorder, &append, &PyType_Type, &text_fields, &put_field,
+                          &PyDict_Type, &field_keys))
         return NULL;
     TextJournalObject *self = (TextJournalObject *)type->tp_alloc(type, 0);
     if (self == NULL) return NULL;
@@ -532,6 +585,7 @@ static PyObject *tj_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     self->append = Py_NewRef(append);
     self->text_fields = Py_NewRef(text_fields);
     self->put_field = Py_NewRef(put_field);
+    self->field_keys = Py_NewRef(field_keys);
     self->data = PyObject_GetAttrString(recorder, "data");
     self->construct = self->data ? PyObject_GetAttrString(recorder, "construct") : NULL;
     self->stacks = self->construct ? PyObject_GetAttrString(recorder, "stack") : NULL;
@@ -571,6 +625,8 @@ static void tj_dealloc(TextJournalObject *self) {
 }
 
 static PyMethodDef tj_methods[] = {
+    {"reserve", (PyCFunction)(void (*)(void))tj_reserve, METH_FASTCALL,
+     "reserve(name, stack=None) -> int (StepRecorder.reserve)"},
     {"put_text", (PyCFunction)(void (*)(void))tj_put_text, METH_FASTCALL | METH_KEYWORDS,
      "put_text(name, text, seq, stack=None, parent=NO_PARENT) -> None (StepRecorder.put_text)"},
     {"put_text_field", (PyCFunction)(void (*)(void))tj_put_text_field, METH_FASTCALL,

@@ -309,3 +309,42 @@ def test_a_killed_process_loses_no_first_field_put_in_c(tmp_path):
     assert len(data) == 3000 and list(data)[:2] == ["Tensor.mul.0.backward", "Tensor.mul.1.backward"]
     assert data["Tensor.mul.2999.backward"] == {"input": [None, {"g": 2999}], "output": [None]}
     assert json.loads((rank / "construct.json").read_text())["Tensor.mul.0.backward"] is None
+
+
+def test_a_complete_records_text_is_made_in_c_as_textfields_text_makes_it(tmp_path, monkeypatch):
+    """Once its field names' texts are known (``_FIELD_KEYS``), a complete record's text is made in C, the same str
+    as ``TextFields.text``'s; a text without UTF-8 (a lone surrogate) is left to the method."""
+    texts = ['{"g": 1.5}', '{"g": "é"}', '{"g": "\ud800"}']
+    made = {}
+    for fast in (False, True):
+        rec = _recorder(tmp_path / str(fast), fast, monkeypatch)
+        calls = []
+        text = step_recorder.TextFields.text
+        with monkeypatch.context() as m:
+            m.setattr(step_recorder.TextFields, "text", lambda self: calls.append(1) or text(self))
+            for i, t in enumerate(texts):
+                for field, index in (("output", 0), ("input", 1), ("input", 0)):
+                    rec.put_text_field(f"Module.{i}.backward", field, index, t, _fields, 2, None)
+        made[fast] = (dict(rec.data), len(calls))
+        rec.finish()
+    assert made[True][0] == made[False][0] and all(type(v) is str for v in made[True][0].values())
+    assert made[False][1] == 3 and made[True][1] == 1  # the lone surrogate's
+
+
+def test_reserve_in_c_keeps_the_python_routes_places(tmp_path, monkeypatch):
+    out = {}
+    stack = CallStack(3, (("/a.py", 1, "f"),))
+    for fast in (False, True):
+        rec = _recorder(tmp_path / str(fast), fast, monkeypatch)
+        assert ("reserve" in vars(rec)) == fast  # the C one bound on the kernel's route
+        seqs = [rec.reserve("Module.a.forward.0"), rec.reserve("Module.b.forward.0", stack),
+                rec.reserve("Module.a.forward.0", None)]
+        rec.put_text("Module.b.forward.0", "{}", seqs[1], stack, None)
+        out[fast] = (seqs, dict(rec.data), dict(rec.stack), rec.journal_path.read_bytes().rstrip(b"\0"))
+        rec.finish()
+    assert out[True] == out[False] and out[True][0] == [0, 1, 2]
+    with monkeypatch.context() as m:  # a class whose reserve is not the recorder's: its own is kept
+        m.setattr(StepRecorder, "reserve", lambda self, name, stack=None: -5)
+        rec = _recorder(tmp_path / "patched", True, monkeypatch)
+        assert rec.reserve("x") == -5
+        rec.finish()
