@@ -276,11 +276,13 @@ class StepRecorder:
         self._changes = 0     # fragments recorded so far by the Python routes
         self._written = -1    # ``_change_count()`` when the JSON files were last written
         maker = getattr(KERNEL, "TextJournal", None)
-        self._text_journal = maker(self, Journal.append, TextFields, StepRecorder.put_text_field) \
+        self._text_journal = maker(self, Journal.append, TextFields, StepRecorder.put_text_field, _FIELD_KEYS) \
             if maker is not None and journal else None
         if self._text_journal is not None:  # one C call each: the same stores, frames and lock
             self.put_text = self._text_journal.put_text
             self.put_text_field = self._text_journal.put_text_field
+            if type(self).reserve is _PY_RESERVE:  # (not where a subclass or a test's patch has its own)
+                self.reserve = self._text_journal.reserve
 
     def _change_count(self) -> int:
         """Fragments recorded so far (the C ``put_text``'s included)."""
@@ -357,7 +359,8 @@ class StepRecorder:
     # ---------------------------------------------------------------- records
     def reserve(self, name: str, stack: Optional[CallStack] = None) -> int:
         """Keep ``name``'s place in execution order (and its ``stack``'s in stack.json, journaled with the
-        record by ``put_text``); returns its sequence number."""
+        record by ``put_text``); returns its sequence number. With the kernel, the instance's ``reserve`` is
+        ``TextJournal.reserve``: this in C."""
         if not self._dir_ready:
             self.ensure_dir()
         seq = next(self._seq)
@@ -439,7 +442,8 @@ class StepRecorder:
         expected slot set), the record is held as its JSON text. A record that is not a ``TextFields`` (made
         by ``put_field``, or complete and set again by a second backward) takes the field through ``put_field``:
         then True is returned, and the fragments wait for ``sync_journal``. With the kernel, the instance's
-        ``put_text_field`` is ``TextJournal.put_text_field`` (this method for a record's first field)."""
+        ``put_text_field`` is ``TextJournal.put_text_field``: this in C, the same bytes (this method for a record
+        that is not a ``TextFields``)."""
         record = self.data.get(name)
         skeleton = None
         if record is None:
@@ -572,6 +576,9 @@ class StepRecorder:
         if lost:
             self.set_header("lost_tensor_files", self.header.get("lost_tensor_files", 0) + lost)
         return lost
+
+
+_PY_RESERVE = StepRecorder.reserve
 
 
 def _descend(record: Any, path: Sequence[Any]) -> Any:

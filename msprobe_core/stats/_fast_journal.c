@@ -3,15 +3,21 @@
  * as its JSON text is stored in the recorder's dicts and journaled whole, its frame built here and copied into the
  * journal's shared memory map, the same bytes ``marshal.dumps`` writes.
  *
- *   TextJournal(recorder, append, text_fields, put_text_field)
+ *   TextJournal(recorder, append, text_fields, put_text_field, field_keys)
  *                                  -> over one StepRecorder (a weak reference); append: ``Journal.append`` (a journal
  *                                     whose class has another one, a test's fault injection, is given each frame
  *                                     through it); text_fields: the ``TextFields`` class; put_text_field: the
- *                                     Python method (the route of a record's first field)
+ *                                     Python method (the route of a record that is no ``TextFields``); field_keys:
+ *                                     ``_FIELD_KEYS`` (a field name -> its JSON text and '": [', as
+ *                                     ``TextFields.text`` writes it: a complete record's text is made here when
+ *                                     each of its names is there, by the method otherwise)
+ *     .reserve(name, stack=None)  -> int (``StepRecorder.reserve``)
  *     .put_text(name, text, seq, stack=None, parent=NO_PARENT) -> None (``StepRecorder.put_text``)
  *     .put_text_field(name, field, index, text, fields, arg, parent=NO_PARENT) -> bool
- *                                  (``StepRecorder.put_text_field``: a slot of a ``TextFields`` record that is there
- *                                  and has that slot set here; anything else by the Python method, ``put_field``)
+ *                                  (``StepRecorder.put_text_field``: a slot of a ``TextFields`` record set here, the
+ *                                  record's first field included (``fields(arg)`` called, its place taken, its
+ *                                  skeleton journaled); a record that is no ``TextFields``, or an index that is no
+ *                                  int from 0 on, by the Python method, ``put_field``)
  *     .count                       -> the records it stored (the recorder's change count adds them)
  *
  * The recorder's Python route stays the reference: the same dict stores, the same lock and queue (a frame goes
@@ -24,12 +30,13 @@
  * ``put_text``'s frame every item is held by a local variable as well as by the tuple, and the tuple by its
  * variable and the call: all of them are flagged. ``m_object`` writes them so; a frame with anything else than
  * ASCII strings, 32-bit ints, None and booleans (a non-ASCII name or text) is given to ``marshal`` itself, on a
- * tuple held twice. */
+ * tuple held twice. A first field's frame also holds the record's skeleton (``m_skeleton``): a dict held by the
+ * tuple and a variable (flagged), its keys the record's own (flagged), its lists of None held by it alone (not). */
 
 #include <marshal.h>
 
 #define M_FLAG_REF 0x80
-#define M_REFS 8
+#define M_REFS 24
 
 typedef struct { PyObject *seen[M_REFS]; int n; } mrefs_t;
 
@@ -39,6 +46,32 @@ static int m_le32(text_t *b, uint32_t v) {
 }
 
 static int m_byte(text_t *b, unsigned char c) { return text_put(b, (const char *)&c, 1); }
+
+static int m_object(text_t *b, mrefs_t *r, PyObject *v);
+
+/* A record's skeleton (``TextFields.skeleton``: a flagged dict of ASCII field names, each held elsewhere as well (the
+ * record's key), to lists of None held by the dict alone, which marshal does not flag): 0 written, 1 another shape
+ * (the caller gives the frame to ``marshal``), -1 with an error. */
+static int m_skeleton(text_t *b, mrefs_t *r, PyObject *v) {
+    if (r->n == M_REFS) return 1;
+    r->seen[r->n++] = v;
+    if (m_byte(b, '{' | M_FLAG_REF) < 0) return -1;
+    Py_ssize_t pos = 0;
+    PyObject *key, *value;
+    while (PyDict_Next(v, &pos, &key, &value)) {
+        if (!PyUnicode_CheckExact(key) || Py_REFCNT(key) == 1 || !PyList_CheckExact(value) || Py_REFCNT(value) != 1)
+            return 1;
+        int rc = m_object(b, r, key);
+        if (rc != 0) return rc;
+        Py_ssize_t n = PyList_GET_SIZE(value);
+        if (n > INT32_MAX || m_byte(b, '[') < 0 || m_le32(b, (uint32_t)n) < 0) return n > INT32_MAX ? 1 : -1;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if (PyList_GET_ITEM(value, i) != Py_None) return 1;
+            if (m_byte(b, 'N') < 0) return -1;
+        }
+    }
+    return m_byte(b, '0');  /* marshal's end of a dict */
+}
 
 /* v as marshal writes it inside a frame whose items are all flagged: 0 written, 1 not a type written here (the
  * caller gives the frame to ``marshal``), -1 with an error. */
@@ -69,6 +102,7 @@ static int m_object(text_t *b, mrefs_t *r, PyObject *v) {
             return 1;
         return rc < 0 ? -1 : text_put(b, (const char *)PyUnicode_1BYTE_DATA(v), n);
     }
+    if (PyDict_CheckExact(v)) return m_skeleton(b, r, v);
     return 1;
 }
 
@@ -106,7 +140,7 @@ static int m_frame(text_t *b, PyObject *const *items, Py_ssize_t n) {
 
 /* TextJournal's object fields */
 #define TJ_OBJECTS(X) X(recorder) X(data) X(construct) X(stacks) X(journaled) X(queued) X(counter) X(acquire) \
-                      X(release) X(append) X(text_fields) X(put_field)
+                      X(release) X(append) X(text_fields) X(put_field) X(field_keys)
 
 typedef struct {
     PyObject_HEAD
@@ -238,6 +272,43 @@ static int tj_journaling(PyObject *recorder) {
     return journal != Py_None;
 }
 
+/* The next sequence number (a new reference), the rank folder made first when it is not there yet, as ``reserve``
+ * takes it; NULL with an error. */
+static PyObject *tj_take_seq(TextJournalObject *self, PyObject *recorder) {
+    if (!self->dir_ready) {
+        PyObject *ready = PyObject_GetAttr(recorder, S_DIR_READY);
+        int is_ready = ready ? PyObject_IsTrue(ready) : -1;
+        Py_XDECREF(ready);
+        if (is_ready < 0) return NULL;
+        if (!is_ready) {
+            PyObject *r = PyObject_CallMethodNoArgs(recorder, S_ENSURE_DIR);
+            if (r == NULL) return NULL;
+            Py_DECREF(r);
+        }
+        self->dir_ready = is_ready;  /* seen ready: the next call need not ask */
+    }
+    PyObject *seq = PyIter_Next(self->counter);
+    if (seq == NULL && !PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "the record counter ended");
+    return seq;
+}
+
+static PyObject *tj_reserve(TextJournalObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 1 && nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "reserve() takes 1 or 2 arguments");
+        return NULL;
+    }
+    PyObject *recorder = tj_recorder(self);
+    if (recorder == NULL) return NULL;
+    PyObject *seq = tj_take_seq(self, recorder);
+    Py_DECREF(recorder);
+    PyObject *had = seq ? PyDict_SetDefault(self->data, args[0], Py_None) : NULL;  /* borrowed */
+    if (had == NULL || (nargs == 2 && args[1] != Py_None && PyDict_SetItem(self->stacks, args[0], args[1]) < 0)) {
+        Py_XDECREF(seq);
+        return NULL;
+    }
+    return seq;
+}
+
 static PyObject *tj_put_text(TextJournalObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     static const char *const names[] = {"name", "text", "seq", "stack", "parent"};
     PyObject *a[5] = {NULL, NULL, NULL, Py_None, Py_False};  /* parent: NO_PARENT */
@@ -266,24 +337,8 @@ static PyObject *tj_put_text(TextJournalObject *self, PyObject *const *args, Py_
     text_init(&b);
     if (seq == Py_None) {  /* ``reserve`` and ``put_text`` in one */
         Py_DECREF(seq);
-        seq = NULL;
-        if (!self->dir_ready) {
-            PyObject *ready = PyObject_GetAttr(recorder, S_DIR_READY);
-            int is_ready = ready ? PyObject_IsTrue(ready) : -1;
-            Py_XDECREF(ready);
-            if (is_ready < 0) goto done;
-            if (!is_ready) {
-                PyObject *r = PyObject_CallMethodNoArgs(recorder, S_ENSURE_DIR);
-                if (r == NULL) goto done;
-                Py_DECREF(r);
-            }
-            self->dir_ready = is_ready;  /* seen ready: the next call need not ask */
-        }
-        seq = PyIter_Next(self->counter);
-        if (seq == NULL) {
-            if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "the record counter ended");
-            goto done;
-        }
+        seq = tj_take_seq(self, recorder);
+        if (seq == NULL) goto done;
     }
     if (PyDict_SetItem(self->data, name, text) < 0) goto done;
     if (parent != Py_False && PyDict_SetItem(self->construct, name, parent) < 0) goto done;
@@ -331,18 +386,6 @@ done:
     return result;
 }
 
-/* ``index`` of record's ``field`` slots when the record is a ``TextFields`` with that slot (its slots list, a new
- * reference); NULL otherwise, an error set only when one occurred. */
-static PyObject *tj_slots(TextJournalObject *self, PyObject *record, PyObject *field, PyObject *index,
-                          Py_ssize_t *i) {
-    if (record == NULL || Py_TYPE(record) != (PyTypeObject *)self->text_fields) return NULL;
-    PyObject *slots = PyDict_GetItemWithError(record, field);  /* borrowed */
-    if (slots == NULL || !PyList_CheckExact(slots) || !PyLong_CheckExact(index)) return NULL;
-    *i = PyLong_AsSsize_t(index);
-    if (*i == -1 && PyErr_Occurred()) { PyErr_Clear(); return NULL; }
-    return *i >= 0 && *i < PyList_GET_SIZE(slots) ? Py_NewRef(slots) : NULL;
-}
-
 /* record.<name> += 1 (``TextFields.filled``): the new count, or -1 with an error. */
 static long tj_count_up(PyObject *record, PyObject *name) {
     PyObject *v = PyObject_GetAttr(record, name);
@@ -355,6 +398,133 @@ static long tj_count_up(PyObject *record, PyObject *name) {
     return rc < 0 ? -1 : n + 1;
 }
 
+/* ``TextFields.text`` of record (a new str) when each field name's text is in ``_FIELD_KEYS``, each field's slots
+ * a list of strs and Nones, and each text has UTF-8; NULL without an error otherwise (the method writes it). */
+static PyObject *tj_fields_text(TextJournalObject *self, PyObject *record) {
+    text_t b;
+    text_init(&b);
+    Py_ssize_t pos = 0;
+    PyObject *k, *v;
+    int first = 1;
+    if (PUT_LIT(&b, "{") < 0) goto fail;
+    while (PyDict_Next(record, &pos, &k, &v)) {
+        PyObject *key = PyUnicode_CheckExact(k) ? PyDict_GetItemWithError(self->field_keys, k) : NULL;
+        if (key == NULL || !PyUnicode_CheckExact(key) || !PyList_CheckExact(v)) goto fail;
+        if ((!first && PUT_LIT(&b, ", ") < 0) || text_put_str(&b, key) < 0) goto fail;
+        first = 0;
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(v); i++) {
+            PyObject *t = PyList_GET_ITEM(v, i);
+            if (i && PUT_LIT(&b, ", ") < 0) goto fail;
+            if (t == Py_None ? PUT_LIT(&b, "null") < 0 : !PyUnicode_CheckExact(t) || text_put_str(&b, t) < 0)
+                goto fail;
+        }
+        if (PUT_LIT(&b, "]") < 0) goto fail;
+    }
+    if (PUT_LIT(&b, "}") < 0) goto fail;
+    return text_finish(&b);
+fail:
+    text_free(&b);
+    PyErr_Clear();
+    return NULL;
+}
+
+/* Sets slot i (in range) of a ``TextFields`` record's slots to text, counting it when it was empty; the record,
+ * complete, is then held as its JSON text under name: 0, or -1 with an error. */
+static int tj_set_slot(TextJournalObject *self, PyObject *record, PyObject *slots, Py_ssize_t i, PyObject *name,
+                       PyObject *text) {
+    if (PyList_GET_ITEM(slots, i) == Py_None && tj_count_up(record, S_FILLED) < 0) return -1;
+    Py_INCREF(text);
+    if (PyList_SetItem(slots, i, text) < 0) return -1;
+    PyObject *filled = PyObject_GetAttr(record, S_FILLED);
+    PyObject *expected = filled ? PyObject_GetAttr(record, S_EXPECTED) : NULL;
+    int complete = expected ? PyObject_RichCompareBool(filled, expected, Py_EQ) : -1;
+    Py_XDECREF(filled);
+    Py_XDECREF(expected);
+    if (complete <= 0) return complete;
+    PyObject *whole = tj_fields_text(self, record);  /* held as its JSON text from now on */
+    if (whole == NULL && !PyErr_Occurred()) whole = PyObject_CallMethodNoArgs(record, S_TEXT);
+    int rc = whole ? PyDict_SetItem(self->data, name, whole) : -1;
+    Py_XDECREF(whole);
+    return rc;
+}
+
+/* ``TextFields.skeleton``: each field's slots as as many Nones (a new dict), or NULL with an error. */
+static PyObject *tj_skeleton(PyObject *record) {
+    PyObject *skeleton = PyDict_New();
+    Py_ssize_t pos = 0;
+    PyObject *key, *value;
+    while (skeleton != NULL && PyDict_Next(record, &pos, &key, &value)) {
+        Py_ssize_t n = PyObject_Size(value);
+        PyObject *nones = n >= 0 ? PyList_New(n) : NULL;
+        for (Py_ssize_t k = 0; nones != NULL && k < n; k++) PyList_SET_ITEM(nones, k, Py_NewRef(Py_None));
+        if (nones == NULL || PyDict_SetItem(skeleton, key, nones) < 0) Py_CLEAR(skeleton);
+        Py_XDECREF(nones);
+    }
+    return skeleton;
+}
+
+/* The slots list of record's field (a new reference) with room for slot i, as the Python route makes it: a field
+ * the record was not made with gets i + 1 empty slots; a slot beyond the field's makes the record's count unknown
+ * (``expected`` -1). NULL with an error. */
+static PyObject *tj_room(PyObject *record, PyObject *field, Py_ssize_t i) {
+    PyObject *slots = PyDict_GetItemWithError(record, field);  /* borrowed */
+    if (slots == NULL) {
+        if (PyErr_Occurred()) return NULL;
+        slots = PyList_New(i + 1);
+        for (Py_ssize_t k = 0; slots != NULL && k <= i; k++) PyList_SET_ITEM(slots, k, Py_NewRef(Py_None));
+        if (slots != NULL && PyDict_SetItem(record, field, slots) < 0) Py_CLEAR(slots);
+        return slots;
+    }
+    if (!PyList_CheckExact(slots)) {
+        PyErr_Format(PyExc_TypeError, "put_text_field: the slots of %R are a %.100s", field, Py_TYPE(slots)->tp_name);
+        return NULL;
+    }
+    Py_INCREF(slots);
+    if (i < PyList_GET_SIZE(slots)) return slots;
+    while (PyList_GET_SIZE(slots) <= i)
+        if (PyList_Append(slots, Py_None) < 0) { Py_DECREF(slots); return NULL; }
+    if (PyObject_SetAttr(record, S_EXPECTED, TJ_MINUS_ONE) < 0) Py_CLEAR(slots);
+    return slots;
+}
+
+/* A record's first field (args as ``put_text_field``'s, index a non-negative int): the record made by
+ * ``fields(arg)``, its place taken as ``reserve`` takes it, stored with its parent, the field set, and all of it
+ * journaled in one frame with the record's skeleton, as the Python route does. */
+static PyObject *tj_first_field(TextJournalObject *self, PyObject *recorder, PyObject *const *args, Py_ssize_t i,
+                                PyObject *parent) {
+    PyObject *name = args[0], *field = args[1], *index = args[2], *text = args[3];
+    PyObject *record = PyObject_CallOneArg(args[4], args[5]);
+    if (record == NULL) return NULL;
+    PyObject *seq = NULL, *skeleton = NULL, *slots = NULL, *result = NULL;
+    text_t b;
+    text_init(&b);
+    if (Py_TYPE(record) != (PyTypeObject *)self->text_fields) {
+        PyErr_Format(PyExc_TypeError, "put_text_field: fields() made a %.100s, not a TextFields",
+                     Py_TYPE(record)->tp_name);
+        goto done;
+    }
+    if ((seq = tj_take_seq(self, recorder)) == NULL || PyDict_SetItem(self->data, name, record) < 0
+        || (skeleton = tj_skeleton(record)) == NULL
+        || (parent != Py_False && PyDict_SetItem(self->construct, name, parent) < 0)
+        || (slots = tj_room(record, field, i)) == NULL || tj_set_slot(self, record, slots, i, name, text) < 0)
+        goto done;
+    self->count++;
+    int journaling = tj_journaling(recorder);
+    if (journaling < 0) goto done;
+    if (journaling) {
+        PyObject *items[8] = {S_T, name, seq, skeleton, field, index, text, parent};
+        if (m_frame(&b, items, 8) < 0 || tj_journal(self, recorder, &b, NULL, items, 8) < 0) goto done;
+    }
+    result = Py_NewRef(Py_False);
+done:
+    text_free(&b);
+    Py_DECREF(record);
+    Py_XDECREF(seq);
+    Py_XDECREF(skeleton);
+    Py_XDECREF(slots);
+    return result;
+}
+
 static PyObject *tj_put_text_field(TextJournalObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 6 && nargs != 7) {
         PyErr_SetString(PyExc_TypeError, "put_text_field() takes 6 or 7 arguments");
@@ -363,36 +533,30 @@ static PyObject *tj_put_text_field(TextJournalObject *self, PyObject *const *arg
     PyObject *recorder = tj_recorder(self);
     if (recorder == NULL) return NULL;
     PyObject *name = args[0], *field = args[1], *index = args[2], *text = args[3];
-    Py_ssize_t i;
+    PyObject *parent = nargs == 7 ? args[6] : Py_False;
+    Py_ssize_t i = PyLong_CheckExact(index) ? PyLong_AsSsize_t(index) : -1;
+    if (i == -1 && PyErr_Occurred()) PyErr_Clear();  /* an index too large: the Python route */
     PyObject *record = PyDict_GetItemWithError(self->data, name);  /* held: hashing field may run Python code */
-    Py_XINCREF(record);
-    PyObject *slots = tj_slots(self, record, field, index, &i);
-    if (slots == NULL) {  /* a first field, a slot the record was not made with: the Python route */
-        Py_XDECREF(record);
-        PyObject *call[8] = {recorder, args[0], args[1], args[2], args[3], args[4], args[5],
-                             nargs == 7 ? args[6] : Py_False};
-        PyObject *r = PyErr_Occurred() ? NULL : PyObject_Vectorcall(self->put_field, call, 8, NULL);
+    if (record == NULL && PyErr_Occurred()) { Py_DECREF(recorder); return NULL; }
+    if ((record == NULL || record == Py_None) && i >= 0 && i < PY_SSIZE_T_MAX) {  /* the record's first field */
+        PyObject *r = tj_first_field(self, recorder, args, i, parent);
         Py_DECREF(recorder);
         return r;
     }
+    if (record == NULL || Py_TYPE(record) != (PyTypeObject *)self->text_fields || i < 0 || i == PY_SSIZE_T_MAX) {
+        /* a record that is no TextFields (``put_field``'s, or complete and set again), an odd index: Python's */
+        PyObject *call[8] = {recorder, args[0], args[1], args[2], args[3], args[4], args[5], parent};
+        PyObject *r = PyObject_Vectorcall(self->put_field, call, 8, NULL);
+        Py_DECREF(recorder);
+        return r;
+    }
+    Py_INCREF(record);
+    PyObject *slots = tj_room(record, field, i);
+    if (slots == NULL) { Py_DECREF(record); Py_DECREF(recorder); return NULL; }
     PyObject *result = NULL;
     text_t b;
     text_init(&b);
-    if (PyList_GET_ITEM(slots, i) == Py_None && tj_count_up(record, S_FILLED) < 0) goto done;
-    Py_INCREF(text);
-    if (PyList_SetItem(slots, i, text) < 0) goto done;
-    PyObject *filled = PyObject_GetAttr(record, S_FILLED);
-    PyObject *expected = filled ? PyObject_GetAttr(record, S_EXPECTED) : NULL;
-    int complete = expected ? PyObject_RichCompareBool(filled, expected, Py_EQ) : -1;
-    Py_XDECREF(filled);
-    Py_XDECREF(expected);
-    if (complete < 0) goto done;
-    if (complete) {  /* held as its JSON text from now on */
-        PyObject *whole = PyObject_CallMethodNoArgs(record, S_TEXT);
-        int rc = whole ? PyDict_SetItem(self->data, name, whole) : -1;
-        Py_XDECREF(whole);
-        if (rc < 0) goto done;
-    }
+    if (tj_set_slot(self, record, slots, i, name, text) < 0) goto done;
     self->count++;
     int journaling = tj_journaling(recorder);
     if (journaling < 0) goto done;
@@ -410,8 +574,9 @@ done:
 }
 
 static PyObject *tj_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
-    PyObject *recorder, *append, *text_fields, *put_field;
-    if (!PyArg_ParseTuple(args, "OOO!O:TextJournal", &recorder, &append, &PyType_Type, &text_fields, &put_field))
+    PyObject *recorder, *append, *text_fields, *put_field, *field_keys;
+    if (!PyArg_ParseTuple(args, "OOO!OO!:TextJournal", &recorder, &append, &PyType_Type, &text_fields, &put_field,
+                          &PyDict_Type, &field_keys))
         return NULL;
     TextJournalObject *self = (TextJournalObject *)type->tp_alloc(type, 0);
     if (self == NULL) return NULL;
@@ -420,6 +585,7 @@ static PyObject *tj_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     self->append = Py_NewRef(append);
     self->text_fields = Py_NewRef(text_fields);
     self->put_field = Py_NewRef(put_field);
+    self->field_keys = Py_NewRef(field_keys);
     self->data = PyObject_GetAttrString(recorder, "data");
     self->construct = self->data ? PyObject_GetAttrString(recorder, "construct") : NULL;
     self->stacks = self->construct ? PyObject_GetAttrString(recorder, "stack") : NULL;
@@ -459,6 +625,8 @@ static void tj_dealloc(TextJournalObject *self) {
 }
 
 static PyMethodDef tj_methods[] = {
+    {"reserve", (PyCFunction)(void (*)(void))tj_reserve, METH_FASTCALL,
+     "reserve(name, stack=None) -> int (StepRecorder.reserve)"},
     {"put_text", (PyCFunction)(void (*)(void))tj_put_text, METH_FASTCALL | METH_KEYWORDS,
      "put_text(name, text, seq, stack=None, parent=NO_PARENT) -> None (StepRecorder.put_text)"},
     {"put_text_field", (PyCFunction)(void (*)(void))tj_put_text_field, METH_FASTCALL,

@@ -202,3 +202,149 @@ def test_put_text_field_writes_the_python_routes_frames_and_files(tmp_path, monk
         rec.finish()
     for name in ("dump.json", "stack.json", "construct.json"):
         assert (tmp_path / "True" / name).read_bytes() == (tmp_path / "False" / name).read_bytes()
+
+
+def _param_fields(count):
+    return step_recorder.TextFields({}, count)
+
+
+def _first_fields(rec):
+    """Records' first fields, each made in one C call on the kernel's route: a record of parameters (made empty, its
+    field new), a reserved name, a first slot beyond the field's, a record complete at its first field, a skeleton
+    with a non-ASCII field name (marshal's own writer), first fields behind queued fragments, and odd indexes."""
+    rec.put_text_field("Module.p.parameters_grad", "weight", 0, '{"g": 1}', _param_fields, 2, NO_PARENT)
+    rec.put_text_field("Module.p.parameters_grad", "bias", 0, '{"g": 2}', _param_fields, 2, NO_PARENT)
+    rec.reserve("Module.r.backward.0")
+    rec.put_text_field("Module.r.backward.0", "output", 0, '{"g": 3}', _fields, 1, "Module.r")
+    rec.put_text_field("Module.s.backward.0", "output", 4, '{"g": 4}', _fields, 0, None)
+    rec.put_text_field("Module.t.backward.0", "output", 0, '{"g": 5}', _fields, 0, None)
+    assert type(rec.data["Module.t.backward.0"]) is str
+    rec.put_text_field("Module.u.backward.0", "ü", 0, '{"g": 6}',
+                       lambda n: step_recorder.TextFields({"ü": [None] * n}, n), 2, None)
+    rec.put("Tensor.add.0.forward", {"output": [1.5]}, rec.reserve("Tensor.add.0.forward"))  # queued
+    rec.put_text_field("Module.v.backward.0", "input", 1, '{"g": 7}', _fields, 3, None)
+    rec.sync_journal()
+    with pytest.raises(IndexError):  # a negative index: the Python route's answer
+        rec.put_text_field("Module.w.backward.0", "input", -1, '{"g": 8}', _fields, 0, None)
+    for i in range(2 ** 31 - 2, 2 ** 31 + 1):  # an index past marshal's 32-bit ints: its own writer
+        rec.put_text_field(f"Module.x.{i}.parameters_grad", "w", 0, '{"g": 9}', _param_fields, 1, NO_PARENT)
+
+
+@pytest.mark.parametrize("journal", [True, False], ids=["journal", "no-journal"])
+def test_a_records_first_field_is_written_as_the_python_route_writes_it(tmp_path, monkeypatch, journal):
+    recs = {fast: _recorder(tmp_path / str(fast), fast, monkeypatch, journal) for fast in (False, True)}
+    for rec in recs.values():
+        _first_fields(rec)
+        rec.sync_journal()
+    if journal:
+        journals = {fast: rec.journal_path.read_bytes().rstrip(b"\0") for fast, rec in recs.items()}
+        assert journals[True] == journals[False]
+        assert sum(e[0] == "t" and e[3] is not None for e in read_frames(journals[True])) == 9
+        assert recs[True]._text_journal.count == 10  # every field set in C
+    assert {k: str(v) for k, v in recs[True].data.items()} == {k: str(v) for k, v in recs[False].data.items()}
+    assert {k: (v.filled, v.expected) for k, v in recs[True].data.items() if type(v) is step_recorder.TextFields} \
+        == {k: (v.filled, v.expected) for k, v in recs[False].data.items() if type(v) is step_recorder.TextFields}
+    assert recs[True].construct == recs[False].construct
+    assert recs[True]._change_count() == recs[False]._change_count()
+    for rec in recs.values():
+        rec.finish()
+    for name in ("dump.json", "stack.json", "construct.json"):
+        assert (tmp_path / "True" / name).read_bytes() == (tmp_path / "False" / name).read_bytes()
+
+
+def test_a_first_field_that_cannot_be_journaled_is_queued_in_order(tmp_path, monkeypatch):
+    """A full disk at a record's first field: the fragment (with its skeleton) waits in the queue, as in Python."""
+    out = {}
+    for fast in (False, True):
+        rec = _recorder(tmp_path / str(fast), fast, monkeypatch)
+        rec.ensure_dir()
+        real = step_recorder.Journal.append
+        full = {"on": True}
+
+        def append(journal, data, real=real, full=full):
+            if full["on"]:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return real(journal, data)
+
+        with monkeypatch.context() as m:
+            m.setattr(step_recorder.Journal, "append", append)
+            with pytest.raises(OSError):
+                rec.put_text_field("Module.a.backward.0", "input", 0, '{"g": 1}', _fields, 1, None)
+            assert [e[0] for e in rec._queued] == ["t"]
+            rec.put_text_field("Module.b.backward.0", "input", 0, '{"g": 2}', _fields, 1, None)  # behind it
+            full["on"] = False
+            rec.sync_journal()
+        out[fast] = rec.journal_path.read_bytes().rstrip(b"\0")
+        rec.finish()
+    assert out[True] == out[False]
+
+
+def test_fields_that_make_no_text_fields_are_refused(tmp_path, monkeypatch):
+    rec = _recorder(tmp_path / "r", True, monkeypatch)
+    with pytest.raises(TypeError, match="not a TextFields"):
+        rec.put_text_field("Module.a.backward.0", "input", 0, '{"g": 1}', lambda n: {"input": [None]}, 1, None)
+    assert "Module.a.backward.0" not in rec.data
+    rec.finish()
+
+
+_KILLED_FIELDS = r"""
+import os, signal, sys
+from msprobe_core.files.step_recorder import StepRecorder, TextFields
+rec = StepRecorder(__import__("pathlib").Path(sys.argv[1]), {"task": "statistics", "level": "L1"})
+assert rec._text_journal is not None
+fields = lambda n: TextFields({"input": [None] * n, "output": [None]}, n + 1)
+for i in range(3000):
+    rec.put_text_field(f"Tensor.mul.{i}.backward", "input", 1, '{"g": %d}' % i, fields, 2, None)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_killed_process_loses_no_first_field_put_in_c(tmp_path):
+    rank = tmp_path / "rank0"
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    proc = subprocess.run([sys.executable, "-c", _KILLED_FIELDS, str(rank)], env=env, capture_output=True)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    assert recover_journal(rank / ".dump.journal")
+    data = json.loads((rank / "dump.json").read_text())["data"]
+    assert len(data) == 3000 and list(data)[:2] == ["Tensor.mul.0.backward", "Tensor.mul.1.backward"]
+    assert data["Tensor.mul.2999.backward"] == {"input": [None, {"g": 2999}], "output": [None]}
+    assert json.loads((rank / "construct.json").read_text())["Tensor.mul.0.backward"] is None
+
+
+def test_a_complete_records_text_is_made_in_c_as_textfields_text_makes_it(tmp_path, monkeypatch):
+    """Once its field names' texts are known (``_FIELD_KEYS``), a complete record's text is made in C, the same str
+    as ``TextFields.text``'s; a text without UTF-8 (a lone surrogate) is left to the method."""
+    texts = ['{"g": 1.5}', '{"g": "é"}', '{"g": "\ud800"}']
+    made = {}
+    for fast in (False, True):
+        rec = _recorder(tmp_path / str(fast), fast, monkeypatch)
+        calls = []
+        text = step_recorder.TextFields.text
+        with monkeypatch.context() as m:
+            m.setattr(step_recorder.TextFields, "text", lambda self: calls.append(1) or text(self))
+            for i, t in enumerate(texts):
+                for field, index in (("output", 0), ("input", 1), ("input", 0)):
+                    rec.put_text_field(f"Module.{i}.backward", field, index, t, _fields, 2, None)
+        made[fast] = (dict(rec.data), len(calls))
+        rec.finish()
+    assert made[True][0] == made[False][0] and all(type(v) is str for v in made[True][0].values())
+    assert made[False][1] == 3 and made[True][1] == 1  # the lone surrogate's
+
+
+def test_reserve_in_c_keeps_the_python_routes_places(tmp_path, monkeypatch):
+    out = {}
+    stack = CallStack(3, (("/a.py", 1, "f"),))
+    for fast in (False, True):
+        rec = _recorder(tmp_path / str(fast), fast, monkeypatch)
+        assert ("reserve" in vars(rec)) == fast  # the C one bound on the kernel's route
+        seqs = [rec.reserve("Module.a.forward.0"), rec.reserve("Module.b.forward.0", stack),
+                rec.reserve("Module.a.forward.0", None)]
+        rec.put_text("Module.b.forward.0", "{}", seqs[1], stack, None)
+        out[fast] = (seqs, dict(rec.data), dict(rec.stack), rec.journal_path.read_bytes().rstrip(b"\0"))
+        rec.finish()
+    assert out[True] == out[False] and out[True][0] == [0, 1, 2]
+    with monkeypatch.context() as m:  # a class whose reserve is not the recorder's: its own is kept
+        m.setattr(StepRecorder, "reserve", lambda self, name, stack=None: -5)
+        rec = _recorder(tmp_path / "patched", True, monkeypatch)
+        assert rec.reserve("x") == -5
+        rec.finish()

@@ -230,8 +230,8 @@ def test_an_error_in_a_c_hook_is_logged_as_the_python_route_logs_it(tmp_path, mo
 @needs_kernel
 def test_the_c_hooks_make_a_stack_once_per_call_site_and_journal_later_parameters_in_c(tmp_path, monkeypatch):
     """A module's stack is looked up by its frame key (made by ``capture`` once per call site, not per call); a
-    ``parameters_grad`` record's later parameters go to the kernel's ``put_text_field`` (the Python method takes
-    only a record's first field); the records are those of the Python route."""
+    ``parameters_grad`` record's parameters, its first one included, go to the kernel's ``put_text_field`` (the
+    Python method takes none); the records are those of the Python route."""
     from msprobe_core.files.step_recorder import StepRecorder
     captured, fields = [], []
     capture, put_text_field = dump_service._STACKS.capture, StepRecorder.put_text_field
@@ -250,8 +250,7 @@ def test_the_c_hooks_make_a_stack_once_per_call_site_and_journal_later_parameter
     # the five modules are called from one line of Sequential.forward (a second key while the interpreter warms
     # its code up at most); none made in the second step
     assert made[0] <= 2 and made[1] == made[0]
-    wanted = [f"Module.{i}.Linear.parameters_grad.0" for i in range(5)] * 2  # each record's first field only
-    assert sorted(n for n in fields if ".parameters_grad." in n) == sorted(wanted)
+    assert not [n for n in fields if ".parameters_grad." in n]
     for step in range(2):
         data = json.loads((step_dir(tmp_path, step) / "dump.json").read_text())["data"]
         assert all(list(data[f"Module.{i}.Linear.parameters_grad.0"]) == ["bias", "weight"] for i in range(5))
