@@ -245,8 +245,11 @@ class DumpService(DumpServiceBase):
         if not hooks:
             self.forward_handles.append(hooks)
         plan.install(hooks)
-        for param, hook in plan.params:
-            self._hook_param_grad(param, hook)
+        grads = self._step_hooks
+        if plan.params and not grads:
+            self._step_handles.append(grads)  # its remove() runs with the step's other handles
+        # a plain parameter's hook as ``_hook_param_grad`` puts it in, the others through it
+        grads.tensor_hooks(plan.params, self._hook_param_grad)
         return True
 
     def _hooked(self, root: torch.nn.Module, modules: list) -> None:

@@ -42,7 +42,8 @@ def add_tensor_hook(t: Any, hook: Callable) -> Optional[tuple[int, dict]]:
         fn = t.grad_fn
         if fn is not None:
             fn._register_hook_dict(t)
-    key = next_hook_id()
+    key = RemovableHandle.next_id  # ``next_hook_id``, inline: one frame less per hook
+    RemovableHandle.next_id = key + 1
     hooks[key] = hook
     return key, hooks
 
@@ -80,6 +81,18 @@ class StepHooks:
             self.keep(t.register_hook(hook))
         else:
             self._flat += (added[0], 1, added[1])
+
+    def tensor_hooks(self, pairs: list, other: Callable[[Any, Callable], None]) -> None:
+        """``tensor_hook(t, hook)`` of each (t, hook) in ``pairs`` that is a plain tensor (``torch.Tensor``,
+        ``Parameter``) requiring grad, in one loop (a model's parameter hooks at each start(): no frames per
+        parameter but ``add_tensor_hook``'s); ``other(t, hook)`` for each one that is not a plain tensor."""
+        flat = self._flat
+        for t, hook in pairs:
+            if type(t) is not _Tensor and type(t) is not _Parameter:
+                other(t, hook)
+            elif t.requires_grad:
+                key, hooks = add_tensor_hook(t, hook)
+                flat += (key, 1, hooks)
 
     def remove(self) -> None:
         """Remove every hook kept since the last ``remove``."""

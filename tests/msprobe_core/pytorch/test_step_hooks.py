@@ -36,3 +36,22 @@ def test_module_hooks_with_extra_dicts():
     assert calls == ["pre", "post"]
     assert not m._forward_pre_hooks and not m._forward_pre_hooks_with_kwargs
     assert not m._forward_hooks and not m._forward_hooks_with_kwargs
+
+
+def test_tensor_hooks_puts_in_plain_tensors_hooks_and_hands_on_the_others():
+    class Sub(torch.Tensor):
+        pass
+
+    plain = torch.nn.Parameter(torch.ones(2))
+    frozen = torch.nn.Parameter(torch.ones(2), requires_grad=False)
+    sub = torch.ones(2).as_subclass(Sub).requires_grad_()
+    seen, others = [], []
+    hooks = StepHooks()
+    hooks.tensor_hooks([(plain, seen.append), (frozen, seen.append), (sub, seen.append)],
+                       lambda t, hook: others.append(t))
+    assert others == [sub] and frozen._backward_hooks is None
+    assert list(plain._backward_hooks.values()) == [seen.append]  # as register_hook puts it
+    (plain * 2).sum().backward()
+    assert len(seen) == 1
+    hooks.remove()
+    assert not plain._backward_hooks and not hooks
