@@ -183,54 +183,12 @@ static PyObject *l0_recorder(ModuleHooksObject *self) {
 
 static long long og_long(PyObject *obj, int a, int call);
 
+static PyObject *ag_edges_of(PyObject *cls, PyObject *sequence_nr, PyObject *tensors);  /* (_fast_gradapi.c) */
+
 /* ``InputEdges.of(list(args))`` (``backward_capture``) of plain tensors: a new reference (Py_None: no input
  * requires grad), or NULL with an error. */
 static PyObject *l0_edges(ModuleHooksObject *self, PyObject *args) {
-    PyObject *slots = PyDict_New(), *alive = PyList_New(0), *result = NULL;
-    int leaf = 0;
-    if (slots == NULL || alive == NULL) goto done;
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(args); i++) {
-        PyObject *t = PyTuple_GET_ITEM(args, i);
-        int grad = tensor_flag((RecordTextObject *)self->text, t, D_REQUIRES_GRAD);
-        if (grad < 0) goto done;
-        if (!grad) continue;
-        PyObject *fn = L0_GET(t, A_GRAD_FN), *key = NULL, *obj = fn;  /* ``_key`` */
-        if (fn == NULL) goto done;
-        if (fn == Py_None) {
-            key = edge_key(t, 0);
-            obj = t;
-        } else {
-            long long nr = og_long(t, A_OUTPUT_NR, 0);
-            key = nr == -1 && PyErr_Occurred() ? NULL : edge_key(fn, (long)nr + 1);
-        }
-        PyObject *index = key == NULL ? NULL : PyLong_FromSsize_t(i);
-        PyObject *had = index == NULL ? NULL : PyDict_GetItemWithError(slots, key);
-        int rc = index == NULL || (had == NULL && PyErr_Occurred()) ? -1 : 0;
-        if (rc == 0 && had == NULL) {
-            rc = PyDict_SetItem(slots, key, index) < 0 || PyList_Append(alive, obj) < 0 ? -1 : 0;
-            leaf = leaf || obj == t;
-        } else if (rc == 0) {  /* the same tensor again: the tuple of its indices */
-            PyObject *prev = PyTuple_Check(had) ? Py_NewRef(had) : PyTuple_Pack(1, had);
-            PyObject *one = prev == NULL ? NULL : PyTuple_Pack(1, index);
-            PyObject *indices = one == NULL ? NULL : PySequence_Concat(prev, one);
-            rc = indices == NULL || PyDict_SetItem(slots, key, indices) < 0 ? -1 : 0;
-            Py_XDECREF(prev); Py_XDECREF(one); Py_XDECREF(indices);
-        }
-        Py_DECREF(fn); Py_XDECREF(key); Py_XDECREF(index);
-        if (rc < 0) goto done;
-    }
-    if (!PyDict_GET_SIZE(slots)) {
-        result = Py_NewRef(Py_None);
-        goto done;
-    }
-    PyObject *begin = PyObject_CallNoArgs(self->sequence_nr);
-    if (begin == NULL) goto done;
-    PyObject *a[4] = {begin, slots, alive, leaf ? Py_True : Py_False};
-    result = PyObject_Vectorcall(self->input_edges, a, 4, NULL);
-    Py_DECREF(begin);
-done:
-    Py_XDECREF(slots); Py_XDECREF(alive);
-    return result;
+    return ag_edges_of(self->input_edges, self->sequence_nr, args);
 }
 
 /* The stack of the hook's caller (``capture_stack()``): looked up by its frame key in ``interned`` (the
