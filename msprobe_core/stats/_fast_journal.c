@@ -448,6 +448,15 @@ static int tj_set_slot(TextJournalObject *self, PyObject *record, PyObject *slot
     return rc;
 }
 
+/* A field just set: counted, and its ("t", ...) frame of the 8 items journaled where the recorder journals
+ * (``put_text_field``'s tail, the first field's and a later one's): 0, or -1 with an error. */
+static int tj_field_frame(TextJournalObject *self, PyObject *recorder, text_t *b, PyObject **items) {
+    self->count++;
+    int journaling = tj_journaling(recorder);
+    if (journaling <= 0) return journaling;
+    return m_frame(b, items, 8) < 0 || tj_journal(self, recorder, b, NULL, items, 8) < 0 ? -1 : 0;
+}
+
 /* ``TextFields.skeleton``: each field's slots as as many Nones (a new dict), or NULL with an error. */
 static PyObject *tj_skeleton(PyObject *record) {
     PyObject *skeleton = PyDict_New();
@@ -508,13 +517,8 @@ static PyObject *tj_first_field(TextJournalObject *self, PyObject *recorder, PyO
         || (parent != Py_False && PyDict_SetItem(self->construct, name, parent) < 0)
         || (slots = tj_room(record, field, i)) == NULL || tj_set_slot(self, record, slots, i, name, text) < 0)
         goto done;
-    self->count++;
-    int journaling = tj_journaling(recorder);
-    if (journaling < 0) goto done;
-    if (journaling) {
-        PyObject *items[8] = {S_T, name, seq, skeleton, field, index, text, parent};
-        if (m_frame(&b, items, 8) < 0 || tj_journal(self, recorder, &b, NULL, items, 8) < 0) goto done;
-    }
+    PyObject *items[8] = {S_T, name, seq, skeleton, field, index, text, parent};
+    if (tj_field_frame(self, recorder, &b, items) < 0) goto done;
     result = Py_NewRef(Py_False);
 done:
     text_free(&b);
@@ -557,13 +561,8 @@ static PyObject *tj_put_text_field(TextJournalObject *self, PyObject *const *arg
     text_t b;
     text_init(&b);
     if (tj_set_slot(self, record, slots, i, name, text) < 0) goto done;
-    self->count++;
-    int journaling = tj_journaling(recorder);
-    if (journaling < 0) goto done;
-    if (journaling) {
-        PyObject *items[8] = {S_T, name, TJ_MINUS_ONE, Py_None, field, index, text, Py_False};
-        if (m_frame(&b, items, 8) < 0 || tj_journal(self, recorder, &b, NULL, items, 8) < 0) goto done;
-    }
+    PyObject *items[8] = {S_T, name, TJ_MINUS_ONE, Py_None, field, index, text, Py_False};
+    if (tj_field_frame(self, recorder, &b, items) < 0) goto done;
     result = Py_NewRef(Py_False);
 done:
     text_free(&b);

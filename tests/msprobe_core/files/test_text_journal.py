@@ -4,6 +4,7 @@ the same fallbacks (no journal, a journal whose appends fail), and a killed proc
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import gc
 import json
@@ -55,6 +56,22 @@ def _records(rec):
         rec.put_text(f"Tensor.mul_.{i}.forward", '{"input_args": [], "input_kwargs": {}, "output": []}', None, s1, None)
 
 
+@contextlib.contextmanager
+def _full_disk(monkeypatch):
+    """Every journal append fails with ENOSPC until the yielded switch's "on" is set False."""
+    real = step_recorder.Journal.append
+    full = {"on": True}
+
+    def append(journal, data):
+        if full["on"]:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(journal, data)
+
+    with monkeypatch.context() as m:
+        m.setattr(step_recorder.Journal, "append", append)
+        yield full
+
+
 def test_put_text_writes_the_python_routes_frames_and_files(tmp_path, monkeypatch):
     recs = {fast: _recorder(tmp_path / str(fast), fast, monkeypatch) for fast in (False, True)}
     for rec in recs.values():
@@ -90,16 +107,7 @@ def test_a_journal_that_cannot_take_a_frame_queues_it_in_order(tmp_path, monkeyp
             rec._journal._mapped = False
         stack = CallStack(3, (("/a.py", 1, "f"),))
         rec.put_text("Torch.a.0.forward", "{}", None, stack, None)
-        real = step_recorder.Journal.append
-        full = {"on": True}
-
-        def append(journal, data, real=real, full=full):
-            if full["on"]:
-                raise OSError(errno.ENOSPC, "No space left on device")
-            return real(journal, data)
-
-        with monkeypatch.context() as m:
-            m.setattr(step_recorder.Journal, "append", append)
+        with _full_disk(monkeypatch) as full:
             with pytest.raises(OSError):
                 rec.put_text("Torch.b.0.forward", '{"x": 1}', None, CallStack(4, (("/b.py", 2, "g"),)), None)
             assert [e[0] for e in rec._queued] == ["S", "J"]
@@ -258,16 +266,7 @@ def test_a_first_field_that_cannot_be_journaled_is_queued_in_order(tmp_path, mon
     for fast in (False, True):
         rec = _recorder(tmp_path / str(fast), fast, monkeypatch)
         rec.ensure_dir()
-        real = step_recorder.Journal.append
-        full = {"on": True}
-
-        def append(journal, data, real=real, full=full):
-            if full["on"]:
-                raise OSError(errno.ENOSPC, "No space left on device")
-            return real(journal, data)
-
-        with monkeypatch.context() as m:
-            m.setattr(step_recorder.Journal, "append", append)
+        with _full_disk(monkeypatch) as full:
             with pytest.raises(OSError):
                 rec.put_text_field("Module.a.backward.0", "input", 0, '{"g": 1}', _fields, 1, None)
             assert [e[0] for e in rec._queued] == ["t"]
