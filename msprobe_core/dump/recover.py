@@ -11,18 +11,22 @@ import argparse
 import os
 from pathlib import Path
 
+from msprobe_core.files.journal import SPARE_SUFFIX
 from msprobe_core.files.step_recorder import JOURNAL_SUFFIX, recover_journal
 from msprobe_core.errors import DumpInputError
 
 
 def recover(dump_path: str | os.PathLike) -> list[Path]:
-    """Recover every rank folder under ``dump_path`` that still has a journal; returns those folders.
+    """Recover every rank folder under ``dump_path`` that still has a journal; returns those folders. Spare
+    journals a killed process left (``files/journal.py``) are removed.
 
     A journal that cannot be used (unreadable, or not this tool's) does not stop the others: they are
     recovered first, then one ``DumpInputError`` names every journal left as it was."""
     root = Path(dump_path)
     if not root.is_dir():
         raise DumpInputError(f"dump path '{root}' is not a directory")
+    for spare in root.rglob(f".*{JOURNAL_SUFFIX}{SPARE_SUFFIX}"):  # a killed process's spare journal: no records
+        spare.unlink(missing_ok=True)
     recovered = []
     problems = []
     for journal in sorted(root.rglob(f".*{JOURNAL_SUFFIX}")):

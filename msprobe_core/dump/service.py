@@ -35,6 +35,7 @@ from msprobe_core.dump.backend import DumpBackend
 from msprobe_core.dump.selection import RecordSelection
 from msprobe_core.dump.user_api import UserApi
 from msprobe_core.errors import ConfigError
+from msprobe_core.files.journal import release_spares
 from msprobe_core.files.step_recorder import StepRecorder
 from msprobe_core.log import setup_logging
 
@@ -307,6 +308,7 @@ class DumpServiceBase(DumpBackend):
         last = self.cfg.step.last()
         if last is not None and self.current_step > last and not self.finished:
             self.finished = True
+            release_spares()  # no step journals after this one: no spare journal stays in its folder
             logger.info("the last configured step (%d) is dumped; msprobe ends successfully", last)
 
     def set_init_step(self, step: int) -> None:
@@ -330,6 +332,7 @@ class DumpServiceBase(DumpBackend):
             self.stop()
             self._finish_step()
         finally:
+            release_spares()
             self.user_api.restore_all()
             if self.files is not None:
                 self.files.close()

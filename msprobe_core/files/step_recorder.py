@@ -4,7 +4,8 @@ Every fragment (a finished forward record, one gradient of a backward record, a 
 appended to ``.dump.journal`` in the rank folder the moment it is made, so a process killed mid-step
 loses nothing already recorded: ``python -m msprobe_core recover DUMP_PATH`` rebuilds the JSON files from
 the journal. ``finish()`` waits for pending tensor files, then writes dump.json, stack.json and
-construct.json atomically (temporary file + rename) and removes the journal.
+construct.json atomically (temporary file + rename) and retires the journal (``files/journal.py``: it becomes
+this process's spare, the next step's journal).
 
 The journal is a private file: length-prefixed ``marshal`` frames (10x cheaper to write than JSON on the
 training thread); a frame torn by the crash is ignored. Recover with the same Python version.
@@ -15,9 +16,7 @@ from __future__ import annotations
 import itertools
 import json
 import marshal
-import mmap
 import os
-import struct
 import threading
 import time
 from pathlib import Path
@@ -28,6 +27,7 @@ from msprobe_core.errors import DumpInputError
 from msprobe_core.files.call_stack import CallStack, format_frame
 from msprobe_core.files.json_text import encode as _encode
 from msprobe_core.files.json_text import encode_string
+from msprobe_core.files.journal import FRAME_LEN, Journal
 from msprobe_core.files.safe_names import is_plain_file_name
 from msprobe_core.stats.kernel import KERNEL
 
@@ -37,10 +37,9 @@ NO_PARENT = False
 """``put_text``'s parent when the dump keeps no construct.json (a parent is a record name or None)."""
 TENSOR_DIR_NAME = "dump_tensor_data"
 
-_LEN = struct.Struct("<I")
+_LEN = FRAME_LEN
 _pack_len = _LEN.pack
 _marshal = marshal.dumps
-_MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
 
 
 def _key(k: Any) -> str:
@@ -191,68 +190,6 @@ def write_lines_atomic(path: Path, entries: dict, text: TextOf = None) -> None:
     write_fd_atomic(path, _Section.flat(entries, text).write)
 
 
-class Journal:
-    """An append-only file written through a shared memory map: an append is a copy into the page cache,
-    which the kernel keeps when the process is killed (no system call per record). Space is reserved with
-    ``posix_fallocate`` before it is mapped, so a full disk is an ``OSError`` here and never a SIGBUS while
-    copying; where that is not possible, appends fall back to ``os.write``. The unused tail reads as zeros,
-    which ``read_frames`` takes as the end. Not locked itself: ``StepRecorder`` serialises its appends."""
-
-    CHUNK = 1 << 17  # 128 KiB first (an L0 step journals ~100 KB), doubling as records come
-    first_size = CHUNK
-    """The first mapping's size: the size the previous journal of this process reached (one step journals
-    about as much as the last one), so a step's journal is mapped once instead of growing through every
-    doubling (each one reserves and pre-faults the whole file again)."""
-
-    def __init__(self, path: Path):
-        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
-        self._map: Optional[mmap.mmap] = None
-        self._size = 0
-        self._pos = 0
-        self._mapped = hasattr(os, "posix_fallocate")
-
-    def append(self, data: bytes) -> None:
-        end = self._pos + len(data)
-        if self._mapped and end > self._size:
-            self._grow(end)
-        if self._map is not None:  # None once growing failed: plain appends from then on
-            self._map[self._pos:end] = data
-        else:
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(self.fd, view):]
-            except OSError:  # a full disk: no torn frame stays; the next append starts where this one did
-                os.ftruncate(self.fd, self._pos)
-                raise
-        self._pos = end
-
-    def _grow(self, need: int) -> None:
-        size = max(Journal.first_size, self._size * 2)
-        while size < need:
-            size *= 2
-        try:
-            os.posix_fallocate(self.fd, 0, size)
-            self._unmap()  # a fresh, pre-faulted mapping: appends then never stop on a page fault
-            self._map = mmap.mmap(self.fd, size, flags=_MAP_FLAGS)
-            self._size = size
-        except (OSError, ValueError):  # no space, or no shared mapping here: plain appends from now on
-            self._unmap()
-            self._mapped = False
-            os.ftruncate(self.fd, self._pos)
-
-    def _unmap(self) -> None:
-        if self._map is not None:
-            self._map.close()
-            self._map = None
-
-    def close(self) -> None:
-        if self._pos:
-            Journal.first_size = max(self.CHUNK, 1 << (self._pos - 1).bit_length())
-        self._unmap()
-        os.close(self.fd)
-
-
 class StepRecorder:
     """Records of one (step, rank) folder, made by the training thread (and autograd's threads while it
     waits in backward). Journaling is thread-safe: fragments queued by any thread reach the journal whole
@@ -296,16 +233,9 @@ class StepRecorder:
             if self._dir_ready:  # another thread made it meanwhile
                 return
             self.rank_dir.mkdir(parents=True, exist_ok=True)
-            if self._journal_enabled:
-                journal = Journal(self.journal_path)
+            if self._journal_enabled:  # (a full disk: no empty journal is left; the next record tries again)
                 body = marshal.dumps(("h", self.header, self.json_name))
-                try:
-                    journal.append(_LEN.pack(len(body)) + body)
-                except OSError:  # a full disk: no empty journal is left; the next record tries again
-                    journal.close()
-                    os.unlink(self.journal_path)
-                    raise
-                self._journal = journal
+                self._journal = Journal.start(self.journal_path, _LEN.pack(len(body)) + body)
             self._dir_ready = True
 
     @property
@@ -544,15 +474,25 @@ class StepRecorder:
         be written (a full disk: the ``OSError`` is raised), the journal is closed and kept for ``recover``."""
         try:
             self.write_files()
-        finally:
-            with self._journal_lock:
-                journal, self._journal = self._journal, None
+        except BaseException:
+            journal = self._end_journal()
             if journal is not None:
                 journal.close()
-        try:
-            os.unlink(self.journal_path)
-        except FileNotFoundError:
-            pass
+            raise
+        journal = self._end_journal()
+        if journal is not None:
+            journal.retire()  # (this process's spare: the next step's journal is the same file)
+        else:
+            try:
+                os.unlink(self.journal_path)
+            except FileNotFoundError:
+                pass
+
+    def _end_journal(self) -> Optional[Journal]:
+        """The journal, which this recorder no longer writes."""
+        with self._journal_lock:
+            journal, self._journal = self._journal, None
+        return journal
 
     def set_header(self, key: str, value: Any) -> None:
         """Add a field to the JSON file's header (written with the next ``write_files``/``finish``)."""
@@ -603,8 +543,9 @@ _ENTRY_SIZES = {"h": 3, "r": 4, "j": 4, "J": 6, "f": 4, "t": 8, "S": 3, "s": 3, 
 
 
 def read_journal(raw: bytes) -> tuple[list[tuple], int]:
-    """The journal's entries and the offset where reading stopped: a frame cut short by the crash (or
-    unreadable) ends the list."""
+    """The journal's entries and the offset where reading stopped: a zero length is the journal's end (what
+    follows it is unused, a frame the crash cut short, or a previous step's frames: ``files/journal.py``); a frame
+    that cannot be read ends the list too."""
     entries = []
     pos, n = 0, len(raw)
     while pos + _LEN.size <= n:
@@ -756,8 +697,8 @@ def recover_journal(journal: Path) -> bool:
     if replay.header is None:
         raise DumpInputError(f"'{journal}' is not a dump journal of this tool (no readable header with "
                              f"dump.json or debug.json as its file): nothing was recovered from it")
-    if raw[stop:].lstrip(b"\0"):  # bytes after the last readable frame that are not the zeroed, unused tail
-        replay.damaged += 1
+    if raw[stop:stop + _LEN.size].strip(b"\0"):  # reading stopped at a frame that cannot be read, not at the end
+        replay.damaged += 1  # (a zero length; what follows it is unused, a frame cut short or a previous step's)
     for leftover in [*rank_dir.glob(".*.tmp"), *(rank_dir / TENSOR_DIR_NAME).glob("*.tmp")]:
         leftover.unlink()  # files the process was writing when it died
     data = replay.ordered_data()

@@ -34,6 +34,7 @@
  * tuple and a variable (flagged), its keys the record's own (flagged), its lists of None held by it alone (not). */
 
 #include <marshal.h>
+#include <stdatomic.h>
 
 #define M_FLAG_REF 0x80
 #define M_REFS 24
@@ -152,6 +153,17 @@ typedef struct {
 static PyObject *S_DIR_READY, *S_ENSURE_DIR, *S_JOURNAL, *S_MAP, *S_POS, *S_SIZE, *S_SID, *S_FRAMES, *S_APPEND, *S_J,
     *S_S, *S_T, *S_FILLED, *S_EXPECTED, *S_TEXT, *TJ_MINUS_ONE;
 
+/* Stores the frames in b at pos of a journal's map as ``Journal.append`` does (``files/journal.py``): the bytes
+ * after the first length prefix, a zero length after them (the journal's end), then that prefix, last (the compiler
+ * may not move the stores across the fence; x86 makes them visible in program order): a process killed meanwhile
+ * leaves a zero length at pos, never a frame in part. The map has room for the end's 4 bytes. */
+static void tj_store(char *map, Py_ssize_t pos, const text_t *b) {
+    memcpy(map + pos + 4, b->p + 4, (size_t)b->len - 4);
+    memset(map + pos + b->len, 0, 4);
+    atomic_signal_fence(memory_order_seq_cst);
+    memcpy(map + pos, b->p, 4);
+}
+
 /* Copies b into the journal's map when it has room and the journal's class appends as ``Journal`` does: 1 done,
  * 0 not (the caller calls ``append``), -1 with an error. */
 static int tj_copy(TextJournalObject *self, PyObject *journal, text_t *b) {
@@ -168,9 +180,9 @@ static int tj_copy(TextJournalObject *self, PyObject *journal, text_t *b) {
         Py_XDECREF(size_obj);
         if (PyErr_Occurred()) { Py_DECREF(map); return -1; }
         Py_buffer view;
-        if (pos >= 0 && pos + b->len <= size && PyObject_GetBuffer(map, &view, PyBUF_WRITABLE) == 0) {
-            if (pos + b->len <= view.len) {
-                memcpy((char *)view.buf + pos, b->p, (size_t)b->len);
+        if (pos >= 0 && pos + b->len + 4 <= size && PyObject_GetBuffer(map, &view, PyBUF_WRITABLE) == 0) {
+            if (pos + b->len + 4 <= view.len) {
+                tj_store(view.buf, pos, b);
                 done = 1;
             }
             PyBuffer_Release(&view);

@@ -18,7 +18,7 @@ import pytest
 
 from msprobe_core.files import step_recorder
 from msprobe_core.files.call_stack import CallStack, format_frame
-from msprobe_core.files.step_recorder import NO_PARENT, StepRecorder, read_frames, recover_journal
+from msprobe_core.files.step_recorder import NO_PARENT, StepRecorder, read_frames, read_journal, recover_journal
 from msprobe_core.stats.kernel import KERNEL
 
 pytestmark = pytest.mark.skipif(getattr(KERNEL, "TextJournal", None) is None,
@@ -33,6 +33,12 @@ def _recorder(path, fast, monkeypatch, journal=True):
         rec = StepRecorder(path, {"task": "statistics", "level": "L1"}, journal=journal)
     assert (rec._text_journal is not None) == (fast and journal)
     return rec
+
+
+def _journaled(rec):
+    """The journal's frames as bytes (up to its end: a reused file holds a previous step's frames after it)."""
+    raw = rec.journal_path.read_bytes()
+    return raw[:read_journal(raw)[1]]
 
 
 def _records(rec):
@@ -76,7 +82,7 @@ def test_put_text_writes_the_python_routes_frames_and_files(tmp_path, monkeypatc
     recs = {fast: _recorder(tmp_path / str(fast), fast, monkeypatch) for fast in (False, True)}
     for rec in recs.values():
         _records(rec)
-    journals = {fast: rec.journal_path.read_bytes().rstrip(b"\0") for fast, rec in recs.items()}
+    journals = {fast: _journaled(rec) for fast, rec in recs.items()}
     assert journals[True] == journals[False]
     assert [e[0] for e in read_frames(journals[True])].count("S") == 3
     for rec in recs.values():
@@ -115,7 +121,7 @@ def test_a_journal_that_cannot_take_a_frame_queues_it_in_order(tmp_path, monkeyp
             full["on"] = False
             rec.sync_journal()
         assert not rec._queued
-        out[fast] = rec.journal_path.read_bytes().rstrip(b"\0")
+        out[fast] = _journaled(rec)
         rec.finish()
     assert out[True] == out[False]
     assert [e[1] for e in read_frames(out[True]) if e[0] == "J"] == ["Torch.a.0.forward", "Torch.b.0.forward",
@@ -201,7 +207,7 @@ def test_put_text_field_writes_the_python_routes_frames_and_files(tmp_path, monk
     for rec in recs.values():
         _grad_records(rec)
         rec.sync_journal()
-    journals = {fast: rec.journal_path.read_bytes().rstrip(b"\0") for fast, rec in recs.items()}
+    journals = {fast: _journaled(rec) for fast, rec in recs.items()}
     assert journals[True] == journals[False]
     assert {k: str(v) for k, v in recs[True].data.items()} == {k: str(v) for k, v in recs[False].data.items()}
     assert recs[True]._change_count() == recs[False]._change_count()
@@ -245,7 +251,7 @@ def test_a_records_first_field_is_written_as_the_python_route_writes_it(tmp_path
         _first_fields(rec)
         rec.sync_journal()
     if journal:
-        journals = {fast: rec.journal_path.read_bytes().rstrip(b"\0") for fast, rec in recs.items()}
+        journals = {fast: _journaled(rec) for fast, rec in recs.items()}
         assert journals[True] == journals[False]
         assert sum(e[0] == "t" and e[3] is not None for e in read_frames(journals[True])) == 9
         assert recs[True]._text_journal.count == 10  # every field set in C
@@ -273,7 +279,7 @@ def test_a_first_field_that_cannot_be_journaled_is_queued_in_order(tmp_path, mon
             rec.put_text_field("Module.b.backward.0", "input", 0, '{"g": 2}', _fields, 1, None)  # behind it
             full["on"] = False
             rec.sync_journal()
-        out[fast] = rec.journal_path.read_bytes().rstrip(b"\0")
+        out[fast] = _journaled(rec)
         rec.finish()
     assert out[True] == out[False]
 
@@ -339,7 +345,7 @@ def test_reserve_in_c_keeps_the_python_routes_places(tmp_path, monkeypatch):
         seqs = [rec.reserve("Module.a.forward.0"), rec.reserve("Module.b.forward.0", stack),
                 rec.reserve("Module.a.forward.0", None)]
         rec.put_text("Module.b.forward.0", "{}", seqs[1], stack, None)
-        out[fast] = (seqs, dict(rec.data), dict(rec.stack), rec.journal_path.read_bytes().rstrip(b"\0"))
+        out[fast] = (seqs, dict(rec.data), dict(rec.stack), _journaled(rec))
         rec.finish()
     assert out[True] == out[False] and out[True][0] == [0, 1, 2]
     with monkeypatch.context() as m:  # a class whose reserve is not the recorder's: its own is kept
