@@ -21,6 +21,8 @@ import struct
 from pathlib import Path
 from typing import Optional
 
+from msprobe_core.stats.kernel import KERNEL
+
 FRAME_LEN = struct.Struct("<I")
 """A frame's length prefix (the marshal bytes that follow)."""
 _END = bytes(FRAME_LEN.size)
@@ -31,7 +33,12 @@ _MAX_SPARES = 2  # a step's dump.json and debug.json journals
 _SPARES: list["Journal"] = []
 
 
-class Journal:
+_JournalBase: type = getattr(KERNEL, "JournalBase", object)
+"""The kernel's base holds ``_map``, ``_pos`` and ``_size`` in C fields (``stats/_fast_journal.c``): the kernel's
+``put_text`` copies frames into the map with no attribute read; the same attributes as plain ones otherwise."""
+
+
+class Journal(_JournalBase):
     """An append-only file of frames written through a shared memory map (see the module). Space is reserved with
     ``posix_fallocate`` before it is mapped, so a full disk is an ``OSError`` here and never a SIGBUS while copying;
     where that is not possible, appends fall back to ``os.write``. Not locked itself: ``StepRecorder`` serialises
@@ -126,9 +133,10 @@ class Journal:
             os.ftruncate(self.fd, self._pos)
 
     def _unmap(self) -> None:
-        if self._map is not None:
-            self._map.close()
-            self._map = None
+        m = self._map
+        if m is not None:
+            self._map = None  # first: the kernel's base holds the map's buffer while it is set
+            m.close()
 
     def close(self) -> None:
         """Close the file (it stays where it is)."""

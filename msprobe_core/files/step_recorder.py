@@ -204,7 +204,8 @@ class StepRecorder:
         self._journaled_stacks: set[int] = set()
         self.construct: dict[str, Optional[str]] = {}
         self._seq = itertools.count()  # next() is atomic: two threads never get one number
-        self._journal_lock = threading.Lock()
+        maker = getattr(KERNEL, "TextJournal", None) if journal else None
+        self._journal_lock = threading.Lock() if maker is None else KERNEL.JournalLock()  # (taken in C by put_text)
         self._journal_enabled = journal
         self._journal: Optional[Journal] = None
         self._queued: list[tuple] = []
@@ -212,9 +213,8 @@ class StepRecorder:
         self.errors = 0
         self._changes = 0     # fragments recorded so far by the Python routes
         self._written = -1    # ``_change_count()`` when the JSON files were last written
-        maker = getattr(KERNEL, "TextJournal", None)
         self._text_journal = maker(self, Journal.append, TextFields, StepRecorder.put_text_field, _FIELD_KEYS) \
-            if maker is not None and journal else None
+            if maker is not None else None
         if self._text_journal is not None:  # one C call each: the same stores, frames and lock
             self.put_text = self._text_journal.put_text
             self.put_text_field = self._text_journal.put_text_field
@@ -235,7 +235,7 @@ class StepRecorder:
             self.rank_dir.mkdir(parents=True, exist_ok=True)
             if self._journal_enabled:  # (a full disk: no empty journal is left; the next record tries again)
                 body = marshal.dumps(("h", self.header, self.json_name))
-                self._journal = Journal.start(self.journal_path, _LEN.pack(len(body)) + body)
+                self._use_journal(Journal.start(self.journal_path, _LEN.pack(len(body)) + body))
             self._dir_ready = True
 
     @property
@@ -491,8 +491,15 @@ class StepRecorder:
     def _end_journal(self) -> Optional[Journal]:
         """The journal, which this recorder no longer writes."""
         with self._journal_lock:
-            journal, self._journal = self._journal, None
+            journal = self._journal
+            self._use_journal(None)
         return journal
+
+    def _use_journal(self, journal: Optional[Journal]) -> None:
+        """Write ``journal`` from now on (None: none); the caller holds the journal lock."""
+        self._journal = journal
+        if self._text_journal is not None:
+            self._text_journal.journal = journal
 
     def set_header(self, key: str, value: Any) -> None:
         """Add a field to the JSON file's header (written with the next ``write_files``/``finish``)."""

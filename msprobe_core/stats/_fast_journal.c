@@ -139,9 +139,152 @@ static int m_frame(text_t *b, PyObject *const *items, Py_ssize_t n) {
     return 0;
 }
 
+/* ----------------------------------------------------------------------------- JournalBase, JournalLock
+ * ``JournalBase``: the base class of ``files/journal.py``'s ``Journal``, holding its ``_pos`` and ``_size`` and its
+ * map (``_map``: the mmap or None; its writable buffer held while set, so the frames of ``put_text`` are copied
+ * into it with no attribute read or set). ``JournalLock``: ``StepRecorder``'s journal lock, ``threading.Lock``'s
+ * ``acquire``/``release``/``with`` (blocking, the GIL released while waiting), taken by ``put_text`` without a
+ * Python call. */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *map;   /* the mmap, or NULL for None */
+    Py_buffer view;  /* its bytes while map is set */
+    Py_ssize_t pos, size;
+} JournalBaseObject;
+
+static PyObject *jb_get_map(JournalBaseObject *self, void *closure) {
+    return Py_NewRef(self->map ? self->map : Py_None);
+}
+
+static int jb_set_map(JournalBaseObject *self, PyObject *value, void *closure) {
+    Py_buffer view = {0};
+    if (value == NULL) value = Py_None;
+    if (value != Py_None && PyObject_GetBuffer(value, &view, PyBUF_WRITABLE) < 0) return -1;
+    if (self->map != NULL) PyBuffer_Release(&self->view);
+    Py_XSETREF(self->map, value == Py_None ? NULL : Py_NewRef(value));
+    self->view = view;
+    return 0;
+}
+
+static void jb_dealloc(JournalBaseObject *self) {
+    if (self->map != NULL) PyBuffer_Release(&self->view);
+    Py_CLEAR(self->map);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMemberDef jb_members[] = {
+    {"_pos", T_PYSSIZET, offsetof(JournalBaseObject, pos), 0, "where the next frame goes"},
+    {"_size", T_PYSSIZET, offsetof(JournalBaseObject, size), 0, "the mapped (reserved) size"},
+    {NULL},
+};
+
+static PyGetSetDef jb_getset[] = {
+    {"_map", (getter)jb_get_map, (setter)jb_set_map, "the journal's shared memory map, or None", NULL},
+    {NULL},
+};
+
+static PyTypeObject JournalBaseType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "msprobe_core.stats._fast_stats.JournalBase",
+    .tp_basicsize = sizeof(JournalBaseObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_doc = "Journal's position and map (see files/journal.py)",
+    .tp_new = PyType_GenericNew,
+    .tp_dealloc = (destructor)jb_dealloc,
+    .tp_members = jb_members,
+    .tp_getset = jb_getset,
+};
+
+typedef struct {
+    PyObject_HEAD
+    PyThread_type_lock lock;
+    int held;  /* (changed with the GIL held) */
+} JournalLockObject;
+
+/* Takes the lock, waiting with the GIL released: 0, or -1 with an error. */
+static int jl_take(JournalLockObject *self) {
+    if (!PyThread_acquire_lock(self->lock, NOWAIT_LOCK)) {
+        PyLockStatus got;
+        Py_BEGIN_ALLOW_THREADS
+        got = PyThread_acquire_lock_timed(self->lock, -1, 0);
+        Py_END_ALLOW_THREADS
+        if (got != PY_LOCK_ACQUIRED) {
+            PyErr_SetString(PyExc_RuntimeError, "the journal lock could not be taken");
+            return -1;
+        }
+    }
+    self->held = 1;
+    return 0;
+}
+
+static void jl_give(JournalLockObject *self) {
+    self->held = 0;
+    PyThread_release_lock(self->lock);
+}
+
+static PyObject *jl_acquire(JournalLockObject *self, PyObject *unused) {
+    return jl_take(self) < 0 ? NULL : Py_NewRef(Py_True);
+}
+
+static PyObject *jl_release(JournalLockObject *self, PyObject *unused) {
+    if (!self->held) {
+        PyErr_SetString(PyExc_RuntimeError, "release unlocked lock");
+        return NULL;
+    }
+    jl_give(self);
+    Py_RETURN_NONE;
+}
+
+static PyObject *jl_exit(JournalLockObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    return jl_release(self, NULL);
+}
+
+static PyObject *jl_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    if (PyTuple_GET_SIZE(args) || (kwds != NULL && PyDict_GET_SIZE(kwds))) {
+        PyErr_SetString(PyExc_TypeError, "JournalLock() takes no arguments");
+        return NULL;
+    }
+    JournalLockObject *self = (JournalLockObject *)type->tp_alloc(type, 0);
+    if (self == NULL) return NULL;
+    self->lock = PyThread_allocate_lock();
+    if (self->lock == NULL) {
+        Py_DECREF(self);
+        return PyErr_NoMemory();
+    }
+    return (PyObject *)self;
+}
+
+static void jl_dealloc(JournalLockObject *self) {
+    if (self->lock != NULL) {
+        if (self->held) PyThread_release_lock(self->lock);
+        PyThread_free_lock(self->lock);
+    }
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMethodDef jl_methods[] = {
+    {"acquire", (PyCFunction)jl_acquire, METH_NOARGS, "acquire() -> True (waits)"},
+    {"release", (PyCFunction)jl_release, METH_NOARGS, "release()"},
+    {"__enter__", (PyCFunction)jl_acquire, METH_NOARGS, NULL},
+    {"__exit__", (PyCFunction)(void (*)(void))jl_exit, METH_FASTCALL, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject JournalLockType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "msprobe_core.stats._fast_stats.JournalLock",
+    .tp_basicsize = sizeof(JournalLockObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "StepRecorder's journal lock (threading.Lock's acquire/release/with; see _fast_journal.c)",
+    .tp_new = jl_new,
+    .tp_dealloc = (destructor)jl_dealloc,
+    .tp_methods = jl_methods,
+};
+
 /* TextJournal's object fields */
-#define TJ_OBJECTS(X) X(recorder) X(data) X(construct) X(stacks) X(journaled) X(queued) X(counter) X(acquire) \
-                      X(release) X(append) X(text_fields) X(put_field) X(field_keys)
+#define TJ_OBJECTS(X) X(recorder) X(data) X(construct) X(stacks) X(journaled) X(queued) X(counter) X(lock) \
+                      X(journal) X(append) X(text_fields) X(put_field) X(field_keys)
 
 typedef struct {
     PyObject_HEAD
@@ -150,7 +293,10 @@ typedef struct {
     int dir_ready;  /* the recorder's ``_dir_ready`` seen true (it never turns false again): not read any more */
 } TextJournalObject;
 
-static PyObject *S_DIR_READY, *S_ENSURE_DIR, *S_JOURNAL, *S_MAP, *S_POS, *S_SIZE, *S_SID, *S_FRAMES, *S_APPEND, *S_J,
+/* The Journal the recorder writes, or None (``journal``: NULL only once cleared) */
+#define TJ_JOURNAL(self) ((self)->journal ? (self)->journal : Py_None)
+
+static PyObject *S_DIR_READY, *S_ENSURE_DIR, *S_SID, *S_FRAMES, *S_APPEND, *S_J,
     *S_S, *S_T, *S_FILLED, *S_EXPECTED, *S_TEXT, *TJ_MINUS_ONE;
 
 /* Stores the frames in b at pos of a journal's map as ``Journal.append`` does (``files/journal.py``): the bytes
@@ -164,39 +310,17 @@ static void tj_store(char *map, Py_ssize_t pos, const text_t *b) {
     memcpy(map + pos, b->p, 4);
 }
 
-/* Copies b into the journal's map when it has room and the journal's class appends as ``Journal`` does: 1 done,
- * 0 not (the caller calls ``append``), -1 with an error. */
+/* Copies b into the journal's map when it has room and the journal's class appends as ``Journal`` does (a test's
+ * fault injection patches ``append``): 1 done, 0 not (the caller calls ``append``). */
 static int tj_copy(TextJournalObject *self, PyObject *journal, text_t *b) {
-    if (_PyType_Lookup(Py_TYPE(journal), S_APPEND) != self->append) return 0;
-    PyObject *map = PyObject_GetAttr(journal, S_MAP);
-    if (map == NULL) return -1;
-    int done = 0;
-    if (map != Py_None) {
-        PyObject *pos_obj = PyObject_GetAttr(journal, S_POS);
-        PyObject *size_obj = pos_obj ? PyObject_GetAttr(journal, S_SIZE) : NULL;
-        Py_ssize_t pos = pos_obj ? PyLong_AsSsize_t(pos_obj) : -1;
-        Py_ssize_t size = size_obj ? PyLong_AsSsize_t(size_obj) : -1;
-        Py_XDECREF(pos_obj);
-        Py_XDECREF(size_obj);
-        if (PyErr_Occurred()) { Py_DECREF(map); return -1; }
-        Py_buffer view;
-        if (pos >= 0 && pos + b->len + 4 <= size && PyObject_GetBuffer(map, &view, PyBUF_WRITABLE) == 0) {
-            if (pos + b->len + 4 <= view.len) {
-                tj_store(view.buf, pos, b);
-                done = 1;
-            }
-            PyBuffer_Release(&view);
-            if (done) {
-                PyObject *end = PyLong_FromSsize_t(pos + b->len);
-                if (end == NULL || PyObject_SetAttr(journal, S_POS, end) < 0) done = -1;
-                Py_XDECREF(end);
-            }
-        } else if (PyErr_Occurred()) {  /* a map that cannot be written: ``append`` says what to do */
-            PyErr_Clear();
-        }
-    }
-    Py_DECREF(map);
-    return done;
+    if (!PyObject_TypeCheck(journal, &JournalBaseType) || _PyType_Lookup(Py_TYPE(journal), S_APPEND) != self->append)
+        return 0;
+    JournalBaseObject *j = (JournalBaseObject *)journal;
+    Py_ssize_t room = j->size < j->view.len ? j->size : j->view.len;
+    if (j->map == NULL || j->pos < 0 || j->pos + b->len + 4 > room) return 0;
+    tj_store(j->view.buf, j->pos, b);
+    j->pos += b->len;
+    return 1;
 }
 
 /* The journal fragments of a record (its stack's, when new, then its own items[0..n)), for the queue (a new
@@ -214,20 +338,13 @@ static PyObject *tj_entries(PyObject *stack_entry, PyObject *const *items, Py_ss
 
 /* Journals the frames in b (fragments: stack_entry, then the record's items) under the recorder's lock, as
  * ``_journal_now`` does: 0, or -1 with an error (an OSError of a full disk, the fragments then queued). */
-static int tj_journal(TextJournalObject *self, PyObject *recorder, text_t *b, PyObject *stack_entry,
-                      PyObject *const *items, Py_ssize_t n) {
-    PyObject *got = PyObject_CallNoArgs(self->acquire);
-    if (got == NULL) return -1;
-    Py_DECREF(got);
+static int tj_journal(TextJournalObject *self, text_t *b, PyObject *stack_entry, PyObject *const *items,
+                      Py_ssize_t n) {
+    if (jl_take((JournalLockObject *)self->lock) < 0) return -1;
     int rc = 0;
-    PyObject *journal = PyObject_GetAttr(recorder, S_JOURNAL);
-    if (journal == NULL) {
-        rc = -1;
-    } else if (journal != Py_None) {
-        int copied = PyList_GET_SIZE(self->queued) ? 0 : tj_copy(self, journal, b);
-        if (copied < 0) {
-            rc = -1;
-        } else if (copied == 0) {
+    PyObject *journal = Py_NewRef(TJ_JOURNAL(self));  /* (held: ``append`` runs Python code) */
+    if (journal != Py_None) {
+        if (PyList_GET_SIZE(self->queued) || !tj_copy(self, journal, b)) {
             PyObject *entries = tj_entries(stack_entry, items, n);
             if (entries == NULL) {
                 rc = -1;
@@ -253,19 +370,9 @@ static int tj_journal(TextJournalObject *self, PyObject *recorder, text_t *b, Py
             }
             Py_XDECREF(entries);
         }
-        Py_DECREF(journal);
-    } else {
-        Py_DECREF(journal);
     }
-    PyObject *type, *value, *tb;
-    PyErr_Fetch(&type, &value, &tb);
-    PyObject *released = PyObject_CallNoArgs(self->release);
-    if (released == NULL) {  /* the lock's own error wins */
-        Py_XDECREF(type); Py_XDECREF(value); Py_XDECREF(tb);
-        return -1;
-    }
-    Py_DECREF(released);
-    PyErr_Restore(type, value, tb);
+    Py_DECREF(journal);
+    jl_give((JournalLockObject *)self->lock);
     return rc;
 }
 
@@ -274,14 +381,6 @@ static PyObject *tj_recorder(TextJournalObject *self) {
     PyObject *recorder = PyWeakref_GetObject(self->recorder);  /* borrowed */
     if (recorder == Py_None) PyErr_SetString(PyExc_RuntimeError, "a TextJournal of a recorder that is gone");
     return recorder == NULL || recorder == Py_None ? NULL : Py_NewRef(recorder);
-}
-
-/* Does the recorder journal (``_journal`` not None, not finished)? 1, 0, or -1 with an error. */
-static int tj_journaling(PyObject *recorder) {
-    PyObject *journal = PyObject_GetAttr(recorder, S_JOURNAL);
-    if (journal == NULL) return -1;
-    Py_DECREF(journal);
-    return journal != Py_None;
 }
 
 /* The next sequence number (a new reference), the rank folder made first when it is not there yet, as ``reserve``
@@ -355,8 +454,7 @@ static PyObject *tj_put_text(TextJournalObject *self, PyObject *const *args, Py_
     if (PyDict_SetItem(self->data, name, text) < 0) goto done;
     if (parent != Py_False && PyDict_SetItem(self->construct, name, parent) < 0) goto done;
     self->count++;
-    int journaling = tj_journaling(recorder);
-    if (journaling < 0) goto done;
+    int journaling = TJ_JOURNAL(self) != Py_None;  /* (the recorder's ``_journal``: not finished) */
     if (stack != Py_None) {
         if (PyDict_SetItem(self->stacks, name, stack) < 0) goto done;
         sid = PyObject_GetAttr(stack, S_SID);
@@ -387,7 +485,7 @@ static PyObject *tj_put_text(TextJournalObject *self, PyObject *const *args, Py_
     }
     if (!journaling) { result = Py_NewRef(Py_None); goto done; }
     PyObject *items[6] = {S_J, name, seq, text, sid, parent};
-    if (m_frame(&b, items, 6) < 0 || tj_journal(self, recorder, &b, stack_entry, items, 6) < 0) goto done;
+    if (m_frame(&b, items, 6) < 0 || tj_journal(self, &b, stack_entry, items, 6) < 0) goto done;
     result = Py_NewRef(Py_None);
 done:
     text_free(&b);
@@ -462,11 +560,10 @@ static int tj_set_slot(TextJournalObject *self, PyObject *record, PyObject *slot
 
 /* A field just set: counted, and its ("t", ...) frame of the 8 items journaled where the recorder journals
  * (``put_text_field``'s tail, the first field's and a later one's): 0, or -1 with an error. */
-static int tj_field_frame(TextJournalObject *self, PyObject *recorder, text_t *b, PyObject **items) {
+static int tj_field_frame(TextJournalObject *self, text_t *b, PyObject **items) {
     self->count++;
-    int journaling = tj_journaling(recorder);
-    if (journaling <= 0) return journaling;
-    return m_frame(b, items, 8) < 0 || tj_journal(self, recorder, b, NULL, items, 8) < 0 ? -1 : 0;
+    if (TJ_JOURNAL(self) == Py_None) return 0;
+    return m_frame(b, items, 8) < 0 || tj_journal(self, b, NULL, items, 8) < 0 ? -1 : 0;
 }
 
 /* ``TextFields.skeleton``: each field's slots as as many Nones (a new dict), or NULL with an error. */
@@ -530,7 +627,7 @@ static PyObject *tj_first_field(TextJournalObject *self, PyObject *recorder, PyO
         || (slots = tj_room(record, field, i)) == NULL || tj_set_slot(self, record, slots, i, name, text) < 0)
         goto done;
     PyObject *items[8] = {S_T, name, seq, skeleton, field, index, text, parent};
-    if (tj_field_frame(self, recorder, &b, items) < 0) goto done;
+    if (tj_field_frame(self, &b, items) < 0) goto done;
     result = Py_NewRef(Py_False);
 done:
     text_free(&b);
@@ -574,7 +671,7 @@ static PyObject *tj_put_text_field(TextJournalObject *self, PyObject *const *arg
     text_init(&b);
     if (tj_set_slot(self, record, slots, i, name, text) < 0) goto done;
     PyObject *items[8] = {S_T, name, TJ_MINUS_ONE, Py_None, field, index, text, Py_False};
-    if (tj_field_frame(self, recorder, &b, items) < 0) goto done;
+    if (tj_field_frame(self, &b, items) < 0) goto done;
     result = Py_NewRef(Py_False);
 done:
     text_free(&b);
@@ -603,14 +700,13 @@ static PyObject *tj_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     self->journaled = self->stacks ? PyObject_GetAttrString(recorder, "_journaled_stacks") : NULL;
     self->queued = self->journaled ? PyObject_GetAttrString(recorder, "_queued") : NULL;
     self->counter = self->queued ? PyObject_GetAttrString(recorder, "_seq") : NULL;
-    PyObject *lock = self->counter ? PyObject_GetAttrString(recorder, "_journal_lock") : NULL;
-    self->acquire = lock ? PyObject_GetAttrString(lock, "acquire") : NULL;
-    self->release = self->acquire ? PyObject_GetAttrString(lock, "release") : NULL;
-    Py_XDECREF(lock);
-    if (self->release == NULL) { Py_DECREF(self); return NULL; }
+    self->lock = self->counter ? PyObject_GetAttrString(recorder, "_journal_lock") : NULL;
+    self->journal = Py_NewRef(Py_None);
+    if (self->lock == NULL) { Py_DECREF(self); return NULL; }
     if (!PyDict_CheckExact(self->data) || !PyDict_CheckExact(self->construct) || !PyDict_CheckExact(self->stacks)
-        || !PySet_CheckExact(self->journaled) || !PyList_CheckExact(self->queued) || !PyIter_Check(self->counter)) {
-        PyErr_SetString(PyExc_TypeError, "TextJournal: not a StepRecorder's dicts, set, queue and counter");
+        || !PySet_CheckExact(self->journaled) || !PyList_CheckExact(self->queued) || !PyIter_Check(self->counter)
+        || !Py_IS_TYPE(self->lock, &JournalLockType)) {
+        PyErr_SetString(PyExc_TypeError, "TextJournal: not a StepRecorder's dicts, set, queue, counter and lock");
         Py_DECREF(self);
         return NULL;
     }
@@ -650,6 +746,21 @@ static PyMemberDef tj_members[] = {
     {NULL},
 };
 
+static PyObject *tj_get_journal(TextJournalObject *self, void *closure) {
+    return Py_NewRef(self->journal ? self->journal : Py_None);
+}
+
+static int tj_set_journal(TextJournalObject *self, PyObject *value, void *closure) {
+    Py_XSETREF(self->journal, Py_NewRef(value ? value : Py_None));
+    return 0;
+}
+
+static PyGetSetDef tj_getset[] = {
+    {"journal", (getter)tj_get_journal, (setter)tj_set_journal,
+     "the recorder's ``_journal`` (set with it, under its lock): the Journal it writes, or None", NULL},
+    {NULL},
+};
+
 static PyTypeObject TextJournalType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "msprobe_core.stats._fast_stats.TextJournal",
@@ -662,22 +773,26 @@ static PyTypeObject TextJournalType = {
     .tp_clear = (inquiry)tj_clear,
     .tp_methods = tj_methods,
     .tp_members = tj_members,
+    .tp_getset = tj_getset,
 };
 
 static int add_text_journal(PyObject *m) {
     struct { PyObject **slot; const char *text; } strings[] = {
-        {&S_DIR_READY, "_dir_ready"}, {&S_ENSURE_DIR, "ensure_dir"}, {&S_JOURNAL, "_journal"}, {&S_MAP, "_map"},
-        {&S_POS, "_pos"}, {&S_SIZE, "_size"}, {&S_SID, "sid"}, {&S_FRAMES, "frames"}, {&S_APPEND, "append"},
-        {&S_J, "J"}, {&S_S, "S"}, {&S_T, "t"}, {&S_FILLED, "filled"}, {&S_EXPECTED, "expected"},
+        {&S_DIR_READY, "_dir_ready"}, {&S_ENSURE_DIR, "ensure_dir"}, {&S_SID, "sid"}, {&S_FRAMES, "frames"},
+        {&S_APPEND, "append"}, {&S_J, "J"}, {&S_S, "S"}, {&S_T, "t"}, {&S_FILLED, "filled"}, {&S_EXPECTED, "expected"},
         {&S_TEXT, "text"}};
     if ((TJ_MINUS_ONE = PyLong_FromLong(-1)) == NULL) return -1;
     for (size_t i = 0; i < sizeof(strings) / sizeof(strings[0]); i++)
         if ((*strings[i].slot = PyUnicode_InternFromString(strings[i].text)) == NULL) return -1;
-    if (PyType_Ready(&TextJournalType) < 0) return -1;
-    Py_INCREF(&TextJournalType);
-    if (PyModule_AddObject(m, "TextJournal", (PyObject *)&TextJournalType) < 0) {
-        Py_DECREF(&TextJournalType);
-        return -1;
+    struct { PyTypeObject *type; const char *name; } types[] = {
+        {&TextJournalType, "TextJournal"}, {&JournalBaseType, "JournalBase"}, {&JournalLockType, "JournalLock"}};
+    for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
+        if (PyType_Ready(types[i].type) < 0) return -1;
+        Py_INCREF(types[i].type);
+        if (PyModule_AddObject(m, types[i].name, (PyObject *)types[i].type) < 0) {
+            Py_DECREF(types[i].type);
+            return -1;
+        }
     }
     return 0;
 }

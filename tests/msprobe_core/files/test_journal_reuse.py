@@ -33,9 +33,8 @@ _STEPS = textwrap.dedent("""
     import os, signal, sys
     from pathlib import Path
     from msprobe_core.files import step_recorder
-    if sys.argv[2] == "python":
-        step_recorder.KERNEL = None
-    out, steps, kill = Path(sys.argv[1]), [(p, int(n)) for p, n in (s.split(":") for s in sys.argv[3].split(","))], sys.argv[4]
+    out, kill = Path(sys.argv[1]), sys.argv[4]
+    steps = [(p, int(n)) for p, n in (s.split(":") for s in sys.argv[3].split(","))]
     for step, (prefix, n) in enumerate(steps):
         rec = step_recorder.StepRecorder(out / f"step{step}" / "rank0", {"task": "statistics", "level": "L1"})
         for i in range(n):
@@ -57,8 +56,11 @@ ROUTES = ["python"] + (["c"] if getattr(KERNEL, "TextJournal", None) is not None
 
 
 def _run(out: Path, route: str, steps: str, kill: str) -> subprocess.CompletedProcess:
+    """The steps (``prefix:records,...``) on ``route`` (``python``: no kernel at all), killed as ``kill`` says (``mid``
+    the last step, ``after`` it, or ``none``)."""
     return subprocess.run([sys.executable, "-c", _STEPS, str(out), route, steps, kill],
-                          env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True, text=True, timeout=120)
+                          env=dict(os.environ, PYTHONPATH=ROOT, MSPROBE_FAST_STATS="0" if route == "python" else "1"),
+                          capture_output=True, text=True, timeout=120)
 
 
 def _names(prefix: str, n: int) -> list[str]:
