@@ -168,6 +168,16 @@ class Journal(_JournalBase):
             pass
 
 
+def _forget_spares() -> None:
+    """In a forked child: the parent's spares are the parent's (closed here, left where they are)."""
+    while _SPARES:
+        _SPARES.pop().close()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_spares)
+
+
 @atexit.register
 def release_spares() -> None:
     """Close and remove this process's spare journals (at the end of a dump session, and at exit)."""

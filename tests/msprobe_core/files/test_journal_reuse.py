@@ -201,3 +201,20 @@ def test_a_reused_journal_that_cannot_grow_ends_at_its_last_frame(tmp_path, monk
     monkeypatch.undo()
     rec.finish()
     release_spares()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
+def test_a_forked_child_leaves_the_parents_spare_alone(tmp_path):
+    release_spares()
+    spare = Journal.start(tmp_path / "a.journal", _frame(1))
+    spare.retire()
+    pid = os.fork()
+    if pid == 0:  # the child: ends as a normal exit would (its atexit release_spares runs)
+        code = 0 if not journal_mod._SPARES else 1
+        release_spares()
+        os._exit(code)
+    assert os.waitpid(pid, 0)[1] == 0
+    assert journal_mod._SPARES == [spare] and (tmp_path / ("a.journal" + SPARE_SUFFIX)).exists()
+    assert Journal.start(tmp_path / "b.journal", _frame(2)) is spare and not journal_mod._SPARES
+    spare.retire()
+    release_spares()
