@@ -279,7 +279,7 @@ class StepRecorder:
                 body = _marshal(e)
                 add(_pack_len(len(body)))
                 add(body)
-            if self._journal is not None:
+            if frames and self._journal is not None:  # (none: other threads took the fragments, or all were "Z")
                 try:
                     self._journal.append(b"".join(frames))
                 except OSError:  # a full disk: the fragments wait for the next sync, in order
