@@ -144,7 +144,7 @@ static int m_frame(text_t *b, PyObject *const *items, Py_ssize_t n) {
  * map (``_map``: the mmap or None; its writable buffer held while set, so the frames of ``put_text`` are copied
  * into it with no attribute read or set). ``JournalLock``: ``StepRecorder``'s journal lock, ``threading.Lock``'s
  * ``acquire``/``release``/``with`` (blocking, the GIL released while waiting), taken by ``put_text`` without a
- * Python call. */
+ * Python call. Both rely on the GIL (this extension is built for Python with one). */
 
 typedef struct {
     PyObject_HEAD
@@ -196,35 +196,39 @@ static PyTypeObject JournalBaseType = {
     .tp_getset = jb_getset,
 };
 
+/* Held or not is a flag read and set with the GIL held (one step, no system call, no clock read: threading.Lock's
+ * acquire reads the clock even when it need not wait); a thread that finds it held sleeps on the gate with the GIL
+ * released, and a release that has waiters opens the gate. An extra opening wakes a waiter that finds the lock held
+ * again and sleeps again. */
 typedef struct {
     PyObject_HEAD
-    PyThread_type_lock lock;
-    int held;  /* (changed with the GIL held) */
+    PyThread_type_lock gate;  /* closed (acquired) while nobody is to wake */
+    int held, waiters;
 } JournalLockObject;
 
-/* Takes the lock, waiting with the GIL released: 0, or -1 with an error. */
-static int jl_take(JournalLockObject *self) {
-    if (!PyThread_acquire_lock(self->lock, NOWAIT_LOCK)) {
-        PyLockStatus got;
-        Py_BEGIN_ALLOW_THREADS
-        got = PyThread_acquire_lock_timed(self->lock, -1, 0);
-        Py_END_ALLOW_THREADS
-        if (got != PY_LOCK_ACQUIRED) {
-            PyErr_SetString(PyExc_RuntimeError, "the journal lock could not be taken");
-            return -1;
-        }
+static void jl_take(JournalLockObject *self) {
+    if (!self->held) {
+        self->held = 1;
+        return;
     }
+    self->waiters++;
+    while (self->held) {
+        Py_BEGIN_ALLOW_THREADS
+        PyThread_acquire_lock(self->gate, WAIT_LOCK);
+        Py_END_ALLOW_THREADS
+    }
+    self->waiters--;
     self->held = 1;
-    return 0;
 }
 
 static void jl_give(JournalLockObject *self) {
     self->held = 0;
-    PyThread_release_lock(self->lock);
+    if (self->waiters) PyThread_release_lock(self->gate);
 }
 
 static PyObject *jl_acquire(JournalLockObject *self, PyObject *unused) {
-    return jl_take(self) < 0 ? NULL : Py_NewRef(Py_True);
+    jl_take(self);
+    Py_RETURN_TRUE;
 }
 
 static PyObject *jl_release(JournalLockObject *self, PyObject *unused) {
@@ -247,19 +251,17 @@ static PyObject *jl_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     }
     JournalLockObject *self = (JournalLockObject *)type->tp_alloc(type, 0);
     if (self == NULL) return NULL;
-    self->lock = PyThread_allocate_lock();
-    if (self->lock == NULL) {
+    self->gate = PyThread_allocate_lock();
+    if (self->gate == NULL) {
         Py_DECREF(self);
         return PyErr_NoMemory();
     }
+    PyThread_acquire_lock(self->gate, NOWAIT_LOCK);  /* closed */
     return (PyObject *)self;
 }
 
 static void jl_dealloc(JournalLockObject *self) {
-    if (self->lock != NULL) {
-        if (self->held) PyThread_release_lock(self->lock);
-        PyThread_free_lock(self->lock);
-    }
+    if (self->gate != NULL) PyThread_free_lock(self->gate);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -340,7 +342,7 @@ static PyObject *tj_entries(PyObject *stack_entry, PyObject *const *items, Py_ss
  * ``_journal_now`` does: 0, or -1 with an error (an OSError of a full disk, the fragments then queued). */
 static int tj_journal(TextJournalObject *self, text_t *b, PyObject *stack_entry, PyObject *const *items,
                       Py_ssize_t n) {
-    if (jl_take((JournalLockObject *)self->lock) < 0) return -1;
+    jl_take((JournalLockObject *)self->lock);
     int rc = 0;
     PyObject *journal = Py_NewRef(TJ_JOURNAL(self));  /* (held: ``append`` runs Python code) */
     if (journal != Py_None) {

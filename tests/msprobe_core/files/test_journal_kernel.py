@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import mmap
 import threading
+import time
 
 import pytest
 
@@ -40,6 +41,46 @@ def test_the_journal_lock_is_a_lock():
     lock.release()
     with pytest.raises(TypeError):
         KERNEL.JournalLock(1)
+
+
+def test_the_journal_lock_excludes_sections_that_let_the_gil_go():
+    lock = KERNEL.JournalLock()
+    state = {"n": 0, "inside": 0, "overlap": 0}
+
+    def work():
+        for _ in range(300):
+            with lock:
+                state["inside"] += 1
+                state["overlap"] += state["inside"] > 1
+                n = state["n"]
+                time.sleep(0)  # the GIL goes to another thread, which must wait for the lock
+                state["n"] = n + 1
+                state["inside"] -= 1
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert state == {"n": 1200, "inside": 0, "overlap": 0}
+
+
+def test_put_text_waits_for_a_section_that_holds_the_lock(tmp_path):
+    rec = StepRecorder(tmp_path, {"task": "statistics", "level": "L1"})
+    rec.ensure_dir()
+    before = rec._journal._pos
+    with rec._journal_lock:  # (sync_journal's section, cut short)
+        threads = [threading.Thread(target=rec.put_text, args=(f"Tensor.a.{i}.forward", "{}", None)) for i in range(3)]
+        for t in threads:
+            t.start()
+        time.sleep(0.3)
+        assert all(t.is_alive() for t in threads) and rec._journal._pos == before  # all three wait
+    for t in threads:
+        t.join(10)
+    assert not any(t.is_alive() for t in threads)
+    assert sorted(e[1] for e in read_frames(rec.journal_path.read_bytes())[1:]) == \
+        [f"Tensor.a.{i}.forward" for i in range(3)]
+    rec.finish()
 
 
 def test_the_journal_base_holds_the_maps_buffer(tmp_path):
