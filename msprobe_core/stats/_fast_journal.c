@@ -293,6 +293,7 @@ typedef struct {
     TJ_OBJECTS(RT_DECLARE)
     Py_ssize_t count;
     int dir_ready;  /* the recorder's ``_dir_ready`` seen true (it never turns false again): not read any more */
+    int journal_base;  /* journal is a JournalBase (checked once, when it is set) */
 } TextJournalObject;
 
 /* The Journal the recorder writes, or None (``journal``: NULL only once cleared) */
@@ -315,8 +316,7 @@ static void tj_store(char *map, Py_ssize_t pos, const text_t *b) {
 /* Copies b into the journal's map when it has room and the journal's class appends as ``Journal`` does (a test's
  * fault injection patches ``append``): 1 done, 0 not (the caller calls ``append``). */
 static int tj_copy(TextJournalObject *self, PyObject *journal, text_t *b) {
-    if (!PyObject_TypeCheck(journal, &JournalBaseType) || _PyType_Lookup(Py_TYPE(journal), S_APPEND) != self->append)
-        return 0;
+    if (!self->journal_base || _PyType_Lookup(Py_TYPE(journal), S_APPEND) != self->append) return 0;
     JournalBaseObject *j = (JournalBaseObject *)journal;
     Py_ssize_t room = j->size < j->view.len ? j->size : j->view.len;
     if (j->map == NULL || j->pos < 0 || j->pos + b->len + 4 > room) return 0;
@@ -754,6 +754,7 @@ static PyObject *tj_get_journal(TextJournalObject *self, void *closure) {
 
 static int tj_set_journal(TextJournalObject *self, PyObject *value, void *closure) {
     Py_XSETREF(self->journal, Py_NewRef(value ? value : Py_None));
+    self->journal_base = PyObject_TypeCheck(self->journal, &JournalBaseType);
     return 0;
 }
 
