@@ -19,11 +19,14 @@
  *                                  skeleton journaled); a record that is no ``TextFields``, or an index that is no
  *                                  int from 0 on, by the Python method, ``put_field``)
  *     .count                       -> the records it stored (the recorder's change count adds them)
+ *     .journal                     -> the recorder's ``_journal`` (set with it, under the lock)
+ *   JournalBase, JournalLock       -> ``Journal``'s base (its map and position as C fields) and the recorder's lock
  *
- * The recorder's Python route stays the reference: the same dict stores, the same lock and queue (a frame goes
- * behind fragments still queued, or into the queue when the disk is full), the same ``Journal`` (its ``_map``,
- * ``_pos`` and ``_size`` read and ``_pos`` moved on; ``Journal.append`` called whenever the map has no room, so
- * growing and the ``os.write`` fallback stay Python's).
+ * The recorder's Python route stays the reference: the same dict stores, the same lock (a ``JournalLock``, taken
+ * here with no Python call) and queue (a frame goes behind fragments still queued, or into the queue when the
+ * disk is full), the same ``Journal`` (its ``JournalBase`` fields read and ``_pos`` moved on, the frames stored
+ * as ``Journal.append`` stores them; ``Journal.append`` called whenever the map has no room, so growing and the
+ * ``os.write`` fallback stay Python's).
  *
  * ``marshal.dumps`` (version 4) flags every object whose reference count is above one as a possible
  * back-reference (FLAG_REF), and writes an object seen before in the same frame as a reference to it. In
