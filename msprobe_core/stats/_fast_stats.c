@@ -1643,6 +1643,23 @@ static void reduce_row(const void *p, Py_ssize_t n, long code, double eps, int c
     r[6] = (double)n;
 }
 
+/* reduce_row of m buffers into rows (called without the GIL). A batch of small buffers (an optimizer's
+ * parameters, gradients and moments: thousands of tensors of a few thousand elements, each too small to split)
+ * is spread over `threads` OpenMP threads, one buffer per thread at a time: each row is still one thread's
+ * serial reduction, the same value whatever the thread count. Buffers of PARALLEL_MIN elements or more are
+ * reduced afterwards, each split over the threads itself (a parallel region inside another would run on one). */
+static void reduce_rows(void *const *p, const Py_ssize_t *n, const long *code, Py_ssize_t m, double eps, int count,
+                        long threads, double *rows) {
+    Py_ssize_t small = 0;
+    for (Py_ssize_t i = 0; i < m; i++) small += n[i] < PARALLEL_MIN ? n[i] : 0;
+    int spread = threads > 1 && small >= PARALLEL_MIN;  /* below that a second thread costs more than it saves */
+#pragma omp parallel for schedule(dynamic, 8) num_threads(spread ? (int)threads : 1) if (spread)
+    for (Py_ssize_t i = 0; i < m; i++)
+        if (n[i] < PARALLEL_MIN) reduce_row(p[i], n[i], code[i], eps, count, 1, rows + ROW_WIDTH * i);
+    for (Py_ssize_t i = 0; i < m; i++)
+        if (n[i] >= PARALLEL_MIN) reduce_row(p[i], n[i], code[i], eps, count, threads, rows + ROW_WIDTH * i);
+}
+
 static PyObject *append_row(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 6) {
         PyErr_SetString(PyExc_TypeError, "append_row(raw, address, numel, code, eps, threads) takes 6 arguments");
@@ -1710,7 +1727,7 @@ static PyObject *append_rows(PyObject *self, PyObject *const *args, Py_ssize_t n
     if (!count) eps = 0.0;
     /* reduced into rows of its own without the GIL, then appended to raw (which may not grow meanwhile) */
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < m; i++) reduce_row(p[i], n[i], code[i], eps, count, threads, rows + ROW_WIDTH * i);
+    reduce_rows(p, n, code, m, eps, count, threads, rows);
     Py_END_ALLOW_THREADS
     Py_ssize_t first;
     if (grow_rows(args[0], m, &first) < 0) goto done;
@@ -2061,7 +2078,7 @@ static PyObject *tr_rows(TensorRowsObject *self, PyObject *const *args, Py_ssize
         }
     }
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < m; i++) reduce_row(p[i], n[i], code[i], eps, count, threads, rows + ROW_WIDTH * i);
+    reduce_rows(p, n, code, m, eps, count, threads, rows);
     Py_END_ALLOW_THREADS
     Py_ssize_t first;
     if (grow_rows(args[0], m, &first) < 0) goto done;

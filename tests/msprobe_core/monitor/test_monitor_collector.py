@@ -116,6 +116,31 @@ def test_appended_rows_are_what_stats_gives_and_the_element_count(eps):
         kernel.append_rows(raw, [tensors[0].data_ptr()], [], [], eps, 1)
 
 
+def test_a_batch_of_small_tensors_spread_over_threads_gives_each_row_bit_for_bit():
+    """Thousands of small tensors (an optimizer's parameters and moments) are reduced over the threads one tensor
+    per thread at a time, big ones split themselves: the rows are the same whatever the thread count."""
+    from msprobe_core.stats.kernel import KERNEL as kernel
+    if kernel is None:
+        pytest.skip("the one-pass kernel is not built")
+    gen = torch.Generator().manual_seed(3)
+    tensors = [torch.randn(64, 64, generator=gen) for _ in range(200)]
+    tensors[7][1, 2] = float("nan")
+    tensors[9].zero_()
+    tensors.insert(50, torch.randn(1 << 18, generator=gen))  # one big enough to split over the threads itself
+    tensors.append(torch.randn(5, generator=gen).to(torch.bfloat16))
+    codes = [{torch.float32: 0, torch.bfloat16: 2}[t.dtype] for t in tensors]
+    rows = {}
+    for threads in (1, 2, 3):
+        raw = bytearray()
+        kernel.append_rows(raw, [t.data_ptr() for t in tensors], [t.numel() for t in tensors], codes, 1e-8, threads)
+        rows[threads] = bytes(raw)
+    assert rows[1] == rows[2] == rows[3]
+    singles = bytearray()
+    for t, code in zip(tensors, codes):
+        kernel.append_row(singles, t.data_ptr(), t.numel(), code, 1e-8, 1)
+    assert bytes(singles) == rows[1]
+
+
 def test_csv_rows_writes_what_percent_g_writes():
     kernel = _kernel_buffers()[0]
     values = [0.0, -0.0, 1.5, math.inf, -math.inf, math.nan, -math.nan, 1e-300, 123456789.0, 3.4e38, 1e-45, 0.1]
