@@ -63,19 +63,14 @@ class Journal(_JournalBase):
         """A journal at ``path`` that holds the frame ``first`` (the header): this process's spare when it has one
         (``path`` then appears with ``first`` in it), a new file otherwise. An ``OSError`` (a full disk) leaves no
         file at ``path``."""
-        while _SPARES:
-            try:
-                spare = _SPARES.pop()
-            except IndexError:  # another thread took it meanwhile
-                break
+        while (spare := _pop_spare()) is not None:
             if spare._take_name(path, first):
                 return spare
         journal = cls(path)
         try:
             journal.append(first)
         except OSError:
-            journal.close()
-            os.unlink(path)
+            journal._drop()
             raise
         return journal
 
@@ -168,10 +163,19 @@ class Journal(_JournalBase):
             pass
 
 
+def _pop_spare() -> Optional[Journal]:
+    """One of this process's spares, taken from the list; None when there is none (another thread may have taken
+    the last one meanwhile)."""
+    try:
+        return _SPARES.pop()
+    except IndexError:
+        return None
+
+
 def _forget_spares() -> None:
     """In a forked child: the parent's spares are the parent's (closed here, left where they are)."""
-    while _SPARES:
-        _SPARES.pop().close()
+    while (spare := _pop_spare()) is not None:
+        spare.close()
 
 
 if hasattr(os, "register_at_fork"):
@@ -181,9 +185,5 @@ if hasattr(os, "register_at_fork"):
 @atexit.register
 def release_spares() -> None:
     """Close and remove this process's spare journals (at the end of a dump session, and at exit)."""
-    while _SPARES:
-        try:
-            spare = _SPARES.pop()
-        except IndexError:
-            break
+    while (spare := _pop_spare()) is not None:
         spare._drop()

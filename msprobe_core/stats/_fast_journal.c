@@ -752,7 +752,7 @@ static PyMemberDef tj_members[] = {
 };
 
 static PyObject *tj_get_journal(TextJournalObject *self, void *closure) {
-    return Py_NewRef(self->journal ? self->journal : Py_None);
+    return Py_NewRef(TJ_JOURNAL(self));
 }
 
 static int tj_set_journal(TextJournalObject *self, PyObject *value, void *closure) {
