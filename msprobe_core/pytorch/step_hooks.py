@@ -17,8 +17,11 @@ from typing import Any, Callable, Optional
 import torch
 from torch.utils.hooks import RemovableHandle
 
+from msprobe_core.stats.kernel import KERNEL
+
 _Tensor = torch.Tensor
 _Parameter = torch.nn.Parameter
+_remove_fast = getattr(KERNEL, "remove_hooks", None)  # ``StepHooks.remove``'s loop in C (None: no kernel)
 
 
 def next_hook_id() -> int:
@@ -97,6 +100,9 @@ class StepHooks:
     def remove(self) -> None:
         """Remove every hook kept since the last ``remove``."""
         flat, self._flat = self._flat, []
+        if _remove_fast is not None:
+            _remove_fast(flat)
+            return
         i, end = 0, len(flat)
         while i < end:
             key, n = flat[i], flat[i + 1]

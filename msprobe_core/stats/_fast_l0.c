@@ -12,6 +12,7 @@
  *   SingleEdge(...)(grad_inputs, grad_outputs) -> ``backward_capture._SingleEdge``, the call's node hook
  *   CallGrads(...)(context, index, received, sent) -> ``CallRecords.on_call_grads``: the backward record
  *   ParamGrad(...)(grad)                  -> ``CallRecords._on_param_grad``: one parameter's gradient
+ *   remove_hooks(flat)                    -> ``StepHooks.remove``'s loop
  *
  * The usual call: the dumping thread, recording, no TorchFunctionMode, positional inputs that are plain
  * tensors (``tensor``, ``parameter``: the exact types) and one plain tensor as output made by the call's one
@@ -1286,7 +1287,60 @@ static PyTypeObject OwnGradsType = {
     .tp_clear = (inquiry)og_clear,
 };
 
-/* Adds ModuleHooks, CallGrads, ParamGrad, SingleEdge and OwnGrads to the module. */
+/* ``StepHooks.remove``'s loop (``pytorch/step_hooks.py``) over its ``flat`` list (key, number of dicts, the dicts,
+ * key, ...): ``hooks.pop(key, None)`` of each dict that is not None, in order. A dict that only the list still
+ * holds (the hook dict of a node whose graph autograd has freed) is left alone: nothing can see it any more.
+ *   remove_hooks(flat) -> None */
+static PyObject *l0_remove_hooks(PyObject *mod, PyObject *flat) {
+    if (!PyList_CheckExact(flat)) {
+        PyErr_SetString(PyExc_TypeError, "remove_hooks takes a list");
+        return NULL;
+    }
+    Py_ssize_t i = 0;
+    while (i < PyList_GET_SIZE(flat)) {  /* (the size read again: a hook freed below may run Python code) */
+        if (i + 1 >= PyList_GET_SIZE(flat)) {
+            PyErr_SetString(PyExc_IndexError, "remove_hooks: a key without its number of dicts");
+            return NULL;
+        }
+        PyObject *key = Py_NewRef(PyList_GET_ITEM(flat, i));
+        Py_ssize_t n = PyLong_AsSsize_t(PyList_GET_ITEM(flat, i + 1));
+        if (n < 0) {
+            Py_DECREF(key);
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "remove_hooks: a negative number of dicts");
+            return NULL;
+        }
+        i += 2;
+        for (Py_ssize_t end = i + n; i < end && i < PyList_GET_SIZE(flat); i++) {
+            PyObject *hooks = PyList_GET_ITEM(flat, i);
+            if (hooks == Py_None || Py_REFCNT(hooks) == 1) continue;
+            Py_INCREF(hooks);
+            int rc = 0;
+            if (PyDict_CheckExact(hooks) || PyODict_CheckExact(hooks)) {  /* ``pop(key, None)`` without the call */
+                rc = PyObject_DelItem(hooks, key);
+                if (rc < 0 && PyErr_ExceptionMatches(PyExc_KeyError)) {
+                    PyErr_Clear();
+                    rc = 0;
+                }
+            } else {
+                PyObject *r = PyObject_CallMethod(hooks, "pop", "OO", key, Py_None);
+                rc = r == NULL ? -1 : 0;
+                Py_XDECREF(r);
+            }
+            Py_DECREF(hooks);
+            if (rc < 0) { Py_DECREF(key); return NULL; }
+        }
+        Py_DECREF(key);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef l0_functions[] = {
+    {"remove_hooks", (PyCFunction)l0_remove_hooks, METH_O,
+     "remove_hooks(flat) -> None: StepHooks.remove's loop (hooks.pop(key, None) of each kept hook)"},
+    {NULL, NULL, 0, NULL},
+};
+
+/* Adds ModuleHooks, CallGrads, ParamGrad, SingleEdge and OwnGrads (and remove_hooks) to the module. */
 static int add_module_hooks(PyObject *m) {
     for (int i = 0; i < N_ATTRS; i++)
         if (l0_attr[i] == NULL && (l0_attr[i] = PyUnicode_InternFromString(L0_ATTR_NAMES[i])) == NULL) return -1;
@@ -1297,6 +1351,7 @@ static int add_module_hooks(PyObject *m) {
     if (step_hooks_one == NULL && (step_hooks_one = PyLong_FromLong(1)) == NULL) return -1;
     if (og_no_skip == NULL && (og_no_skip = PyDict_New()) == NULL) return -1;
     if (og_32 == NULL && (og_32 = PyLong_FromLong(32)) == NULL) return -1;
+    if (PyModule_AddFunctions(m, l0_functions) < 0) return -1;
     PyTypeObject *types[] = {&ModuleHooksType, &CallGradsType, &ParamGradType, &SingleEdgeType, &OwnGradsType};
     const char *names[] = {"ModuleHooks", "CallGrads", "ParamGrad", "SingleEdge", "OwnGrads"};
     for (int i = 0; i < 5; i++) {

@@ -1,8 +1,24 @@
 """StepHooks: torch hook handles held as (hook dict, id) pairs remove exactly their own hooks."""
 
+from collections import OrderedDict
+
+import pytest
 import torch
 
+from msprobe_core.pytorch import step_hooks
 from msprobe_core.pytorch.step_hooks import StepHooks
+from msprobe_core.stats.kernel import KERNEL
+
+_remove_c = getattr(KERNEL, "remove_hooks", None)
+
+
+@pytest.fixture(autouse=True, params=["c", "python"])
+def route(request, monkeypatch):
+    """Every test on both routes of ``StepHooks.remove``: the kernel's ``remove_hooks`` and the Python loop."""
+    if request.param == "c" and _remove_c is None:
+        pytest.skip("the C kernel is not built")
+    monkeypatch.setattr(step_hooks, "_remove_fast", _remove_c if request.param == "c" else None)
+    return request.param
 
 
 def test_remove_deletes_only_the_kept_hooks():
@@ -55,3 +71,27 @@ def test_tensor_hooks_puts_in_plain_tensors_hooks_and_hands_on_the_others():
     assert len(seen) == 1
     hooks.remove()
     assert not plain._backward_hooks and not hooks
+
+
+def test_remove_pops_from_dict_subclasses_and_skips_dead_refs():
+    """A dict of another type is emptied through its own ``pop``; a dead weak reference (None) is skipped."""
+    class Popper(dict):
+        def pop(self, key, default=None):
+            popped.append(key)
+            return super().pop(key, default)
+
+    popped = []
+    plain, ordered, odd = {1: "a", 2: "b"}, OrderedDict([(1, "a"), (3, "c")]), Popper({1: "a"})
+    hooks = StepHooks()
+    hooks.keep_keys([1, 4, plain, ordered, odd, None, 3, 1, ordered, 5, 1, plain])
+    hooks.remove()
+    assert plain == {2: "b"} and list(ordered.items()) == [] and odd == {} and popped == [1]
+    assert not hooks
+
+
+@pytest.mark.skipif(_remove_c is None, reason="the C kernel is not built")
+@pytest.mark.parametrize("flat", [[1], [1, -1, {}], [1, "x", {}], (1, 1, {})])
+def test_remove_hooks_refuses_malformed_lists(flat):
+    """The kernel's loop raises on a list ``StepHooks`` never makes (no crash)."""
+    with pytest.raises((IndexError, ValueError, TypeError)):
+        _remove_c(flat)
