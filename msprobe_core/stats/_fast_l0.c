@@ -51,6 +51,19 @@ static const char *const L0_ATTR_NAMES[N_ATTRS] = {
 static PyObject *l0_attr[N_ATTRS];
 static PyObject *l0_no_sizes;  /* (0, 0) */
 
+/* A backward record's sizes (inputs, outputs) are a pair of small ints: made once and shared (a tuple per call
+ * kept until the backward pass is an object more for the garbage collector to count, then untrack) */
+#define L0_PAIRS 4
+static PyObject *l0_pairs[L0_PAIRS][L0_PAIRS];
+
+/* (a, n): a new reference, or NULL with an error. ``a`` an int object (any object: a tuple made for it). */
+static PyObject *l0_pair(PyObject *a, Py_ssize_t n) {
+    int overflow = 0;
+    long v = PyLong_CheckExact(a) ? PyLong_AsLongAndOverflow(a, &overflow) : -1;
+    if (v >= 0 && v < L0_PAIRS && !overflow && n >= 0 && n < L0_PAIRS) return Py_NewRef(l0_pairs[v][n]);
+    return Py_BuildValue("(On)", a, n);
+}
+
 #define L0_GET(obj, a) PyObject_GetAttr((obj), l0_attr[a])
 
 /* tls.depth += delta (the tool's own work, as ``_own``): 0, or -1 with an error. */
@@ -239,7 +252,7 @@ static PyObject *l0_begin(ModuleHooksObject *self, PyObject *state, PyObject *mo
         if (old == NULL && PyErr_Occurred()) { Py_DECREF(sizes); goto fail; }
         PyObject *first = old != NULL && PyTuple_Check(old) && PyTuple_GET_SIZE(old) == 2 ? PyTuple_GET_ITEM(old, 0)
                                                                                            : PyTuple_GET_ITEM(l0_no_sizes, 0);
-        PyObject *size = Py_BuildValue("(On)", first, PyTuple_GET_SIZE(args));
+        PyObject *size = l0_pair(first, PyTuple_GET_SIZE(args));
         int rc = size == NULL ? -1 : PyDict_SetItem(sizes, backward, size);
         Py_XDECREF(size);
         Py_DECREF(sizes);
@@ -402,7 +415,9 @@ static int l0_end(ModuleHooksObject *self, PyObject *state, PyObject *call, PyOb
         if (rc == 0) {
             PyObject *second = old != NULL && PyTuple_Check(old) && PyTuple_GET_SIZE(old) == 2 ? PyTuple_GET_ITEM(old, 1)
                                                                                                : PyTuple_GET_ITEM(l0_no_sizes, 1);
-            PyObject *size = Py_BuildValue("(iO)", 1, second);
+            Py_ssize_t n = PyLong_CheckExact(second) ? PyLong_AsSsize_t(second) : -1;
+            if (n == -1 && PyErr_Occurred()) PyErr_Clear();  /* (not a small int: a tuple made for it) */
+            PyObject *size = n >= 0 && n < L0_PAIRS ? Py_NewRef(l0_pairs[1][n]) : Py_BuildValue("(iO)", 1, second);
             rc = size == NULL || PyDict_SetItem(sizes, backward, size) < 0
                  || PyObject_SetAttr(edges, l0_attr[A_OUTPUT], out) < 0 ? -1 : 0;
             Py_XDECREF(size);
@@ -991,6 +1006,7 @@ typedef struct {
     vectorcallfunc vectorcall;
     PyObject *fallback, *sequence_nr, *accumulate_grad, *report, *fail, *report_output, *report_both, *keep, *hooks;
     PyObject *step_hooks;  /* the ``StepHooks`` that ``keep`` fills, or Py_None */
+    PyObject *sites;       /* dict: a call's backward name -> (its parent, its hook): ``og_site`` */
     Py_ssize_t max_hooks;
 } OwnGradsObject;
 
@@ -1174,17 +1190,61 @@ done:
     return rc;
 }
 
-/* ``(call.backward, call.save, call.backward_parent())``: a new tuple or NULL. */
-static PyObject *og_context(PyObject *call) {
-    PyObject *backward = L0_GET(call, A_BACKWARD), *save = L0_GET(call, A_SAVE), *parent = L0_GET(call, A_PARENT);
+/* ``(call.backward, call.save, call.backward_parent())`` of a call's ``backward``, ``save`` and ``parent``: a new
+ * tuple or NULL. */
+static PyObject *og_context(PyObject *backward, PyObject *save, PyObject *parent) {
     PyObject *context = NULL, *bparent = NULL;
-    if (backward && save && parent) {
-        int set = PyObject_IsTrue(parent);
-        bparent = set < 0 ? NULL : !set ? Py_NewRef(Py_None) : PyUnicode_Replace(parent, dot_forward, dot_backward, -1);
-        if (bparent != NULL) context = PyTuple_Pack(3, backward, save, bparent);
-    }
-    Py_XDECREF(backward); Py_XDECREF(save); Py_XDECREF(parent); Py_XDECREF(bparent);
+    int set = PyObject_IsTrue(parent);
+    bparent = set < 0 ? NULL : !set ? Py_NewRef(Py_None) : PyUnicode_Replace(parent, dot_forward, dot_backward, -1);
+    if (bparent != NULL) context = PyTuple_Pack(3, backward, save, bparent);
+    Py_XDECREF(bparent);
     return context;
+}
+
+/* Is ``a`` the same value as ``b`` (identity first)? 1, 0, -1 with an error. */
+static inline int og_same(PyObject *a, PyObject *b) {
+    return a == b ? 1 : PyObject_RichCompareBool(a, b, Py_EQ);
+}
+
+/* The hook made before for the call site of ``backward`` (``sites``) when it was made for the same parent, save,
+ * index, edge and out_nr (step after step the same call site: its context tuple and hook key not built again):
+ * a new reference, NULL without an error when there is none, NULL with an error. */
+static PyObject *og_site(OwnGradsObject *self, PyObject *backward, PyObject *save, PyObject *parent, PyObject *index,
+                         Py_ssize_t edge, Py_ssize_t out_nr) {
+    PyObject *site = PyDict_GetItemWithError(self->sites, backward);  /* borrowed: (parent, hook) */
+    if (site == NULL || !PyTuple_CheckExact(site) || PyTuple_GET_SIZE(site) != 2) return NULL;
+    SingleEdgeObject *se = (SingleEdgeObject *)PyTuple_GET_ITEM(site, 1);
+    if (Py_TYPE(se) != &SingleEdgeType || se->edge != edge || se->out_nr != out_nr || !PyTuple_CheckExact(se->context)
+        || PyTuple_GET_SIZE(se->context) != 3 || PyTuple_GET_ITEM(se->context, 1) != save)
+        return NULL;
+    Py_INCREF(site);  /* (the comparisons below may run Python code) */
+    int same = og_same(PyTuple_GET_ITEM(site, 0), parent);
+    if (same > 0) same = og_same(PyTuple_GET_ITEM(se->context, 0), backward);
+    if (same > 0) same = og_same(se->index, index);
+    PyObject *hook = same > 0 ? Py_NewRef((PyObject *)se) : NULL;
+    Py_DECREF(site);
+    return hook;
+}
+
+/* The hook of the call (its ``backward``, ``save``, ``parent``) at the site (index, edge, out_nr): ``og_site``'s,
+ * else ``og_single_edge``'s, then kept in ``sites``. A new reference, or NULL with an error. */
+static PyObject *og_hook(OwnGradsObject *self, PyObject *backward, PyObject *save, PyObject *parent, PyObject *index,
+                         Py_ssize_t edge, Py_ssize_t out_nr) {
+    PyObject *hook = og_site(self, backward, save, parent, index, edge, out_nr);
+    if (hook != NULL || PyErr_Occurred()) return hook;
+    PyObject *context = og_context(backward, save, parent);
+    hook = context == NULL ? NULL : og_single_edge(self, context, index, edge, out_nr);
+    Py_XDECREF(context);
+    if (hook == NULL) return NULL;
+    PyObject *site = PyUnicode_CheckExact(backward) ? PyTuple_Pack(2, parent, hook) : NULL;
+    if (site != NULL) {
+        if (PyDict_GET_SIZE(self->sites) >= self->max_hooks) PyDict_Clear(self->sites);
+        int rc = PyDict_SetItem(self->sites, backward, site);
+        Py_DECREF(site);
+        if (rc == 0) return hook;
+    }
+    if (PyErr_Occurred()) Py_CLEAR(hook);
+    return hook;
 }
 
 static PyObject *step_hooks_flat, *step_hooks_one;  /* "_flat", 1 */
@@ -1232,15 +1292,18 @@ static PyObject *og_call(OwnGradsObject *self, PyObject *const *args, size_t nar
         Py_DECREF(edges);
         return found < 0 ? NULL : PyObject_Vectorcall(self->fallback, args, 2, NULL);
     }
-    PyObject *result = NULL, *context = NULL, *hook = NULL, *handle = NULL;
+    PyObject *result = NULL, *backward = NULL, *save = NULL, *parent = NULL, *hook = NULL, *handle = NULL;
     if (PyObject_SetAttr(call, l0_attr[A_EDGES], Py_None) < 0 || PyObject_SetAttr(edges, l0_attr[A_OUTPUT], Py_None) < 0)
         goto done;
-    context = og_context(call);
-    hook = context == NULL ? NULL : og_single_edge(self, context, index, edge, out_nr);
+    backward = L0_GET(call, A_BACKWARD);
+    save = backward == NULL ? NULL : L0_GET(call, A_SAVE);
+    parent = save == NULL ? NULL : L0_GET(call, A_PARENT);
+    hook = parent == NULL ? NULL : og_hook(self, backward, save, parent, index, edge, out_nr);
     handle = hook == NULL ? NULL : PyObject_CallMethodOneArg(node, l0_attr[A_REGISTER_HOOK], hook);
     result = handle == NULL || og_keep(self, handle) < 0 ? NULL : Py_NewRef(Py_None);
 done:
-    Py_DECREF(edges); Py_XDECREF(node); Py_XDECREF(index); Py_XDECREF(context); Py_XDECREF(hook); Py_XDECREF(handle);
+    Py_DECREF(edges); Py_XDECREF(node); Py_XDECREF(index); Py_XDECREF(backward); Py_XDECREF(save); Py_XDECREF(parent);
+    Py_XDECREF(hook); Py_XDECREF(handle);
     return result;
 }
 
@@ -1259,12 +1322,14 @@ static PyObject *og_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     for (int i = 0; i < 9; i++) *slots[i] = Py_NewRef(a[i]);
     self->step_hooks = Py_NewRef(step_hooks);
     self->max_hooks = max_hooks;
+    self->sites = PyDict_New();
+    if (self->sites == NULL) { Py_DECREF(self); return NULL; }
     self->vectorcall = (vectorcallfunc)og_call;
     return (PyObject *)self;
 }
 
 #define OG_OBJECTS(X) X(fallback) X(sequence_nr) X(accumulate_grad) X(report) X(fail) X(report_output) X(report_both) \
-                      X(keep) X(hooks) X(step_hooks)
+                      X(keep) X(hooks) X(step_hooks) X(sites)
 static int og_traverse(OwnGradsObject *self, visitproc visit, void *arg) { OG_OBJECTS(SE_VISIT) return 0; }
 static int og_clear(OwnGradsObject *self) { OG_OBJECTS(SE_CLEAR) return 0; }
 static void og_dealloc(OwnGradsObject *self) {
@@ -1345,6 +1410,9 @@ static int add_module_hooks(PyObject *m) {
     for (int i = 0; i < N_ATTRS; i++)
         if (l0_attr[i] == NULL && (l0_attr[i] = PyUnicode_InternFromString(L0_ATTR_NAMES[i])) == NULL) return -1;
     if (l0_no_sizes == NULL && (l0_no_sizes = Py_BuildValue("(ii)", 0, 0)) == NULL) return -1;
+    for (int a = 0; a < L0_PAIRS; a++)
+        for (int b = 0; b < L0_PAIRS; b++)
+            if (l0_pairs[a][b] == NULL && (l0_pairs[a][b] = Py_BuildValue("(ii)", a, b)) == NULL) return -1;
     if (dot_forward == NULL && (dot_forward = PyUnicode_InternFromString(".forward")) == NULL) return -1;
     if (dot_backward == NULL && (dot_backward = PyUnicode_InternFromString(".backward")) == NULL) return -1;
     if (step_hooks_flat == NULL && (step_hooks_flat = PyUnicode_InternFromString("_flat")) == NULL) return -1;
