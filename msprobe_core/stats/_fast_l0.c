@@ -29,7 +29,44 @@ typedef struct {
     PyObject *hook_own_grads, *input_edges, *sequence_nr;
     PyObject *interned;  /* ``StackCapture.interned`` of ``capture_stack``'s capture, or Py_None */
     PyObject *names;     /* list: the n-th call's ("<base>.forward.<n>", "<base>.backward.<n>"), made once */
+    Py_ssize_t call_slots[10];  /* ``l0_call_layout``: where a ``Call``'s fields are, or call_slots[0] = -1 */
 } ModuleHooksObject;
+
+/* ``Call``'s fields (``dump/call.py``), in their order */
+static const char *const L0_CALL_FIELDS[10] = {"name", "backward", "seq", "record", "save", "parent", "grad", "edges",
+                                               "stack", "by_node"};
+
+/* Where the instances of ``cls`` keep the fields of ``Call``, in ``slots``, when it is a class of exactly those
+ * slots made by ``object.__new__`` whose ``__init__`` only sets them (a dataclass without ``__post_init__``):
+ * its instances are then made here without the Python ``__init__`` frame. 1, 0 (made by calling ``cls``). */
+static int l0_call_layout(PyTypeObject *cls, Py_ssize_t *slots) {
+    if (cls->tp_new != PyBaseObject_Type.tp_new || cls->tp_alloc != PyType_GenericAlloc
+        || !PyDict_Check(cls->tp_dict) || PyDict_GetItemString(cls->tp_dict, "__post_init__") != NULL
+        || PyDict_GetItemString(cls->tp_dict, "__dataclass_fields__") == NULL)
+        return 0;
+    PyObject *names = PyDict_GetItemString(cls->tp_dict, "__slots__");  /* borrowed */
+    if (names == NULL || !PyTuple_CheckExact(names) || PyTuple_GET_SIZE(names) != 10) return 0;
+    for (int i = 0; i < 10; i++) {
+        PyObject *name = PyTuple_GET_ITEM(names, i);
+        if (!PyUnicode_Check(name) || PyUnicode_CompareWithASCIIString(name, L0_CALL_FIELDS[i]) != 0) return 0;
+        PyObject *d = PyDict_GetItemWithError(cls->tp_dict, name);
+        if (d == NULL || Py_TYPE(d) != &PyMemberDescr_Type) { PyErr_Clear(); return 0; }
+        PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
+        if (m->type != T_OBJECT_EX || (m->flags & READONLY)) return 0;
+        slots[i] = m->offset;
+    }
+    return 1;
+}
+
+/* A new ``Call`` of the 10 field values ``v``: NULL with an error. */
+static PyObject *l0_new_call(ModuleHooksObject *self, PyObject *const *v) {
+    if (self->call_slots[0] < 0) return PyObject_Vectorcall(self->call, v, 7, NULL);  /* (the defaults set the rest) */
+    PyTypeObject *cls = (PyTypeObject *)self->call;
+    PyObject *call = cls->tp_alloc(cls, 0);
+    if (call != NULL)
+        for (int i = 0; i < 10; i++) *(PyObject **)((char *)call + self->call_slots[i]) = Py_NewRef(v[i]);
+    return call;
+}
 
 /* Names made once per number and kept (step after step a module's calls take the same numbers): at most */
 #define L0_NAMES_KEPT 4096
@@ -242,8 +279,9 @@ static PyObject *l0_begin(ModuleHooksObject *self, PyObject *state, PyObject *mo
     if (record == NULL) goto done;
     int grad = self->backward == Py_True ? l0_call_true(self->grad_enabled) : 0;
     if (grad < 0) goto done;
-    PyObject *cargs[7] = {name, backward, seq, record, Py_False, parent, grad ? Py_True : Py_False};
-    call = PyObject_Vectorcall(self->call, cargs, 7, NULL);
+    PyObject *cargs[10] = {name, backward, seq, record, Py_False, parent, grad ? Py_True : Py_False, Py_None, Py_None,
+                           Py_False};
+    call = l0_new_call(self, cargs);
     if (call == NULL) goto done;
     if (grad) {  /* its backward record's sizes; its inputs' gradient edges (``_prepare_backward``) */
         PyObject *sizes = L0_GET(state, A_BWD_SIZES);
@@ -519,6 +557,7 @@ static PyObject *mh_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     for (int i = 0; i < 20; i++) *slots[i] = Py_NewRef(o[i]);
     self->names = PyList_New(0);
     if (self->names == NULL) { Py_DECREF(self); return NULL; }
+    if (!l0_call_layout((PyTypeObject *)self->call, self->call_slots)) self->call_slots[0] = -1;
     return (PyObject *)self;
 }
 

@@ -292,6 +292,27 @@ def test_names_past_those_kept_are_made_per_call_as_the_python_route_makes_them(
 
 
 @needs_kernel
+def test_a_call_class_the_c_hooks_cannot_fill_is_called(tmp_path, monkeypatch):
+    """``ModuleHooks`` fills ``Call``'s slots itself (no Python ``__init__``) only for ``Call``'s own layout; a class
+    whose ``__init__`` does more (``__post_init__``) is called as the Python route calls it, with the same records."""
+    from dataclasses import dataclass
+
+    from msprobe_core.dump.call import Call
+
+    made = []
+
+    @dataclass(slots=True, eq=False)
+    class Counted(Call):
+        def __post_init__(self):
+            made.append(self.name)
+
+    plain = _many_calls(tmp_path / "plain", 3)
+    monkeypatch.setattr(dump_service, "Call", Counted)
+    assert _many_calls(tmp_path / "counted", 3) == plain
+    assert "Module.0.Linear.forward.2" in made
+
+
+@needs_kernel
 def test_node_hooks_kept_in_c_are_removed_when_the_step_ends(tmp_path):
     """``OwnGrads`` puts a node hook's handle into the step's ``StepHooks`` itself (``step_hooks=``): each is
     removed from its node's hook dict when the step ends, as ``StepHooks.keep``'s."""
