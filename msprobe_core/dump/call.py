@@ -9,7 +9,10 @@ from typing import Any, Optional
 
 @dataclass(slots=True, eq=False)
 class Call:
-    """A recorded forward call between its start and its end."""
+    """A recorded forward call between its start and its end.
+
+    The L0 C hooks (``stats/_fast_l0.c``, ``l0_call_layout``) fill these slots themselves, in this order, while the
+    class is a plain slots dataclass without ``__post_init__``; anything else makes them call the class."""
 
     name: str
     backward: str

@@ -22,6 +22,7 @@ from msprobe_core.stats.kernel import KERNEL
 _Tensor = torch.Tensor
 _Parameter = torch.nn.Parameter
 _remove_fast = getattr(KERNEL, "remove_hooks", None)  # ``StepHooks.remove``'s loop in C (None: no kernel)
+_valid_fast = getattr(KERNEL, "plan_valid", None)  # ``HookPlan.still_valid``'s loop in C (None: no kernel)
 
 
 def next_hook_id() -> int:
@@ -160,6 +161,10 @@ class HookPlan:
 
     def still_valid(self, root: Any) -> bool:
         """Is ``root`` still the model the plan was made for (same modules, classes, parameters; not compiled)?"""
+        if _valid_fast is not None:
+            valid = _valid_fast(root, self.modules)
+            if valid is not None:  # (None: a module's dicts are not plain dicts of str keys: decided below)
+                return valid
         for m, cls, children, params in self.modules:
             if m is None:
                 m = root

@@ -13,6 +13,7 @@
  *   CallGrads(...)(context, index, received, sent) -> ``CallRecords.on_call_grads``: the backward record
  *   ParamGrad(...)(grad)                  -> ``CallRecords._on_param_grad``: one parameter's gradient
  *   remove_hooks(flat)                    -> ``StepHooks.remove``'s loop
+ *   plan_valid(root, modules)             -> ``HookPlan.still_valid``'s loop
  *
  * The usual call: the dumping thread, recording, no TorchFunctionMode, positional inputs that are plain
  * tensors (``tensor``, ``parameter``: the exact types) and one plain tensor as output made by the call's one
@@ -40,7 +41,7 @@ static const char *const L0_CALL_FIELDS[10] = {"name", "backward", "seq", "recor
  * slots made by ``object.__new__`` whose ``__init__`` only sets them (a dataclass without ``__post_init__``):
  * its instances are then made here without the Python ``__init__`` frame. 1, 0 (made by calling ``cls``). */
 static int l0_call_layout(PyTypeObject *cls, Py_ssize_t *slots) {
-    if (cls->tp_new != PyBaseObject_Type.tp_new || cls->tp_alloc != PyType_GenericAlloc
+    if (Py_TYPE(cls) != &PyType_Type || cls->tp_new != PyBaseObject_Type.tp_new || cls->tp_alloc != PyType_GenericAlloc
         || !PyDict_Check(cls->tp_dict) || PyDict_GetItemString(cls->tp_dict, "__post_init__") != NULL
         || PyDict_GetItemString(cls->tp_dict, "__dataclass_fields__") == NULL)
         return 0;
@@ -77,14 +78,14 @@ enum { A_STEP_STATE, A_MODULE_CALLS, A_COUNTERS, A_MODULE_STACK, A_RECORDER, A_O
        A_PARAMETERS, A_ERROR, A_INPUT_RECORD, A_NAME, A_BACKWARD, A_SEQ, A_RECORD, A_PARENT, A_OUTPUT,
        A_REQUIRES_GRAD, A_HOOK_OUTPUTS, A_PUT_STACK, A_DATA, A_ON_CALL_GRADS, A_TENSOR_TEXT, A_PUT_TEXT_FIELD,
        A_SYNC, A_PARAM_GRAD_DICT, A_BEGIN, A_SLOTS, A_LEAF, A_GRAD_FN, A_OUTPUT_NR, A_SEQUENCE_NR, A_SAVE,
-       A_REGISTER_HOOK, A_ID, A_EXTRA_DICT_REF, A_HOOKS_DICT_REF, A_NEXT_FUNCTIONS, A_VARIABLE, N_ATTRS };
+       A_REGISTER_HOOK, A_ID, A_EXTRA_DICT_REF, A_HOOKS_DICT_REF, A_NEXT_FUNCTIONS, A_VARIABLE, A_MODULES, N_ATTRS };
 static const char *const L0_ATTR_NAMES[N_ATTRS] = {
     "step_state", "module_calls", "counters", "module_stack", "recorder", "_open_step", "reserve", "put_text",
     "stack", "bwd_sizes", "recorded_modules", "edges", "by_node", "depth", "_recording", "dumping_thread",
     "_parameters", "_error", "_input_record", "name", "backward", "seq", "record", "parent", "output",
     "requires_grad", "_hook_outputs", "put_stack", "data", "on_call_grads", "_tensor_text", "put_text_field",
     "_sync", "_param_grad_dict", "begin", "slots", "leaf", "grad_fn", "output_nr", "_sequence_nr", "save",
-    "register_hook", "id", "extra_dict_ref", "hooks_dict_ref", "next_functions", "variable"};
+    "register_hook", "id", "extra_dict_ref", "hooks_dict_ref", "next_functions", "variable", "_modules"};
 static PyObject *l0_attr[N_ATTRS];
 static PyObject *l0_no_sizes;  /* (0, 0) */
 
@@ -103,16 +104,61 @@ static PyObject *l0_pair(PyObject *a, Py_ssize_t n) {
 
 #define L0_GET(obj, a) PyObject_GetAttr((obj), l0_attr[a])
 
+/* ``tls.depth`` (``common/tool_guard.TOOL``, a ``threading.local``) read and set in the calling thread's dict of
+ * it directly: through the thread-local's attribute hooks each access costs a thread-dict lookup, a module
+ * lookup and a generic attribute lookup (about 600 instructions; four to six per hooked call). Done for a tls
+ * whose class keeps ``threading.local``'s attribute access and ``depth`` as a plain class attribute (no
+ * descriptor), read there as generic attribute access reads it: the thread's dict, else the class's value. The
+ * dict is kept with the thread-state dict it was found for (both held: a new thread has another one). */
+static PyObject *l0_local_type;                                 /* ``_thread._local`` */
+static PyObject *l0_tls_obj, *l0_tls_tsdict, *l0_tls_ldict;     /* the tls, a thread's state dict, its tls dict */
+static PyObject *l0_dict_attr;                                  /* "__dict__" */
+
+/* The calling thread's dict of ``tls`` (borrowed), or NULL without an error for a tls read the usual way. */
+static PyObject *l0_tls_dict(PyObject *tls) {
+    PyObject *tsd = PyThreadState_GetDict();  /* borrowed */
+    if (tls == l0_tls_obj && tsd != NULL && tsd == l0_tls_tsdict) return l0_tls_ldict;
+    if (tsd == NULL || l0_local_type == NULL) return NULL;
+    PyTypeObject *type = Py_TYPE(tls), *local = (PyTypeObject *)l0_local_type;
+    if (!PyType_IsSubtype(type, local) || type->tp_getattro != local->tp_getattro
+        || type->tp_setattro != local->tp_setattro)
+        return NULL;
+    PyObject *cls_depth = _PyType_Lookup(type, l0_attr[A_DEPTH]);  /* borrowed */
+    if (cls_depth == NULL || Py_TYPE(cls_depth)->tp_descr_get != NULL || Py_TYPE(cls_depth)->tp_descr_set != NULL)
+        return NULL;
+    PyObject *ldict = PyObject_GetAttr(tls, l0_dict_attr);
+    if (ldict == NULL || !PyDict_CheckExact(ldict)) {
+        Py_XDECREF(ldict);
+        PyErr_Clear();
+        return NULL;
+    }
+    Py_XSETREF(l0_tls_obj, Py_NewRef(tls));
+    Py_XSETREF(l0_tls_tsdict, Py_NewRef(tsd));
+    Py_XSETREF(l0_tls_ldict, ldict);
+    return ldict;
+}
+
+/* ``tls.depth``: a new reference, or NULL with an error. */
+static PyObject *l0_depth_get(PyObject *tls) {
+    PyObject *ldict = l0_tls_dict(tls);
+    if (ldict == NULL) return L0_GET(tls, A_DEPTH);
+    PyObject *d = PyDict_GetItemWithError(ldict, l0_attr[A_DEPTH]);
+    if (d == NULL && !PyErr_Occurred()) d = _PyType_Lookup(Py_TYPE(tls), l0_attr[A_DEPTH]);  /* the class's */
+    if (d == NULL && !PyErr_Occurred()) return L0_GET(tls, A_DEPTH);  /* (its AttributeError) */
+    return Py_XNewRef(d);
+}
+
 /* tls.depth += delta (the tool's own work, as ``_own``): 0, or -1 with an error. */
 static int l0_depth_of(PyObject *tls, long delta) {
-    PyObject *d = L0_GET(tls, A_DEPTH);
+    PyObject *d = l0_depth_get(tls);
     if (d == NULL) return -1;
     long v = PyLong_AsLong(d);
     Py_DECREF(d);
     if (v == -1 && PyErr_Occurred()) return -1;
     PyObject *n = PyLong_FromLong(v + delta);
     if (n == NULL) return -1;
-    int rc = PyObject_SetAttr(tls, l0_attr[A_DEPTH], n);
+    PyObject *ldict = l0_tls_dict(tls);
+    int rc = ldict != NULL ? PyDict_SetItem(ldict, l0_attr[A_DEPTH], n) : PyObject_SetAttr(tls, l0_attr[A_DEPTH], n);
     Py_DECREF(n);
     return rc;
 }
@@ -170,7 +216,7 @@ static int l0_recording(ModuleHooksObject *self) {
     int on = rec == Py_True;
     Py_DECREF(rec);
     if (!on) return 0;
-    PyObject *d = L0_GET(self->tls, A_DEPTH);
+    PyObject *d = l0_depth_get(self->tls);
     if (d == NULL) return -1;
     int zero = PyLong_CheckExact(d) && PyLong_AsLong(d) == 0;
     Py_DECREF(d);
@@ -646,6 +692,29 @@ static int g_has(PyObject *rec, PyObject *name) {
     return r;
 }
 
+/* ``{"input": [<received>], "output": [<sent>]}`` of two summary texts: a new str, or NULL with an error. Two
+ * ASCII texts (the summaries always are) are copied in place, without PyUnicode_FromFormat's parsing. */
+static PyObject *g_pair_text(PyObject *received, PyObject *sent) {
+    static const char head[] = "{\"input\": [", middle[] = "], \"output\": [", tail[] = "]}";
+    if (!PyUnicode_Check(received) || !PyUnicode_Check(sent)) {
+        PyErr_SetString(PyExc_TypeError, "a gradient's summary text is no str");
+        return NULL;
+    }
+    if (!PyUnicode_IS_ASCII(received) || !PyUnicode_IS_ASCII(sent))
+        return PyUnicode_FromFormat("{\"input\": [%U], \"output\": [%U]}", received, sent);
+    Py_ssize_t n1 = PyUnicode_GET_LENGTH(received), n2 = PyUnicode_GET_LENGTH(sent);
+    Py_ssize_t a = sizeof head - 1, b = sizeof middle - 1, c = sizeof tail - 1;
+    PyObject *text = PyUnicode_New(a + n1 + b + n2 + c, 127);
+    if (text == NULL) return NULL;
+    char *p = (char *)PyUnicode_1BYTE_DATA(text);
+    memcpy(p, head, a);
+    memcpy(p += a, PyUnicode_1BYTE_DATA(received), n1);
+    memcpy(p += n1, middle, b);
+    memcpy(p += b, PyUnicode_1BYTE_DATA(sent), n2);
+    memcpy(p + n2, tail, c);
+    return text;
+}
+
 static PyObject *cg_call(CallGradsObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     if (nargs != 4 || kwnames != NULL || !PyTuple_CheckExact(args[0]) || PyTuple_GET_SIZE(args[0]) != 3) {
@@ -689,7 +758,7 @@ static PyObject *cg_call(CallGradsObject *self, PyObject *const *args, size_t na
     if (received == Py_None || sent == Py_None) {
         result = Py_NewRef(Py_False);
     } else if (sent != NULL) {
-        PyObject *text = PyUnicode_FromFormat("{\"input\": [%U], \"output\": [%U]}", received, sent);
+        PyObject *text = g_pair_text(received, sent);
         /* seq None: its place in execution order taken now (``reserve`` and ``put_text`` in one call) */
         PyObject *r = text == NULL ? NULL
                       : PyObject_CallMethodObjArgs(rec, l0_attr[A_PUT_TEXT], backward, text, Py_None, Py_None, parent, NULL);
@@ -1438,9 +1507,63 @@ static PyObject *l0_remove_hooks(PyObject *mod, PyObject *flat) {
     Py_RETURN_NONE;
 }
 
+/* ``_same(mine, kept)`` of two plain dicts: 1, 0; -2 for another kind of mapping (the Python route decides). */
+static int l0_same(PyObject *mine, PyObject *kept) {
+    if (!PyDict_CheckExact(mine) || !PyDict_CheckExact(kept)) return -2;
+    if (PyDict_GET_SIZE(mine) != PyDict_GET_SIZE(kept)) return 0;
+    Py_ssize_t pos = 0;
+    PyObject *k, *v;
+    while (PyDict_Next(mine, &pos, &k, &v)) {
+        if (!PyUnicode_CheckExact(k)) return -2;  /* (a str key's lookup runs no Python code) */
+        if (PyDict_GetItemWithError(kept, k) != v) return PyErr_Occurred() ? -1 : 0;
+    }
+    return 1;
+}
+
+static PyObject *l0_compiled_attr;  /* "_compiled_call_impl" */
+
+/* ``HookPlan.still_valid``'s loop (``pytorch/step_hooks.py``) over its ``modules``: is each (module, class,
+ * children, parameters) (module None: ``root``) still of that class, not compiled, with exactly those children
+ * and parameters (the same objects)? True, False, or None for anything but plain dicts and str keys (the
+ * Python loop then decides).
+ *   plan_valid(root, modules) -> bool or None */
+static PyObject *l0_plan_valid(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyList_CheckExact(args[1])) Py_RETURN_NONE;
+    PyObject *modules = args[1];
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(modules); i++) {
+        PyObject *entry = PyList_GET_ITEM(modules, i);
+        if (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != 4) Py_RETURN_NONE;
+        Py_INCREF(entry);  /* (a module's attributes may run Python code) */
+        PyObject *m = PyTuple_GET_ITEM(entry, 0);
+        if (m == Py_None) m = args[0];
+        int same = (PyObject *)Py_TYPE(m) == PyTuple_GET_ITEM(entry, 1);
+        if (same) {
+            PyObject *compiled = PyObject_GetAttr(m, l0_compiled_attr);
+            if (compiled == NULL && PyErr_ExceptionMatches(PyExc_AttributeError)) {  /* getattr(m, name, None) */
+                PyErr_Clear();
+                compiled = Py_NewRef(Py_None);
+            }
+            same = compiled == NULL ? -1 : compiled == Py_None;
+            Py_XDECREF(compiled);
+        }
+        for (int a = 0; a < 2 && same == 1; a++) {
+            PyObject *mine = L0_GET(m, a == 0 ? A_MODULES : A_PARAMETERS);
+            same = mine == NULL ? -1 : l0_same(mine, PyTuple_GET_ITEM(entry, 2 + a));
+            Py_XDECREF(mine);
+        }
+        Py_DECREF(entry);
+        if (same == -1) return NULL;
+        if (same == -2) Py_RETURN_NONE;
+        if (!same) Py_RETURN_FALSE;
+    }
+    Py_RETURN_TRUE;
+}
+
 static PyMethodDef l0_functions[] = {
     {"remove_hooks", (PyCFunction)l0_remove_hooks, METH_O,
      "remove_hooks(flat) -> None: StepHooks.remove's loop (hooks.pop(key, None) of each kept hook)"},
+    {"plan_valid", (PyCFunction)(void (*)(void))l0_plan_valid, METH_FASTCALL,
+     "plan_valid(root, modules) -> bool or None: HookPlan.still_valid's loop (None: the Python loop decides)"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1458,7 +1581,17 @@ static int add_module_hooks(PyObject *m) {
     if (step_hooks_one == NULL && (step_hooks_one = PyLong_FromLong(1)) == NULL) return -1;
     if (og_no_skip == NULL && (og_no_skip = PyDict_New()) == NULL) return -1;
     if (og_32 == NULL && (og_32 = PyLong_FromLong(32)) == NULL) return -1;
+    if (l0_compiled_attr == NULL && (l0_compiled_attr = PyUnicode_InternFromString("_compiled_call_impl")) == NULL)
+        return -1;
     if (PyModule_AddFunctions(m, l0_functions) < 0) return -1;
+    if (l0_dict_attr == NULL && (l0_dict_attr = PyUnicode_InternFromString("__dict__")) == NULL) return -1;
+    if (l0_local_type == NULL) {  /* (without it every tls is read the usual way) */
+        PyObject *thread = PyImport_ImportModule("_thread");
+        l0_local_type = thread == NULL ? NULL : PyObject_GetAttrString(thread, "_local");
+        Py_XDECREF(thread);
+        if (l0_local_type != NULL && !PyType_Check(l0_local_type)) Py_CLEAR(l0_local_type);
+        PyErr_Clear();
+    }
     PyTypeObject *types[] = {&ModuleHooksType, &CallGradsType, &ParamGradType, &SingleEdgeType, &OwnGradsType};
     const char *names[] = {"ModuleHooks", "CallGrads", "ParamGrad", "SingleEdge", "OwnGrads"};
     for (int i = 0; i < 5; i++) {

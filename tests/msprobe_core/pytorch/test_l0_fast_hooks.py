@@ -313,6 +313,35 @@ def test_a_call_class_the_c_hooks_cannot_fill_is_called(tmp_path, monkeypatch):
 
 
 @needs_kernel
+def test_the_c_hooks_keep_the_tool_depth_of_each_thread(tmp_path):
+    """The C hooks read and set ``TOOL.depth`` in the calling thread's own dict of it: work the tool marks as its
+    own (``tool_work``) is not recorded, another thread's depth is its own, and every step ends at depth 0."""
+    import threading
+
+    from msprobe_core.common.tool_guard import TOOL, tool_work
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    dbg = PrecisionDebugger({"dump_path": str(tmp_path), "level": "L0", "task": "statistics"})
+    depths = []
+    for _ in range(2):
+        dbg.start(model)
+        with tool_work():
+            model(torch.ones(1, 2))
+        other = threading.Thread(target=lambda: (setattr(TOOL, "depth", 5), model(torch.ones(1, 2)),
+                                                 depths.append(TOOL.depth)))
+        other.start()
+        other.join()
+        model(torch.ones(1, 2, requires_grad=True)).sum().backward()
+        dbg.stop()
+        dbg.step()
+        assert TOOL.depth == 0
+    assert depths == [5, 5]
+    data = json.loads((step_dir(tmp_path, 1) / "dump.json").read_text())["data"]
+    assert [k for k in data if ".forward." in k] == ["Module.0.Linear.forward.0"]
+
+
+@needs_kernel
 def test_node_hooks_kept_in_c_are_removed_when_the_step_ends(tmp_path):
     """``OwnGrads`` puts a node hook's handle into the step's ``StepHooks`` itself (``step_hooks=``): each is
     removed from its node's hook dict when the step ends, as ``StepHooks.keep``'s."""

@@ -6,18 +6,21 @@ import pytest
 import torch
 
 from msprobe_core.pytorch import step_hooks
-from msprobe_core.pytorch.step_hooks import StepHooks
+from msprobe_core.pytorch.step_hooks import HookPlan, StepHooks
 from msprobe_core.stats.kernel import KERNEL
 
 _remove_c = getattr(KERNEL, "remove_hooks", None)
+_valid_c = getattr(KERNEL, "plan_valid", None)
 
 
 @pytest.fixture(autouse=True, params=["c", "python"])
 def route(request, monkeypatch):
-    """Every test on both routes of ``StepHooks.remove``: the kernel's ``remove_hooks`` and the Python loop."""
+    """Every test on both routes of ``StepHooks.remove`` and ``HookPlan.still_valid``: the kernel's
+    ``remove_hooks`` and ``plan_valid``, and the Python loops."""
     if request.param == "c" and _remove_c is None:
         pytest.skip("the C kernel is not built")
     monkeypatch.setattr(step_hooks, "_remove_fast", _remove_c if request.param == "c" else None)
+    monkeypatch.setattr(step_hooks, "_valid_fast", _valid_c if request.param == "c" else None)
     return request.param
 
 
@@ -95,3 +98,43 @@ def test_remove_hooks_refuses_malformed_lists(flat):
     """The kernel's loop raises on a list ``StepHooks`` never makes (no crash)."""
     with pytest.raises((IndexError, ValueError, TypeError)):
         _remove_c(flat)
+
+
+def _sealed(root: torch.nn.Module) -> HookPlan:
+    plan = HookPlan("")
+    plan.seal(root, list(root.modules()))
+    return plan
+
+
+class _Other(torch.nn.Linear):
+    pass
+
+
+@pytest.mark.parametrize("change, valid", [
+    (lambda m: None, True),
+    (lambda m: m.__setitem__(1, torch.nn.ReLU()), False),                        # a child replaced
+    (lambda m: m.add_module("extra", torch.nn.ReLU()), False),                     # a child added
+    (lambda m: setattr(m[0], "bias", torch.nn.Parameter(torch.ones(2))), False),  # a parameter replaced
+    (lambda m: m[0].register_parameter("bias", None), False),                     # a parameter unset
+    (lambda m: setattr(m[0], "__class__", _Other), False),                        # a class changed
+    (lambda m: setattr(m[0], "_compiled_call_impl", m[0].forward), False),        # compiled
+    (lambda m: m.train(False), True),                                              # not part of the plan
+])
+def test_still_valid_sees_every_change_of_the_model(change, valid):
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.GELU())
+    plan = _sealed(model)
+    change(model)
+    assert plan.still_valid(model) is valid
+
+
+@pytest.mark.parametrize("valid", [True, False])
+def test_still_valid_of_odd_module_dicts_is_the_python_loops(valid):
+    """A module whose ``_modules`` is no plain dict (or has a key that is no str) is decided by the Python loop."""
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    model._modules = OrderedDict(model._modules)
+    plan = _sealed(model)
+    if _valid_c is not None:
+        assert _valid_c(model, plan.modules) is None
+    if not valid:
+        model._modules["1"] = torch.nn.ReLU()
+    assert plan.still_valid(model) is valid
