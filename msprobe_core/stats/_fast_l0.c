@@ -478,8 +478,9 @@ static int l0_end(ModuleHooksObject *self, PyObject *state, PyObject *call, PyOb
     if (rec == NULL) return -1;
     PyObject *name = L0_GET(call, A_NAME), *seq = L0_GET(call, A_SEQ), *stack = L0_GET(call, A_STACK);
     PyObject *parent = L0_GET(call, A_PARENT);
+    PyObject *pargs[6] = {rec, name, text, seq, stack, parent};  /* (a vector call: no bound method made) */
     PyObject *r = name && seq && stack && parent
-                  ? PyObject_CallMethodObjArgs(rec, l0_attr[A_PUT_TEXT], name, text, seq, stack, parent, NULL) : NULL;
+                  ? PyObject_VectorcallMethod(l0_attr[A_PUT_TEXT], pargs, 6 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL) : NULL;
     Py_XDECREF(name); Py_XDECREF(seq); Py_XDECREF(stack); Py_XDECREF(parent);
     Py_DECREF(rec);
     if (r == NULL) return -1;
@@ -516,7 +517,8 @@ static int l0_end(ModuleHooksObject *self, PyObject *state, PyObject *call, PyOb
         Py_XDECREF(r);
     }
     if (rc == 0 && edges != Py_None) {
-        r = PyObject_CallFunctionObjArgs(self->hook_own_grads, call, out, NULL);
+        PyObject *oargs[2] = {call, out};
+        r = PyObject_Vectorcall(self->hook_own_grads, oargs, 2, NULL);
         rc = r == NULL ? -1 : 0;
         Py_XDECREF(r);
     }
@@ -760,8 +762,9 @@ static PyObject *cg_call(CallGradsObject *self, PyObject *const *args, size_t na
     } else if (sent != NULL) {
         PyObject *text = g_pair_text(received, sent);
         /* seq None: its place in execution order taken now (``reserve`` and ``put_text`` in one call) */
+        PyObject *pargs[6] = {rec, backward, text, Py_None, Py_None, parent};
         PyObject *r = text == NULL ? NULL
-                      : PyObject_CallMethodObjArgs(rec, l0_attr[A_PUT_TEXT], backward, text, Py_None, Py_None, parent, NULL);
+                      : PyObject_VectorcallMethod(l0_attr[A_PUT_TEXT], pargs, 6 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
         Py_XDECREF(text);
         if (r != NULL) {
             Py_DECREF(r);
