@@ -36,12 +36,28 @@ static PyObject *ac_record(ApiCallObject *self, PyObject **env, PyObject *local,
 static int ag_valid(PyObject *grad);  /* (_fast_gradapi.c) */
 
 static PyObject *S_recording, *S_depth, *S_dumping_thread, *S_other_thread, *S_step_state, *S_counters,
-    *S_recorder, *S_open_step, *S_module_stack, *S_mode, *S_dict, *S_reserve, *S_put_text, *S_error, *ZERO, *ONE,
+    *S_recorder, *S_open_step, *S_module_stack, *S_mode, *S_dict, *S_reserve, *S_put_text, *S_error, *EMPTY, *ZERO, *ONE,
     *MINUS_ONE;
 
 /* original(*args, **kwargs) */
 static PyObject *ac_plain(PyObject *original, PyObject *args, PyObject *kwargs) {
     return PyObject_Call(original, args, PyDict_GET_SIZE(kwargs) ? kwargs : NULL);
+}
+
+/* fn() / fn(arg) for the builtins every call makes (torch's stack and grad-mode functions, the torch function
+ * guard's __enter__/__exit__): a builtin taking no argument (or, for __exit__, its arguments as a tuple) or one
+ * object is called through its C function, without the generic call's dispatch; anything else through
+ * PyObject_Call*. */
+static PyObject *ac_call(PyObject *fn, PyObject *arg) {
+    if (PyCFunction_CheckExact(fn)) {
+        PyCFunction meth = PyCFunction_GET_FUNCTION(fn);
+        PyObject *self = PyCFunction_GET_SELF(fn);
+        int flags = PyCFunction_GET_FLAGS(fn) & (METH_VARARGS | METH_KEYWORDS | METH_NOARGS | METH_O | METH_FASTCALL);
+        if (arg == NULL && flags == METH_NOARGS) return meth(self, NULL);
+        if (arg == NULL && flags == METH_VARARGS) return meth(self, EMPTY);
+        if (arg != NULL && flags == METH_O) return meth(self, arg);
+    }
+    return arg == NULL ? PyObject_CallNoArgs(fn) : PyObject_CallOneArg(fn, arg);
 }
 
 /* This thread's ``tls.depth`` (``tls``: a ``threading.local``; ``local``: its ``__dict__`` for this thread, where
@@ -54,6 +70,18 @@ static PyObject *ac_get_depth(PyObject *local) {
 
 /* tls.depth += d (ONE or MINUS_ONE), keeping any exception already set (a ``finally``: that exception wins). */
 static int ac_depth(PyObject *local, PyObject *d) {
+    if (!PyErr_Occurred()) {  /* the usual case: no exception pending, the depth an int of this thread's dict */
+        PyObject *v = PyDict_GetItemWithError(local, S_depth);
+        int overflow = 0;
+        long x = v != NULL && PyLong_CheckExact(v) ? PyLong_AsLongAndOverflow(v, &overflow) : 0;
+        if (v != NULL && PyLong_CheckExact(v) && !overflow && x > LONG_MIN + 1 && x < LONG_MAX - 1) {
+            PyObject *nv = PyLong_FromLong(d == ONE ? x + 1 : x - 1);
+            int rc = nv == NULL ? -1 : PyDict_SetItem(local, S_depth, nv);
+            Py_XDECREF(nv);
+            return rc;
+        }
+        if (PyErr_Occurred()) return -1;
+    }
     PyObject *et, *ev, *etb;
     PyErr_Fetch(&et, &ev, &etb);
     int rc = -1;
@@ -98,21 +126,61 @@ static int ac_report(PyObject *svc, PyObject *name) {
 static int ac_tf(PyObject *fn, int on, int rc) {
     PyObject *et = NULL, *ev = NULL, *etb = NULL;
     if (on) PyErr_Fetch(&et, &ev, &etb);
-    PyObject *r = PyObject_CallNoArgs(fn);
+    PyObject *r = ac_call(fn, NULL);
     if (r == NULL) { Py_XDECREF(et); Py_XDECREF(ev); Py_XDECREF(etb); return -1; }
     Py_DECREF(r);
     if (on) PyErr_Restore(et, ev, etb);
     return on ? rc : 0;
 }
 
-/* fn(a, b) of RecordText with torch functions off (``ac_tf``). */
-typedef PyObject *(*rt_fn)(RecordTextObject *, PyObject *const *, Py_ssize_t);
-static PyObject *ac_text(PyObject **env, rt_fn fn, PyObject *a, PyObject *b) {
-    if (ac_tf(env[ENV_TF_OFF], 0, 0) < 0) return NULL;
-    PyObject *argv[2] = {a, b};
-    PyObject *text = fn((RecordTextObject *)env[ENV_RT], argv, 2);
-    if (ac_tf(env[ENV_TF_ON], 1, 0) < 0) Py_CLEAR(text);
-    return text;
+/* The inputs' text (``put_inputs``: out NULL) or, after it, the output's and the record's end (``put_output``) into b,
+ * with torch functions off (``ac_tf``): 0, NO_TEXT, or -1 with an error. */
+static int ac_text(PyObject **env, text_t *b, PyObject *args, PyObject *kwargs, PyObject *out) {
+    if (ac_tf(env[ENV_TF_OFF], 0, 0) < 0) return -1;
+    RecordTextObject *rt = (RecordTextObject *)env[ENV_RT];
+    return ac_tf(env[ENV_TF_ON], 1, out == NULL ? put_inputs(rt, b, args, kwargs) : put_output(rt, b, out));
+}
+
+/* The recorder whose ``put_text`` is its kernel ``TextJournal``'s (a weak reference, NULL for none) and that journal:
+ * found by ``ac_put_text`` once per recorder, forgotten when the recorder goes (``ac_forget``). */
+static PyObject *ac_journal_rec, *ac_journal, *ac_forget_fn;
+
+/* The weak reference's callback: the recorder is gone, its journal no longer held here. */
+static PyObject *ac_forget(PyObject *unused, PyObject *ref) {
+    if (ref == ac_journal_rec) {
+        Py_CLEAR(ac_journal);
+        Py_CLEAR(ac_journal_rec);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef ac_forget_def = {"forget", (PyCFunction)ac_forget, METH_O, "a recorder's journal forgotten"};
+
+/* rec.put_text(name, text, None, stack, parent), a new reference: the kernel's ``TextJournal.put_text`` called
+ * without a method call where it is rec's (looked at once per recorder: the instance's ``put_text``), else the
+ * method. */
+static PyObject *ac_put_text(PyObject *rec, PyObject *name, PyObject *text, PyObject *stack, PyObject *parent) {
+    PyObject *argv[5] = {name, text, Py_None, stack, parent};
+    if (ac_journal_rec == NULL || PyWeakref_GetObject(ac_journal_rec) != rec) {
+        PyObject *m = PyObject_GetAttr(rec, S_put_text);
+        if (m == NULL) return NULL;
+        if (PyCFunction_Check(m) && PyCFunction_GET_FUNCTION(m) == (PyCFunction)(void (*)(void))tj_put_text
+            && PyCFunction_GET_SELF(m) != NULL && PyObject_TypeCheck(PyCFunction_GET_SELF(m), &TextJournalType)) {
+            PyObject *ref = PyWeakref_NewRef(rec, ac_forget_fn);
+            if (ref == NULL) { Py_DECREF(m); return NULL; }
+            Py_XSETREF(ac_journal_rec, ref);  /* (the old reference dropped: its callback never comes) */
+            Py_XSETREF(ac_journal, Py_NewRef(PyCFunction_GET_SELF(m)));
+        } else {
+            PyObject *r = PyObject_Vectorcall(m, argv, 5, NULL);
+            Py_DECREF(m);
+            return r;
+        }
+        Py_DECREF(m);
+    }
+    PyObject *journal = Py_NewRef(ac_journal);  /* (held: put_text may run Python code that drops the recorder) */
+    PyObject *r = tj_put_text((TextJournalObject *)journal, argv, 5, NULL);
+    Py_DECREF(journal);
+    return r;
 }
 
 /* original(*args, **kwargs) with the operator mode popped while it is the innermost TorchFunctionMode (it would
@@ -122,15 +190,15 @@ static PyObject *ac_original(PyObject **env, PyObject *original, PyObject *args,
     if (mode == NULL) return NULL;
     int popped = 0;
     if (mode != Py_None) {
-        PyObject *n = PyObject_CallNoArgs(env[ENV_STACK_LEN]);
+        PyObject *n = ac_call(env[ENV_STACK_LEN], NULL);
         Py_ssize_t depth = n == NULL ? -1 : PyLong_AsSsize_t(n);
         Py_XDECREF(n);
         if (depth < 0) { Py_DECREF(mode); return NULL; }
         if (depth > 0) {  /* the innermost mode, popped; pushed back at once if it is another one */
-            PyObject *top = PyObject_CallNoArgs(env[ENV_STACK_POP]);
+            PyObject *top = ac_call(env[ENV_STACK_POP], NULL);
             if (top == NULL) { Py_DECREF(mode); return NULL; }
             popped = top == mode;
-            PyObject *r = popped ? Py_NewRef(Py_None) : PyObject_CallOneArg(env[ENV_STACK_PUSH], top);
+            PyObject *r = popped ? Py_NewRef(Py_None) : ac_call(env[ENV_STACK_PUSH], top);
             Py_DECREF(top);
             if (r == NULL) { Py_DECREF(mode); return NULL; }
             Py_DECREF(r);
@@ -140,7 +208,7 @@ static PyObject *ac_original(PyObject **env, PyObject *original, PyObject *args,
     if (popped) {  /* a ``finally``: the mode goes back whatever happened */
         PyObject *et, *ev, *etb;
         PyErr_Fetch(&et, &ev, &etb);
-        PyObject *r = PyObject_CallOneArg(env[ENV_STACK_PUSH], mode);
+        PyObject *r = ac_call(env[ENV_STACK_PUSH], mode);
         if (r == NULL) {
             Py_CLEAR(out);
             Py_XDECREF(et); Py_XDECREF(ev); Py_XDECREF(etb);
@@ -169,7 +237,7 @@ static int ac_gate(PyObject **env, PyObject **local) {
     Py_XDECREF(v);
     if (on != 0) { Py_DECREF(d); return on < 0 ? -1 : 0; }
     *local = d;
-    v = PyObject_CallNoArgs(env[ENV_GRAPH_TASK]);
+    v = ac_call(env[ENV_GRAPH_TASK], NULL);
     if (v == NULL) return -1;
     long task = PyLong_AsLong(v);
     Py_DECREF(v);
@@ -186,7 +254,7 @@ static int ac_gate(PyObject **env, PyObject **local) {
         Py_DECREF(v);
         return 0;
     }
-    v = PyObject_CallNoArgs(env[ENV_GRAD_ENABLED]);
+    v = ac_call(env[ENV_GRAD_ENABLED], NULL);
     on = v == NULL ? -1 : PyObject_IsTrue(v);
     Py_XDECREF(v);
     return on < 0 ? -1 : on ? 2 : 1;
@@ -495,7 +563,8 @@ static int add_api_call(PyObject *m) {
     INTERN(S_mode, "_mode") INTERN(S_dict, "__dict__") INTERN(S_reserve, "reserve")
     INTERN(S_put_text, "put_text") INTERN(S_error, "_error")
 #undef INTERN
-    if ((ZERO = PyLong_FromLong(0)) == NULL || (ONE = PyLong_FromLong(1)) == NULL
+    if ((ac_forget_fn = PyCFunction_New(&ac_forget_def, NULL)) == NULL) return -1;
+    if ((EMPTY = PyTuple_New(0)) == NULL || (ZERO = PyLong_FromLong(0)) == NULL || (ONE = PyLong_FromLong(1)) == NULL
         || (MINUS_ONE = PyLong_FromLong(-1)) == NULL) return -1;
     if (PyType_Ready(&ApiCallType) < 0 || PyType_Ready(&ModePassType) < 0) return -1;
     Py_INCREF(&ApiCallType);
