@@ -563,8 +563,27 @@ typedef struct {
 
 #define NO_TEXT 1 /* the answer is None: the caller takes the Python route for the whole record */
 
-/* d of t: a getset descriptor's value or a method descriptor's call with no argument. */
+/* d of t: a getset descriptor's value or a method descriptor's call with no argument. A descriptor of t's class (a
+ * tensor's questions, several per record) goes straight to its C function: what the generic call would reach after
+ * the same class check. */
 static PyObject *descr_get(PyObject *d, PyObject *t) {
+    if ((Py_TYPE(d) == &PyGetSetDescr_Type || Py_TYPE(d) == &PyMethodDescr_Type)
+        && PyObject_TypeCheck(t, PyDescr_TYPE(d))) {
+        if (Py_TYPE(d) == &PyGetSetDescr_Type) {
+            PyGetSetDef *g = ((PyGetSetDescrObject *)d)->d_getset;
+            if (g->get != NULL) return g->get(t, g->closure);
+        } else {
+            PyMethodDef *m = ((PyMethodDescrObject *)d)->d_method;
+            int flags = m->ml_flags & (METH_VARARGS | METH_KEYWORDS | METH_NOARGS | METH_O | METH_FASTCALL);
+            if (flags == METH_NOARGS) return m->ml_meth(t, NULL);
+            if (flags == (METH_VARARGS | METH_KEYWORDS)) {
+                PyObject *none = PyTuple_New(0);  /* (the empty tuple: no allocation) */
+                PyObject *r = none == NULL ? NULL : ((PyCFunctionWithKeywords)(void (*)(void))m->ml_meth)(t, none, NULL);
+                Py_XDECREF(none);
+                return r;
+            }
+        }
+    }
     descrgetfunc get = Py_TYPE(d)->tp_descr_get;
     if (Py_TYPE(d) == &PyMethodDescr_Type || get == NULL) return PyObject_Vectorcall(d, &t, 1, NULL);
     return get(d, t, (PyObject *)Py_TYPE(t));
