@@ -23,6 +23,7 @@ which sends a call Dynamo traces to the usual wrapper, so torch.compile sees wha
 
 from __future__ import annotations
 
+import inspect
 import threading
 from collections import OrderedDict
 from functools import partial
@@ -101,7 +102,8 @@ class FastApi:
         return (svc, svc._tls, records, records._fast_text, svc.patcher, self._capture(), svc.stacks.interned,
                 records._construct, NO_PARENT, svc._on_api_call, partial(_end_as_dict, svc), _graph_task_id,
                 _is_grad_enabled, guard.__enter__, guard.__exit__, _stack_len, _stack_pop, _stack_push,
-                self._grad_env(guard))
+                self._grad_env(guard), _plain_vars(svc, ("_recording", "dumping_thread", "recorder")),
+                _plain_vars(records, ("step_state",)))
 
     def _grad_env(self, guard: Any) -> Optional[tuple]:
         """What a call with autograd on reads in C (``_fast_gradapi.c``'s G_* order: ``on_api_call``'s
@@ -201,6 +203,20 @@ class FastApi:
                 tls.depth -= 1
 
         return api_call
+
+
+def _plain_vars(obj: Any, names: tuple) -> Optional[dict]:
+    """``obj``'s instance dict, where the C call reads these attributes of ``obj`` (a dict lookup instead of
+    getattr), or None (getattr) when ``obj`` has none or its class makes any of them a data descriptor (a
+    property, a slot: the instance dict is then not what getattr reads)."""
+    try:
+        found = vars(obj)
+    except TypeError:
+        return None
+    cls = type(obj)
+    if any(inspect.isdatadescriptor(inspect.getattr_static(cls, name, None)) for name in names):
+        return None
+    return found
 
 
 def _end_as_dict(svc: Any, key: str, name: str, n: int, head: str, rec: Any, stack: Any, parent: Any,

@@ -22,8 +22,10 @@
 enum {
     ENV_SVC, ENV_TLS, ENV_RECORDS, ENV_RT, ENV_PATCHER, ENV_CAPTURE, ENV_INTERNED, ENV_CONSTRUCT, ENV_NO_PARENT,
     ENV_ON_API_CALL, ENV_END_DICT, ENV_GRAPH_TASK, ENV_GRAD_ENABLED, ENV_TF_OFF, ENV_TF_ON,
-    ENV_STACK_LEN, ENV_STACK_POP, ENV_STACK_PUSH, ENV_GRAD, ENV_N
-};  /* ENV_GRAD: what a call with autograd on reads (_fast_gradapi.c's G_*), or None: ``on_api_call`` takes it */
+    ENV_STACK_LEN, ENV_STACK_POP, ENV_STACK_PUSH, ENV_GRAD, ENV_SVC_VARS, ENV_RECORDS_VARS, ENV_N
+};  /* ENV_GRAD: what a call with autograd on reads (_fast_gradapi.c's G_*), or None: ``on_api_call`` takes it;
+     * ENV_SVC_VARS, ENV_RECORDS_VARS: the service's and the records' instance dicts, where the attributes read here
+     * live (``ac_attr``), or None */
 
 typedef struct {
     PyObject_HEAD
@@ -58,6 +60,17 @@ static PyObject *ac_call(PyObject *fn, PyObject *arg) {
         if (arg != NULL && flags == METH_O) return meth(self, arg);
     }
     return arg == NULL ? PyObject_CallNoArgs(fn) : PyObject_CallOneArg(fn, arg);
+}
+
+/* obj.name, a new reference: read from obj's instance dict (vars, when ``FastApi`` found that class defines no data
+ * descriptor of the name: what getattr would find there) when it holds the name, else by getattr. */
+static PyObject *ac_attr(PyObject *obj, PyObject *vars, PyObject *name) {
+    if (vars != Py_None) {
+        PyObject *v = PyDict_GetItemWithError(vars, name);
+        if (v != NULL) return Py_NewRef(v);
+        if (PyErr_Occurred()) return NULL;
+    }
+    return PyObject_GetAttr(obj, name);
 }
 
 /* This thread's ``tls.depth`` (``tls``: a ``threading.local``; ``local``: its ``__dict__`` for this thread, where
@@ -225,7 +238,7 @@ static PyObject *ac_original(PyObject **env, PyObject *original, PyObject *args,
  * reference), 2 ``on_api_call``; -1 an error. */
 static int ac_gate(PyObject **env, PyObject **local) {
     PyObject *svc = env[ENV_SVC];
-    PyObject *v = PyObject_GetAttr(svc, S_recording);
+    PyObject *v = ac_attr(svc, env[ENV_SVC_VARS], S_recording);
     int on = v == NULL ? -1 : PyObject_IsTrue(v);
     Py_XDECREF(v);
     if (on <= 0) return on;
@@ -243,7 +256,7 @@ static int ac_gate(PyObject **env, PyObject **local) {
     Py_DECREF(v);
     if (task == -1 && PyErr_Occurred()) return -1;
     if (task != -1) return 0;
-    v = PyObject_GetAttr(svc, S_dumping_thread);
+    v = ac_attr(svc, env[ENV_SVC_VARS], S_dumping_thread);
     if (v == NULL) return -1;
     unsigned long thread = PyLong_AsUnsignedLong(v);
     Py_DECREF(v);
@@ -262,7 +275,7 @@ static int ac_gate(PyObject **env, PyObject **local) {
 
 /* The record's name "{key}.{n}.forward", the step's counter of key taken (n). */
 static PyObject *ac_name(PyObject **env, PyObject *key, PyObject **n) {
-    PyObject *state = PyObject_GetAttr(env[ENV_RECORDS], S_step_state);
+    PyObject *state = ac_attr(env[ENV_RECORDS], env[ENV_RECORDS_VARS], S_step_state);
     if (state == NULL) return NULL;
     PyObject *counters = PyObject_GetAttr(state, S_counters);
     Py_DECREF(state);
@@ -328,7 +341,7 @@ static PyObject *ac_stack(PyObject **env) {
  * module (construct.json) or NO_PARENT. -1 with an exception set. */
 static int ac_where(PyObject **env, PyObject **rec, PyObject **stack, PyObject **parent) {
     PyObject *svc = env[ENV_SVC];
-    *rec = PyObject_GetAttr(svc, S_recorder);
+    *rec = ac_attr(svc, env[ENV_SVC_VARS], S_recorder);
     if (*rec == NULL) return -1;
     int ok = PyObject_IsTrue(*rec);
     if (ok < 0) return -1;
@@ -344,7 +357,7 @@ static int ac_where(PyObject **env, PyObject **rec, PyObject **stack, PyObject *
         *parent = Py_NewRef(env[ENV_NO_PARENT]);
         return 0;
     }
-    PyObject *state = PyObject_GetAttr(env[ENV_RECORDS], S_step_state);
+    PyObject *state = ac_attr(env[ENV_RECORDS], env[ENV_RECORDS_VARS], S_step_state);
     if (state == NULL) return -1;
     PyObject *modules = PyObject_GetAttr(state, S_module_stack);
     Py_DECREF(state);
@@ -395,6 +408,8 @@ static PyObject *ac_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     if (PyTuple_GET_SIZE(key) != 3 || !PyUnicode_Check(PyTuple_GET_ITEM(key, 0)) || PyTuple_GET_SIZE(env) != ENV_N
         || !PyObject_TypeCheck(PyTuple_GET_ITEM(env, ENV_RT), &RecordTextType) || !PyCallable_Check(original)
         || !PyDict_Check(PyTuple_GET_ITEM(env, ENV_INTERNED))
+        || (PyTuple_GET_ITEM(env, ENV_SVC_VARS) != Py_None && !PyDict_Check(PyTuple_GET_ITEM(env, ENV_SVC_VARS)))
+        || (PyTuple_GET_ITEM(env, ENV_RECORDS_VARS) != Py_None && !PyDict_Check(PyTuple_GET_ITEM(env, ENV_RECORDS_VARS)))
         || (PyTuple_GET_ITEM(env, ENV_GRAD) != Py_None && !ag_valid(PyTuple_GET_ITEM(env, ENV_GRAD)))) {
         PyErr_SetString(PyExc_TypeError, "ApiCall(original, (key, prefix, api), env): see _fast_api.c");
         return NULL;
