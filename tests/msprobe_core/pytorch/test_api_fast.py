@@ -458,3 +458,25 @@ def test_the_hooks_of_calls_with_autograd_on_go_when_the_step_ends(tmp_path, rou
             assert len(data["Functional.linear.0.backward"]["output"]) == 2  # x's and w's gradients
             assert len(data["Functional.gelu.0.backward"]["input"]) == 1
     assert not list(tmp_path.rglob("dump_error_info.log"))
+
+
+def test_the_c_call_reads_instance_dicts_only_where_getattr_would_read_them():
+    """``ApiCall`` reads the service's and the records' attributes from their instance dicts (``_plain_vars``)
+    unless the class makes one a data descriptor (a property, a slot) or there is no instance dict."""
+
+    class Plain:
+        def __init__(self):
+            self.recorder = "instance"
+
+    class WithProperty:
+        @property
+        def recorder(self):
+            return "property"
+
+    class Slotted:
+        __slots__ = ("recorder",)
+
+    plain = Plain()
+    assert api_fast._plain_vars(plain, ("recorder",)) is vars(plain)
+    assert api_fast._plain_vars(WithProperty(), ("other", "recorder")) is None
+    assert api_fast._plain_vars(Slotted(), ("recorder",)) is None
