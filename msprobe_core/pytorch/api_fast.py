@@ -44,7 +44,8 @@ from msprobe_core.stats.kernel import KERNEL
 _graph_task_id = torch._C._current_graph_task_id
 _is_grad_enabled = torch._C.is_grad_enabled
 _no_torch_function = torch._C.DisableTorchFunction  # the tool's own tensor reads skip every TorchFunctionMode
-_is_compiling = torch.compiler.is_compiling
+_dynamo_compiling = torch.compiler.is_dynamo_compiling  # (folded to a constant True while Dynamo traces)
+_compiler = torch.compiler  # its ``_is_compiling_flag``: True while export traces
 _thread_id = threading.get_ident
 # the torch function mode stack, as ``api_patch.ApiPatcher.call`` reads it
 _stack_len = torch._C._len_torch_function_stack
@@ -79,7 +80,9 @@ class FastApi:
         call = self.call(original, prefix, api)
 
         def api_call(*args: Any, **kwargs: Any) -> Any:
-            if _is_compiling():  # Dynamo traces what it traced before (the usual wrapper), never the C call
+            # Dynamo traces what it traced before (the usual wrapper), never the C call: ``is_compiling()`` without
+            # its ``torch.jit.is_scripting()`` call (one Python call fewer before every call of the route)
+            if _dynamo_compiling() or _compiler._is_compiling_flag:
                 return plain(*args, **kwargs)
             return call(args, kwargs)
 
