@@ -294,7 +294,8 @@ static PyObject *ac_name(PyObject **env, PyObject *key, PyObject **n) {
     }
     if (count == NULL) count = Py_NewRef(ZERO);
     next = PyNumber_Add(count, ONE);
-    if (next == NULL || PyObject_SetItem(counters, key, next) < 0) goto done;
+    if (next == NULL || (PyDict_CheckExact(counters) ? PyDict_SetItem(counters, key, next)
+                                                     : PyObject_SetItem(counters, key, next)) < 0) goto done;
     long long c = PyLong_Check(count) ? PyLong_AsLongLong(count) : -1;
     Py_ssize_t klen;
     const char *k = PyUnicode_AsUTF8AndSize(key, &klen);
@@ -309,7 +310,13 @@ static PyObject *ac_name(PyObject **env, PyObject *key, PyObject **n) {
         buf[len++] = '.';
         while (nd > 0) buf[len++] = digits[--nd];
         memcpy(buf + len, tail, sizeof(tail) - 1);
-        name = PyUnicode_DecodeUTF8(buf, len + (Py_ssize_t)sizeof(tail) - 1, NULL);
+        len += (Py_ssize_t)sizeof(tail) - 1;
+        if (PyUnicode_IS_ASCII(key)) {  /* the usual key: the text as it is, not decoded */
+            name = PyUnicode_New(len, 127);
+            if (name != NULL) memcpy(PyUnicode_1BYTE_DATA(name), buf, (size_t)len);
+        } else {
+            name = PyUnicode_DecodeUTF8(buf, len, NULL);
+        }
     } else {
         PyErr_Clear();
         name = PyUnicode_FromFormat("%U.%S.forward", key, count);
