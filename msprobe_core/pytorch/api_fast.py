@@ -23,6 +23,7 @@ which sends a call Dynamo traces to the usual wrapper, so torch.compile sees wha
 
 from __future__ import annotations
 
+import inspect
 import threading
 from collections import OrderedDict
 from functools import partial
@@ -43,7 +44,8 @@ from msprobe_core.stats.kernel import KERNEL
 _graph_task_id = torch._C._current_graph_task_id
 _is_grad_enabled = torch._C.is_grad_enabled
 _no_torch_function = torch._C.DisableTorchFunction  # the tool's own tensor reads skip every TorchFunctionMode
-_is_compiling = torch.compiler.is_compiling
+_dynamo_compiling = torch.compiler.is_dynamo_compiling  # (folded to a constant True while Dynamo traces)
+_compiler = torch.compiler  # its ``_is_compiling_flag``: True while export traces
 _thread_id = threading.get_ident
 # the torch function mode stack, as ``api_patch.ApiPatcher.call`` reads it
 _stack_len = torch._C._len_torch_function_stack
@@ -78,7 +80,9 @@ class FastApi:
         call = self.call(original, prefix, api)
 
         def api_call(*args: Any, **kwargs: Any) -> Any:
-            if _is_compiling():  # Dynamo traces what it traced before (the usual wrapper), never the C call
+            # Dynamo traces what it traced before (the usual wrapper), never the C call: ``is_compiling()`` without
+            # its ``torch.jit.is_scripting()`` call (one Python call fewer before every call of the route)
+            if _dynamo_compiling() or _compiler._is_compiling_flag:
                 return plain(*args, **kwargs)
             return call(args, kwargs)
 
@@ -101,7 +105,8 @@ class FastApi:
         return (svc, svc._tls, records, records._fast_text, svc.patcher, self._capture(), svc.stacks.interned,
                 records._construct, NO_PARENT, svc._on_api_call, partial(_end_as_dict, svc), _graph_task_id,
                 _is_grad_enabled, guard.__enter__, guard.__exit__, _stack_len, _stack_pop, _stack_push,
-                self._grad_env(guard))
+                self._grad_env(guard), _plain_vars(svc, ("_recording", "dumping_thread", "recorder")),
+                _plain_vars(records, ("step_state",)))
 
     def _grad_env(self, guard: Any) -> Optional[tuple]:
         """What a call with autograd on reads in C (``_fast_gradapi.c``'s G_* order: ``on_api_call``'s
@@ -201,6 +206,20 @@ class FastApi:
                 tls.depth -= 1
 
         return api_call
+
+
+def _plain_vars(obj: Any, names: tuple) -> Optional[dict]:
+    """``obj``'s instance dict, where the C call reads these attributes of ``obj`` (a dict lookup instead of
+    getattr), or None (getattr) when ``obj`` has none or its class makes any of them a data descriptor (a
+    property, a slot: the instance dict is then not what getattr reads)."""
+    try:
+        found = vars(obj)
+    except TypeError:
+        return None
+    cls = type(obj)
+    if any(inspect.isdatadescriptor(inspect.getattr_static(cls, name, None)) for name in names):
+        return None
+    return found
 
 
 def _end_as_dict(svc: Any, key: str, name: str, n: int, head: str, rec: Any, stack: Any, parent: Any,

@@ -22,8 +22,10 @@
 enum {
     ENV_SVC, ENV_TLS, ENV_RECORDS, ENV_RT, ENV_PATCHER, ENV_CAPTURE, ENV_INTERNED, ENV_CONSTRUCT, ENV_NO_PARENT,
     ENV_ON_API_CALL, ENV_END_DICT, ENV_GRAPH_TASK, ENV_GRAD_ENABLED, ENV_TF_OFF, ENV_TF_ON,
-    ENV_STACK_LEN, ENV_STACK_POP, ENV_STACK_PUSH, ENV_GRAD, ENV_N
-};  /* ENV_GRAD: what a call with autograd on reads (_fast_gradapi.c's G_*), or None: ``on_api_call`` takes it */
+    ENV_STACK_LEN, ENV_STACK_POP, ENV_STACK_PUSH, ENV_GRAD, ENV_SVC_VARS, ENV_RECORDS_VARS, ENV_N
+};  /* ENV_GRAD: what a call with autograd on reads (_fast_gradapi.c's G_*), or None: ``on_api_call`` takes it;
+     * ENV_SVC_VARS, ENV_RECORDS_VARS: the service's and the records' instance dicts, where the attributes read here
+     * live (``ac_attr``), or None */
 
 typedef struct {
     PyObject_HEAD
@@ -36,12 +38,39 @@ static PyObject *ac_record(ApiCallObject *self, PyObject **env, PyObject *local,
 static int ag_valid(PyObject *grad);  /* (_fast_gradapi.c) */
 
 static PyObject *S_recording, *S_depth, *S_dumping_thread, *S_other_thread, *S_step_state, *S_counters,
-    *S_recorder, *S_open_step, *S_module_stack, *S_mode, *S_dict, *S_reserve, *S_put_text, *S_error, *ZERO, *ONE,
+    *S_recorder, *S_open_step, *S_module_stack, *S_mode, *S_dict, *S_reserve, *S_put_text, *S_error, *EMPTY, *ZERO, *ONE,
     *MINUS_ONE;
 
 /* original(*args, **kwargs) */
 static PyObject *ac_plain(PyObject *original, PyObject *args, PyObject *kwargs) {
     return PyObject_Call(original, args, PyDict_GET_SIZE(kwargs) ? kwargs : NULL);
+}
+
+/* fn() / fn(arg) for the builtins every call makes (torch's stack and grad-mode functions, the torch function
+ * guard's __enter__/__exit__): a builtin taking no argument (or, for __exit__, its arguments as a tuple) or one
+ * object is called through its C function, without the generic call's dispatch; anything else through
+ * PyObject_Call*. */
+static PyObject *ac_call(PyObject *fn, PyObject *arg) {
+    if (PyCFunction_CheckExact(fn)) {
+        PyCFunction meth = PyCFunction_GET_FUNCTION(fn);
+        PyObject *self = PyCFunction_GET_SELF(fn);
+        int flags = PyCFunction_GET_FLAGS(fn) & (METH_VARARGS | METH_KEYWORDS | METH_NOARGS | METH_O | METH_FASTCALL);
+        if (arg == NULL && flags == METH_NOARGS) return meth(self, NULL);
+        if (arg == NULL && flags == METH_VARARGS) return meth(self, EMPTY);
+        if (arg != NULL && flags == METH_O) return meth(self, arg);
+    }
+    return arg == NULL ? PyObject_CallNoArgs(fn) : PyObject_CallOneArg(fn, arg);
+}
+
+/* obj.name, a new reference: read from obj's instance dict (vars, when ``FastApi`` found that class defines no data
+ * descriptor of the name: what getattr would find there) when it holds the name, else by getattr. */
+static PyObject *ac_attr(PyObject *obj, PyObject *vars, PyObject *name) {
+    if (vars != Py_None) {
+        PyObject *v = PyDict_GetItemWithError(vars, name);
+        if (v != NULL) return Py_NewRef(v);
+        if (PyErr_Occurred()) return NULL;
+    }
+    return PyObject_GetAttr(obj, name);
 }
 
 /* This thread's ``tls.depth`` (``tls``: a ``threading.local``; ``local``: its ``__dict__`` for this thread, where
@@ -54,6 +83,18 @@ static PyObject *ac_get_depth(PyObject *local) {
 
 /* tls.depth += d (ONE or MINUS_ONE), keeping any exception already set (a ``finally``: that exception wins). */
 static int ac_depth(PyObject *local, PyObject *d) {
+    if (!PyErr_Occurred()) {  /* the usual case: no exception pending, the depth an int of this thread's dict */
+        PyObject *v = PyDict_GetItemWithError(local, S_depth);
+        int overflow = 0;
+        long x = v != NULL && PyLong_CheckExact(v) ? PyLong_AsLongAndOverflow(v, &overflow) : 0;
+        if (v != NULL && PyLong_CheckExact(v) && !overflow && x > LONG_MIN + 1 && x < LONG_MAX - 1) {
+            PyObject *nv = PyLong_FromLong(d == ONE ? x + 1 : x - 1);
+            int rc = nv == NULL ? -1 : PyDict_SetItem(local, S_depth, nv);
+            Py_XDECREF(nv);
+            return rc;
+        }
+        if (PyErr_Occurred()) return -1;
+    }
     PyObject *et, *ev, *etb;
     PyErr_Fetch(&et, &ev, &etb);
     int rc = -1;
@@ -98,21 +139,61 @@ static int ac_report(PyObject *svc, PyObject *name) {
 static int ac_tf(PyObject *fn, int on, int rc) {
     PyObject *et = NULL, *ev = NULL, *etb = NULL;
     if (on) PyErr_Fetch(&et, &ev, &etb);
-    PyObject *r = PyObject_CallNoArgs(fn);
+    PyObject *r = ac_call(fn, NULL);
     if (r == NULL) { Py_XDECREF(et); Py_XDECREF(ev); Py_XDECREF(etb); return -1; }
     Py_DECREF(r);
     if (on) PyErr_Restore(et, ev, etb);
     return on ? rc : 0;
 }
 
-/* fn(a, b) of RecordText with torch functions off (``ac_tf``). */
-typedef PyObject *(*rt_fn)(RecordTextObject *, PyObject *const *, Py_ssize_t);
-static PyObject *ac_text(PyObject **env, rt_fn fn, PyObject *a, PyObject *b) {
-    if (ac_tf(env[ENV_TF_OFF], 0, 0) < 0) return NULL;
-    PyObject *argv[2] = {a, b};
-    PyObject *text = fn((RecordTextObject *)env[ENV_RT], argv, 2);
-    if (ac_tf(env[ENV_TF_ON], 1, 0) < 0) Py_CLEAR(text);
-    return text;
+/* The inputs' text (``put_inputs``: out NULL) or, after it, the output's and the record's end (``put_output``) into b,
+ * with torch functions off (``ac_tf``): 0, NO_TEXT, or -1 with an error. */
+static int ac_text(PyObject **env, text_t *b, PyObject *args, PyObject *kwargs, PyObject *out) {
+    if (ac_tf(env[ENV_TF_OFF], 0, 0) < 0) return -1;
+    RecordTextObject *rt = (RecordTextObject *)env[ENV_RT];
+    return ac_tf(env[ENV_TF_ON], 1, out == NULL ? put_inputs(rt, b, args, kwargs) : put_output(rt, b, out));
+}
+
+/* The recorder whose ``put_text`` is its kernel ``TextJournal``'s (a weak reference, NULL for none) and that journal:
+ * found by ``ac_put_text`` once per recorder, forgotten when the recorder goes (``ac_forget``). */
+static PyObject *ac_journal_rec, *ac_journal, *ac_forget_fn;
+
+/* The weak reference's callback: the recorder is gone, its journal no longer held here. */
+static PyObject *ac_forget(PyObject *unused, PyObject *ref) {
+    if (ref == ac_journal_rec) {
+        Py_CLEAR(ac_journal);
+        Py_CLEAR(ac_journal_rec);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef ac_forget_def = {"forget", (PyCFunction)ac_forget, METH_O, "a recorder's journal forgotten"};
+
+/* rec.put_text(name, text, None, stack, parent), a new reference: the kernel's ``TextJournal.put_text`` called
+ * without a method call where it is rec's (looked at once per recorder: the instance's ``put_text``), else the
+ * method. */
+static PyObject *ac_put_text(PyObject *rec, PyObject *name, PyObject *text, PyObject *stack, PyObject *parent) {
+    PyObject *argv[5] = {name, text, Py_None, stack, parent};
+    if (ac_journal_rec == NULL || PyWeakref_GetObject(ac_journal_rec) != rec) {
+        PyObject *m = PyObject_GetAttr(rec, S_put_text);
+        if (m == NULL) return NULL;
+        if (PyCFunction_Check(m) && PyCFunction_GET_FUNCTION(m) == (PyCFunction)(void (*)(void))tj_put_text
+            && PyCFunction_GET_SELF(m) != NULL && PyObject_TypeCheck(PyCFunction_GET_SELF(m), &TextJournalType)) {
+            PyObject *ref = PyWeakref_NewRef(rec, ac_forget_fn);
+            if (ref == NULL) { Py_DECREF(m); return NULL; }
+            Py_XSETREF(ac_journal_rec, ref);  /* (the old reference dropped: its callback never comes) */
+            Py_XSETREF(ac_journal, Py_NewRef(PyCFunction_GET_SELF(m)));
+        } else {
+            PyObject *r = PyObject_Vectorcall(m, argv, 5, NULL);
+            Py_DECREF(m);
+            return r;
+        }
+        Py_DECREF(m);
+    }
+    PyObject *journal = Py_NewRef(ac_journal);  /* (held: put_text may run Python code that drops the recorder) */
+    PyObject *r = tj_put_text((TextJournalObject *)journal, argv, 5, NULL);
+    Py_DECREF(journal);
+    return r;
 }
 
 /* original(*args, **kwargs) with the operator mode popped while it is the innermost TorchFunctionMode (it would
@@ -122,15 +203,15 @@ static PyObject *ac_original(PyObject **env, PyObject *original, PyObject *args,
     if (mode == NULL) return NULL;
     int popped = 0;
     if (mode != Py_None) {
-        PyObject *n = PyObject_CallNoArgs(env[ENV_STACK_LEN]);
+        PyObject *n = ac_call(env[ENV_STACK_LEN], NULL);
         Py_ssize_t depth = n == NULL ? -1 : PyLong_AsSsize_t(n);
         Py_XDECREF(n);
         if (depth < 0) { Py_DECREF(mode); return NULL; }
         if (depth > 0) {  /* the innermost mode, popped; pushed back at once if it is another one */
-            PyObject *top = PyObject_CallNoArgs(env[ENV_STACK_POP]);
+            PyObject *top = ac_call(env[ENV_STACK_POP], NULL);
             if (top == NULL) { Py_DECREF(mode); return NULL; }
             popped = top == mode;
-            PyObject *r = popped ? Py_NewRef(Py_None) : PyObject_CallOneArg(env[ENV_STACK_PUSH], top);
+            PyObject *r = popped ? Py_NewRef(Py_None) : ac_call(env[ENV_STACK_PUSH], top);
             Py_DECREF(top);
             if (r == NULL) { Py_DECREF(mode); return NULL; }
             Py_DECREF(r);
@@ -140,7 +221,7 @@ static PyObject *ac_original(PyObject **env, PyObject *original, PyObject *args,
     if (popped) {  /* a ``finally``: the mode goes back whatever happened */
         PyObject *et, *ev, *etb;
         PyErr_Fetch(&et, &ev, &etb);
-        PyObject *r = PyObject_CallOneArg(env[ENV_STACK_PUSH], mode);
+        PyObject *r = ac_call(env[ENV_STACK_PUSH], mode);
         if (r == NULL) {
             Py_CLEAR(out);
             Py_XDECREF(et); Py_XDECREF(ev); Py_XDECREF(etb);
@@ -157,7 +238,7 @@ static PyObject *ac_original(PyObject **env, PyObject *original, PyObject *args,
  * reference), 2 ``on_api_call``; -1 an error. */
 static int ac_gate(PyObject **env, PyObject **local) {
     PyObject *svc = env[ENV_SVC];
-    PyObject *v = PyObject_GetAttr(svc, S_recording);
+    PyObject *v = ac_attr(svc, env[ENV_SVC_VARS], S_recording);
     int on = v == NULL ? -1 : PyObject_IsTrue(v);
     Py_XDECREF(v);
     if (on <= 0) return on;
@@ -169,13 +250,13 @@ static int ac_gate(PyObject **env, PyObject **local) {
     Py_XDECREF(v);
     if (on != 0) { Py_DECREF(d); return on < 0 ? -1 : 0; }
     *local = d;
-    v = PyObject_CallNoArgs(env[ENV_GRAPH_TASK]);
+    v = ac_call(env[ENV_GRAPH_TASK], NULL);
     if (v == NULL) return -1;
     long task = PyLong_AsLong(v);
     Py_DECREF(v);
     if (task == -1 && PyErr_Occurred()) return -1;
     if (task != -1) return 0;
-    v = PyObject_GetAttr(svc, S_dumping_thread);
+    v = ac_attr(svc, env[ENV_SVC_VARS], S_dumping_thread);
     if (v == NULL) return -1;
     unsigned long thread = PyLong_AsUnsignedLong(v);
     Py_DECREF(v);
@@ -186,7 +267,7 @@ static int ac_gate(PyObject **env, PyObject **local) {
         Py_DECREF(v);
         return 0;
     }
-    v = PyObject_CallNoArgs(env[ENV_GRAD_ENABLED]);
+    v = ac_call(env[ENV_GRAD_ENABLED], NULL);
     on = v == NULL ? -1 : PyObject_IsTrue(v);
     Py_XDECREF(v);
     return on < 0 ? -1 : on ? 2 : 1;
@@ -194,7 +275,7 @@ static int ac_gate(PyObject **env, PyObject **local) {
 
 /* The record's name "{key}.{n}.forward", the step's counter of key taken (n). */
 static PyObject *ac_name(PyObject **env, PyObject *key, PyObject **n) {
-    PyObject *state = PyObject_GetAttr(env[ENV_RECORDS], S_step_state);
+    PyObject *state = ac_attr(env[ENV_RECORDS], env[ENV_RECORDS_VARS], S_step_state);
     if (state == NULL) return NULL;
     PyObject *counters = PyObject_GetAttr(state, S_counters);
     Py_DECREF(state);
@@ -213,7 +294,8 @@ static PyObject *ac_name(PyObject **env, PyObject *key, PyObject **n) {
     }
     if (count == NULL) count = Py_NewRef(ZERO);
     next = PyNumber_Add(count, ONE);
-    if (next == NULL || PyObject_SetItem(counters, key, next) < 0) goto done;
+    if (next == NULL || (PyDict_CheckExact(counters) ? PyDict_SetItem(counters, key, next)
+                                                     : PyObject_SetItem(counters, key, next)) < 0) goto done;
     long long c = PyLong_Check(count) ? PyLong_AsLongLong(count) : -1;
     Py_ssize_t klen;
     const char *k = PyUnicode_AsUTF8AndSize(key, &klen);
@@ -228,7 +310,13 @@ static PyObject *ac_name(PyObject **env, PyObject *key, PyObject **n) {
         buf[len++] = '.';
         while (nd > 0) buf[len++] = digits[--nd];
         memcpy(buf + len, tail, sizeof(tail) - 1);
-        name = PyUnicode_DecodeUTF8(buf, len + (Py_ssize_t)sizeof(tail) - 1, NULL);
+        len += (Py_ssize_t)sizeof(tail) - 1;
+        if (PyUnicode_IS_ASCII(key)) {  /* the usual key: the text as it is, not decoded */
+            name = PyUnicode_New(len, 127);
+            if (name != NULL) memcpy(PyUnicode_1BYTE_DATA(name), buf, (size_t)len);
+        } else {
+            name = PyUnicode_DecodeUTF8(buf, len, NULL);
+        }
     } else {
         PyErr_Clear();
         name = PyUnicode_FromFormat("%U.%S.forward", key, count);
@@ -260,7 +348,7 @@ static PyObject *ac_stack(PyObject **env) {
  * module (construct.json) or NO_PARENT. -1 with an exception set. */
 static int ac_where(PyObject **env, PyObject **rec, PyObject **stack, PyObject **parent) {
     PyObject *svc = env[ENV_SVC];
-    *rec = PyObject_GetAttr(svc, S_recorder);
+    *rec = ac_attr(svc, env[ENV_SVC_VARS], S_recorder);
     if (*rec == NULL) return -1;
     int ok = PyObject_IsTrue(*rec);
     if (ok < 0) return -1;
@@ -276,7 +364,7 @@ static int ac_where(PyObject **env, PyObject **rec, PyObject **stack, PyObject *
         *parent = Py_NewRef(env[ENV_NO_PARENT]);
         return 0;
     }
-    PyObject *state = PyObject_GetAttr(env[ENV_RECORDS], S_step_state);
+    PyObject *state = ac_attr(env[ENV_RECORDS], env[ENV_RECORDS_VARS], S_step_state);
     if (state == NULL) return -1;
     PyObject *modules = PyObject_GetAttr(state, S_module_stack);
     Py_DECREF(state);
@@ -327,6 +415,8 @@ static PyObject *ac_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     if (PyTuple_GET_SIZE(key) != 3 || !PyUnicode_Check(PyTuple_GET_ITEM(key, 0)) || PyTuple_GET_SIZE(env) != ENV_N
         || !PyObject_TypeCheck(PyTuple_GET_ITEM(env, ENV_RT), &RecordTextType) || !PyCallable_Check(original)
         || !PyDict_Check(PyTuple_GET_ITEM(env, ENV_INTERNED))
+        || (PyTuple_GET_ITEM(env, ENV_SVC_VARS) != Py_None && !PyDict_Check(PyTuple_GET_ITEM(env, ENV_SVC_VARS)))
+        || (PyTuple_GET_ITEM(env, ENV_RECORDS_VARS) != Py_None && !PyDict_Check(PyTuple_GET_ITEM(env, ENV_RECORDS_VARS)))
         || (PyTuple_GET_ITEM(env, ENV_GRAD) != Py_None && !ag_valid(PyTuple_GET_ITEM(env, ENV_GRAD)))) {
         PyErr_SetString(PyExc_TypeError, "ApiCall(original, (key, prefix, api), env): see _fast_api.c");
         return NULL;
@@ -495,7 +585,8 @@ static int add_api_call(PyObject *m) {
     INTERN(S_mode, "_mode") INTERN(S_dict, "__dict__") INTERN(S_reserve, "reserve")
     INTERN(S_put_text, "put_text") INTERN(S_error, "_error")
 #undef INTERN
-    if ((ZERO = PyLong_FromLong(0)) == NULL || (ONE = PyLong_FromLong(1)) == NULL
+    if ((ac_forget_fn = PyCFunction_New(&ac_forget_def, NULL)) == NULL) return -1;
+    if ((EMPTY = PyTuple_New(0)) == NULL || (ZERO = PyLong_FromLong(0)) == NULL || (ONE = PyLong_FromLong(1)) == NULL
         || (MINUS_ONE = PyLong_FromLong(-1)) == NULL) return -1;
     if (PyType_Ready(&ApiCallType) < 0 || PyType_Ready(&ModePassType) < 0) return -1;
     Py_INCREF(&ApiCallType);

@@ -563,17 +563,21 @@ static PyObject *ac_record(ApiCallObject *self, PyObject **env, PyObject *local,
                            int autograd) {
     PyObject *svc = env[ENV_SVC], **g = autograd ? &PyTuple_GET_ITEM(env[ENV_GRAD], 0) : NULL;
     if (ac_depth(local, ONE) < 0) return NULL;  /* the tool's own work, as in ``on_api_call`` */
-    PyObject *head = ac_text(env, rt_inputs, args, kwargs);
-    if (head == NULL) {
-        if (!PyErr_ExceptionMatches(PyExc_Exception)) { ac_depth(local, MINUS_ONE); return NULL; }
+    text_t b;  /* the record's text: the inputs' (its head, ``inputs``), then the output's (``record``) */
+    text_init(&b);
+    int rc = ac_text(env, &b, args, kwargs, NULL);
+    if (rc < 0) {
+        if (!PyErr_ExceptionMatches(PyExc_Exception)) { text_free(&b); ac_depth(local, MINUS_ONE); return NULL; }
         PyErr_Clear();  /* the usual route says what went wrong */
     }
-    if (head == NULL || head == Py_None) {  /* an argument the C text does not read: the usual record */
-        Py_XDECREF(head);
+    if (rc != 0) {  /* an argument the C text does not read: the usual record */
+        text_free(&b);
         if (ac_depth(local, MINUS_ONE) < 0) return NULL;
         return PyObject_CallFunctionObjArgs(env[ENV_ON_API_CALL], self->original, PyTuple_GET_ITEM(self->key, 1),
                                             PyTuple_GET_ITEM(self->key, 2), args, kwargs, NULL);
     }
+    Py_ssize_t head_len = b.len;
+    int recording = 1;  /* 0: the tool failed before the call, which is made alone */
     PyObject *key = PyTuple_GET_ITEM(self->key, 0);
     PyObject *n = NULL, *rec = NULL, *stack = NULL, *parent = NULL, *out = NULL, *backward = NULL;
     PyObject *edges = Py_NewRef(Py_None);
@@ -585,29 +589,34 @@ static PyObject *ac_record(ApiCallObject *self, PyObject **env, PyObject *local,
         || (grad && (ac_tf(env[ENV_TF_OFF], 0, 0) < 0
                      || ac_tf(env[ENV_TF_ON], 1, ag_begin(g, env[ENV_RECORDS], backward, args, kwargs, &edges)) < 0))) {
         if (ac_report(svc, name) < 0) goto fail;  /* the tool must never break the user's call */
-        Py_CLEAR(head);
+        recording = 0;
     }
     out = ac_original(env, self->original, args, kwargs);
     if (out == NULL) {  /* what the usual route leaves of a call that raised: its place and stack */
-        if (head != NULL) {
+        if (recording) {
             PyObject *et, *ev, *etb;
             PyErr_Fetch(&et, &ev, &etb);
             PyObject *r = PyObject_CallMethodObjArgs(rec, S_reserve, name, stack, NULL);
-            int rc = r != NULL ? 0 : ac_report(svc, name);
+            int failed = r != NULL ? 0 : ac_report(svc, name);
             Py_XDECREF(r);
-            if (rc < 0) { Py_XDECREF(et); Py_XDECREF(ev); Py_XDECREF(etb); }
+            if (failed < 0) { Py_XDECREF(et); Py_XDECREF(ev); Py_XDECREF(etb); }
             else PyErr_Restore(et, ev, etb);
         }
         goto fail;
     }
-    if (head != NULL) {
-        PyObject *text = ac_text(env, rt_record, head, out);
+    if (recording) {
+        rc = ac_text(env, &b, NULL, NULL, out);
         PyObject *r = NULL;
-        if (text == Py_None)  /* an output the C text does not read: the usual end makes it a dict */
-            r = PyObject_CallFunctionObjArgs(env[ENV_END_DICT], key, name, n, head, rec, stack, parent, out, edges,
-                                             grad ? Py_True : Py_False, NULL);
-        else if (text != NULL) {  /* nothing was recorded during the call: its place is taken now */
-            r = PyObject_CallMethodObjArgs(rec, S_put_text, name, text, Py_None, stack, parent, NULL);
+        if (rc == NO_TEXT) {  /* an output the C text does not read: the usual end makes it a dict */
+            PyObject *head = PyUnicode_DecodeUTF8(b.p, head_len, NULL);
+            if (head != NULL)
+                r = PyObject_CallFunctionObjArgs(env[ENV_END_DICT], key, name, n, head, rec, stack, parent, out,
+                                                 edges, grad ? Py_True : Py_False, NULL);
+            Py_XDECREF(head);
+        } else if (rc == 0) {  /* nothing was recorded during the call: its place is taken now */
+            PyObject *text = PyUnicode_DecodeUTF8(b.p, b.len, NULL);
+            r = text == NULL ? NULL : ac_put_text(rec, name, text, stack, parent);
+            Py_XDECREF(text);
             if (r != NULL && grad) {
                 Py_DECREF(r);
                 PyObject *p = parent == env[ENV_NO_PARENT] ? Py_None : parent;
@@ -616,12 +625,12 @@ static PyObject *ac_record(ApiCallObject *self, PyObject **env, PyObject *local,
                     ? NULL : Py_NewRef(Py_None);
             }
         }
-        Py_XDECREF(text);
         if (r == NULL && ac_report(svc, name) < 0) { Py_CLEAR(out); goto fail; }
         Py_XDECREF(r);
     }
 fail:
-    Py_XDECREF(head); Py_XDECREF(n); Py_XDECREF(name); Py_XDECREF(backward); Py_XDECREF(edges);
+    text_free(&b);
+    Py_XDECREF(n); Py_XDECREF(name); Py_XDECREF(backward); Py_XDECREF(edges);
     Py_XDECREF(rec); Py_XDECREF(stack); Py_XDECREF(parent);
     if (ac_depth(local, MINUS_ONE) < 0) Py_CLEAR(out);
     return out;

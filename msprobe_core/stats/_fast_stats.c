@@ -563,8 +563,27 @@ typedef struct {
 
 #define NO_TEXT 1 /* the answer is None: the caller takes the Python route for the whole record */
 
-/* d of t: a getset descriptor's value or a method descriptor's call with no argument. */
+/* d of t: a getset descriptor's value or a method descriptor's call with no argument. A descriptor of t's class (a
+ * tensor's questions, several per record) goes straight to its C function: what the generic call would reach after
+ * the same class check. */
 static PyObject *descr_get(PyObject *d, PyObject *t) {
+    if ((Py_TYPE(d) == &PyGetSetDescr_Type || Py_TYPE(d) == &PyMethodDescr_Type)
+        && PyObject_TypeCheck(t, PyDescr_TYPE(d))) {
+        if (Py_TYPE(d) == &PyGetSetDescr_Type) {
+            PyGetSetDef *g = ((PyGetSetDescrObject *)d)->d_getset;
+            if (g->get != NULL) return g->get(t, g->closure);
+        } else {
+            PyMethodDef *m = ((PyMethodDescrObject *)d)->d_method;
+            int flags = m->ml_flags & (METH_VARARGS | METH_KEYWORDS | METH_NOARGS | METH_O | METH_FASTCALL);
+            if (flags == METH_NOARGS) return m->ml_meth(t, NULL);
+            if (flags == (METH_VARARGS | METH_KEYWORDS)) {
+                PyObject *none = PyTuple_New(0);  /* (the empty tuple: no allocation) */
+                PyObject *r = none == NULL ? NULL : ((PyCFunctionWithKeywords)(void (*)(void))m->ml_meth)(t, none, NULL);
+                Py_XDECREF(none);
+                return r;
+            }
+        }
+    }
     descrgetfunc get = Py_TYPE(d)->tp_descr_get;
     if (Py_TYPE(d) == &PyMethodDescr_Type || get == NULL) return PyObject_Vectorcall(d, &t, 1, NULL);
     return get(d, t, (PyObject *)Py_TYPE(t));
@@ -1008,6 +1027,19 @@ static PyObject *rt_tensor(RecordTextObject *self, PyObject *t) {
     return finish(&b, put_tensor(self, &b, t, 0));
 }
 
+/* ``inputs``' text of (args, kwargs) into b: 0, NO_TEXT, or -1 with an error. */
+static int put_inputs(RecordTextObject *self, text_t *b, PyObject *args, PyObject *kwargs) {
+    int rc = PUT_LIT(b, "{\"input_args\": ");
+    if (rc == 0) rc = put_object(self, b, args);
+    if (rc >= 0) {  /* the kwargs' summaries are made even when the args' are not (the Python route's order) */
+        int empty = PyObject_Not(kwargs);
+        int kwrc = empty < 0 ? -1 : PUT_LIT(b, ", \"input_kwargs\": ");
+        if (kwrc == 0) kwrc = empty ? PUT_LIT(b, "{}") : put_object(self, b, kwargs);
+        if (kwrc) rc = rc == 0 || kwrc < 0 ? kwrc : rc;
+    }
+    return rc;
+}
+
 static PyObject *rt_inputs(RecordTextObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 2) {
         PyErr_SetString(PyExc_TypeError, "inputs(args, kwargs) takes 2 arguments");
@@ -1015,15 +1047,27 @@ static PyObject *rt_inputs(RecordTextObject *self, PyObject *const *args, Py_ssi
     }
     text_t b;
     text_init(&b);
-    int rc = PUT_LIT(&b, "{\"input_args\": ");
-    if (rc == 0) rc = put_object(self, &b, args[0]);
-    if (rc >= 0) {  /* the kwargs' summaries are made even when the args' are not (the Python route's order) */
-        int empty = PyObject_Not(args[1]);
-        int kwrc = empty < 0 ? -1 : PUT_LIT(&b, ", \"input_kwargs\": ");
-        if (kwrc == 0) kwrc = empty ? PUT_LIT(&b, "{}") : put_object(self, &b, args[1]);
-        if (kwrc) rc = rc == 0 || kwrc < 0 ? kwrc : rc;
+    return finish(&b, put_inputs(self, &b, args[0], args[1]));
+}
+
+/* ``record``'s text after the head (the inputs' text): the output's, then the record's end, into b: 0, NO_TEXT, or
+ * -1 with an error. */
+static int put_output(RecordTextObject *self, text_t *b, PyObject *out) {
+    int rc = PUT_LIT(b, ", \"output\": ");
+    if (rc == 0) {
+        if (PyList_CheckExact(out) || PyTuple_CheckExact(out)) {
+            rc = put_object(self, b, out);
+        } else if (PyList_Check(out) || PyTuple_Check(out)) {  /* list(out), as the Python route takes it */
+            PyObject *items = PySequence_List(out);
+            rc = items == NULL ? -1 : put_object(self, b, items);
+            Py_XDECREF(items);
+        } else {
+            rc = PUT_LIT(b, "[");
+            if (rc == 0) rc = put_object(self, b, out);
+            if (rc == 0) rc = PUT_LIT(b, "]");
+        }
     }
-    return finish(&b, rc);
+    return rc == 0 ? PUT_LIT(b, "}") : rc;
 }
 
 static PyObject *rt_record(RecordTextObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -1031,26 +1075,10 @@ static PyObject *rt_record(RecordTextObject *self, PyObject *const *args, Py_ssi
         PyErr_SetString(PyExc_TypeError, "record(head, out) takes a str and the call's output");
         return NULL;
     }
-    PyObject *out = args[1];
     text_t b;
     text_init(&b);
     int rc = text_put_str(&b, args[0]);
-    if (rc == 0) rc = PUT_LIT(&b, ", \"output\": ");
-    if (rc == 0) {
-        if (PyList_CheckExact(out) || PyTuple_CheckExact(out)) {
-            rc = put_object(self, &b, out);
-        } else if (PyList_Check(out) || PyTuple_Check(out)) {  /* list(out), as the Python route takes it */
-            PyObject *items = PySequence_List(out);
-            rc = items == NULL ? -1 : put_object(self, &b, items);
-            Py_XDECREF(items);
-        } else {
-            rc = PUT_LIT(&b, "[");
-            if (rc == 0) rc = put_object(self, &b, out);
-            if (rc == 0) rc = PUT_LIT(&b, "]");
-        }
-    }
-    if (rc == 0) rc = PUT_LIT(&b, "}");
-    return finish(&b, rc);
+    return finish(&b, rc == 0 ? put_output(self, &b, args[1]) : rc);
 }
 
 static const char *const DESCR_NAMES[N_DESCR] = {"_version", "data_ptr", "requires_grad", "is_cpu", "layout", "dtype",

@@ -458,3 +458,47 @@ def test_the_hooks_of_calls_with_autograd_on_go_when_the_step_ends(tmp_path, rou
             assert len(data["Functional.linear.0.backward"]["output"]) == 2  # x's and w's gradients
             assert len(data["Functional.gelu.0.backward"]["input"]) == 1
     assert not list(tmp_path.rglob("dump_error_info.log"))
+
+
+def test_the_c_call_reads_instance_dicts_only_where_getattr_would_read_them():
+    """``ApiCall`` reads the service's and the records' attributes from their instance dicts (``_plain_vars``)
+    unless the class makes one a data descriptor (a property, a slot) or there is no instance dict."""
+
+    class Plain:
+        def __init__(self):
+            self.recorder = "instance"
+
+    class WithProperty:
+        @property
+        def recorder(self):
+            return "property"
+
+    class Slotted:
+        __slots__ = ("recorder",)
+
+    plain = Plain()
+    assert api_fast._plain_vars(plain, ("recorder",)) is vars(plain)
+    assert api_fast._plain_vars(WithProperty(), ("other", "recorder")) is None
+    assert api_fast._plain_vars(Slotted(), ("recorder",)) is None
+
+
+@needs_kernel
+def test_the_c_call_holds_no_steps_journal_once_the_step_ends(tmp_path):
+    """``ApiCall`` calls the recorder's C ``put_text`` directly (found once per recorder): the step's
+    ``TextJournal`` is let go with its recorder, and the next step's recorder is written through its own."""
+    import sys
+    dbg = PrecisionDebugger({"dump_path": str(tmp_path), "level": "L1", "task": "statistics"})
+    t = torch.ones(4)
+    for step in range(2):
+        dbg.start()
+        with torch.no_grad():
+            t.mul_(2.0)
+        journal = getattr(dbg.service.recorder, "_text_journal", None)
+        dbg.stop()
+        dbg.step()
+        if journal is not None:
+            assert sys.getrefcount(journal) == 2  # this test's name and getrefcount's argument
+        del journal
+    for step in range(2):
+        records = json.loads(step_dir(tmp_path, step).joinpath("dump.json").read_text())["data"]
+        assert list(records) == ["Tensor.mul_.0.forward"]
