@@ -15,7 +15,7 @@ venv: $(STAMP)
 
 # Idempotent: re-runs only when the pins or pyproject change. torch is pinned by the constraints file on
 # every install after the first, because any other torch version pulls gigabytes of CUDA packages.
-$(STAMP): pyproject.toml setup.py $(wildcard msprobe_core/stats/_fast_*.c) requirements/dev.txt requirements/docs.txt $(CONSTRAINTS)
+$(STAMP): pyproject.toml setup.py $(wildcard msprobe_core/stats/_fast_*.c msprobe_core/stats/_torch_facts.*) requirements/dev.txt requirements/docs.txt $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(PIP) torch==2.13.0
 	$(PIP) -c $(CONSTRAINTS) -r requirements/dev.txt

@@ -57,6 +57,8 @@ def test_build_makes_an_sdist_and_a_wheel_with_everything_needed(dists):
     assert "_fast_stats.c" in parts
     for part in parts:  # _fast_stats.c and the parts it #includes (setup.py's depends)
         assert any(n.endswith(f"/stats/{part}") for n in names), f"the sdist must carry the kernel's C source {part}"
+    for part in ("_torch_facts.cpp", "_torch_facts.h"):  # the optional C++ part (built here: torch imports)
+        assert any(n.endswith(f"/stats/{part}") for n in names), f"the sdist must carry the C++ source {part}"
     assert any(n.endswith("support_wrap_ops.yaml") for n in names)
     with zipfile.ZipFile(wheel) as whl:
         wnames = whl.namelist()
@@ -79,7 +81,8 @@ def test_sdist_installs_and_works_without_a_c_compiler(dists, tmp_path):
                            "--no-index", "--target", str(target), str(sdist)], capture_output=True, text=True,
                           timeout=600, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert not list(target.rglob("_fast_stats*.so")), "no compiler, so no extension"
+    assert not list(target.rglob("_fast_stats*.so")) and not list(target.rglob("_torch_facts*.so")), \
+        "no compiler, so no extension"
     code = textwrap.dedent("""
         import json, sys, torch
         import msprobe_core

@@ -115,8 +115,8 @@ class TorchStateReader(StateReader):
         else:
             found = [state.get(p) for p in params.values()]
         named = [(name, s) for name, s in zip(params, found) if s]
-        columns = {key: {name: t for name, s in named if isinstance(t := s.get(key), torch.Tensor)}
-                   for key in STATE_KINDS}
+        names, states = [name for name, _ in named], [s for _, s in named]
+        columns = {key: _column(names, states, key) for key in STATE_KINDS}
         if columns["exp_avg"] and columns["momentum_buffer"]:  # both report exp_avg: per parameter, as they come
             for name, s in named:
                 for key, kind in STATE_KINDS.items():
@@ -133,3 +133,19 @@ class TorchStateReader(StateReader):
             if len(out) == len(wanted):
                 break
         return out
+
+
+_NONE = {type(None)}
+
+
+def _column(names: list[str], states: list[Any], key: str) -> dict[str, torch.Tensor]:
+    """``{name: state[key]}`` for the states that hold a tensor under ``key``. The usual optimizer (every state
+    holds one, or none does) is judged by the types met, not by an ``isinstance`` per parameter (slow for a
+    missing one: torch's ``Tensor`` checks instances in Python)."""
+    values = [s.get(key) for s in states]
+    types = set(map(type, values))
+    if types == _NONE:
+        return {}
+    if all(issubclass(t, torch.Tensor) for t in types):
+        return dict(zip(names, values))
+    return {name: t for name, t in zip(names, values) if isinstance(t, torch.Tensor)}

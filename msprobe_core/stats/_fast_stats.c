@@ -1476,6 +1476,7 @@ done:
 #include "_fast_l0.c"
 #include "_fast_files.c"
 #include "_fast_gradapi.c"
+#include "_fast_facts.c"
 
 static PyMethodDef methods[] = {
     {"walk", (PyCFunction)(void (*)(void))walk, METH_FASTCALL,
@@ -2007,12 +2008,25 @@ typedef struct {
     PyObject *descr[TR_N];
 } TensorRowsObject;
 
+/* 1 with the kernel code of dtype in codes ({dtype: kernel code}); 0 where it has none (or with an error). */
+static int tr_code(PyObject *codes, PyObject *dtype, long *code) {
+    PyObject *c = PyDict_GetItemWithError(codes, dtype);  /* borrowed */
+    if (c == NULL) return 0;
+    *code = PyLong_AsLong(c);
+    return *code >= 0 && *code < N_KERNELS;
+}
+
 /* 1 with t's address, element count and kernel code where the kernel reads t as it is; 0 where it does not (or
  * torch refused a question: the caller's Python route says why); -1 with an error. */
 static int tr_plain(TensorRowsObject *self, PyObject *t, void **p, Py_ssize_t *n, long *code) {
     if ((PyObject *)Py_TYPE(t) != self->tensor && (PyObject *)Py_TYPE(t) != self->parameter) return 0;
     PyObject *v[TR_N] = {NULL};
-    int ok = 0;
+    PyObject *dtype = NULL;  /* borrowed */
+    int ok = ff_plain(t, p, n, &dtype);  /* the C++ tensor asked (_fast_facts.c); 0: ask torch's Python API */
+    if (ok != 0) {
+        if (ok > 0) ok = tr_code(self->codes, dtype, code);
+        goto done;
+    }
     for (int i = 0; i < TR_N; i++) {
         v[i] = descr_get(self->descr[i], t);
         if (v[i] == NULL) goto done;
@@ -2021,13 +2035,7 @@ static int tr_plain(TensorRowsObject *self, PyObject *t, void **p, Py_ssize_t *n
             case TR_IS_CPU: case TR_IS_CONTIGUOUS: good = v[i] == Py_True; break;
             case TR_IS_NEG: case TR_IS_ZERO: good = v[i] == Py_False; break;
             case TR_LAYOUT: good = v[i] == self->strided; break;
-            case TR_DTYPE: {
-                PyObject *c = PyDict_GetItemWithError(self->codes, v[i]);
-                if (c == NULL) goto done;
-                *code = PyLong_AsLong(c);
-                good = *code >= 0 && *code < N_KERNELS;
-                break;
-            }
+            case TR_DTYPE: good = tr_code(self->codes, v[i], code); break;
             default: break;
         }
         if (!good) goto done;

@@ -14,7 +14,8 @@ Its functions (see ``_fast_stats.c``):
   Python's ``"%.{ndigits}g"`` writes it, ``values`` a sequence of floats or a buffer of doubles
   (``monitor/writers/csv_writer.py``);
 - ``raw_ops(raw, ops)`` -> the ops of ``append_row``'s rows, as doubles of float32 values (``monitor/stats.py``);
-- ``TensorRows``: ``append_row``/``append_rows`` of plain dense float tensors, torch asked in C (``monitor/stats.py``);
+- ``TensorRows``: ``append_row``/``append_rows`` of plain dense float tensors, torch asked in C (``monitor/stats.py``;
+  through the optional C++ extension ``_torch_facts`` where it was built for the running torch, ``_fast_facts.c``);
 - ``frame_key(depth)`` -> the bytes naming the calling stack (code objects and offsets; ``files/call_stack.py``);
 - ``buffer(address, nbytes)`` -> a read-only memoryview of the bytes;
 - ``Entry`` and ``RecordText``: the dump's per-version tensor entries and its forward records' JSON text in C

@@ -45,6 +45,8 @@ def test_optimizer_states_by_columns_are_the_loops():
         {ps[0]: {"exp_avg_sq": t()}, ps[1]: {"exp_avg": t(), "exp_avg_sq": t()}},  # kinds met out of order
         {ps[0]: {"exp_avg": t()}, ps[1]: {"momentum_buffer": t()}, ps[2]: {"exp_avg": t(), "momentum_buffer": t()}},
         {ps[3]: {}, ps[4]: {"exp_avg": "not a tensor", "exp_avg_sq": t()}},
+        {p: {"exp_avg": nn.Parameter(t()) if i % 2 else t(), "exp_avg_sq": None if i == 2 else t()}  # subclasses, a gap
+         for i, p in enumerate(ps)},
     ]
     reader = TorchStateReader()
     for state in cases:
