@@ -1,6 +1,7 @@
-/* _fast_facts.c: TensorRows' questions of a tensor answered by the optional C++ extension
+/* _fast_facts.c: the plain-CPU-tensor questions of the kernel's readers answered by the optional C++ extension
  * msprobe_core.stats._torch_facts (its FACTS capsule, _torch_facts.h) instead of torch's Python API, about 30x
- * cheaper. #included into _fast_stats.c before TensorRows. The extension is imported once, at the first tensor
+ * cheaper. #included into _fast_stats.c before the readers that ask (plain_cpu_facts of the
+ * dump's RecordText and GradText, the monitor's TensorRows). The extension is imported once, at the first tensor
  * asked (torch is imported by then: the extension links against it); without it (not built, built for another
  * torch, or its import failing) ff_plain says 0 and the caller asks torch's Python API as before. */
 #include "_torch_facts.h"

@@ -535,6 +535,7 @@ static PyObject *text_finish(text_t *b) {
 }
 
 #include "_fast_repr.c"
+#include "_fast_facts.c"
 
 /* A float as ``json_text.number`` writes it. */
 static int text_put_number(text_t *b, double v) {
@@ -627,10 +628,26 @@ enum { FACTS_OTHER = 0,  /* another device or layout (or a dtype code out of the
 /* The plain-CPU-tensor questions the kernel's readers ask of t (device, layout, dtype, contiguity; not its lazy
  * negation and zero-tensor bits, asked by ``entry_body`` only before it reads), through descr (the C base class's
  * own descriptors, indexed by D_*), codes ({dtype: kernel code}) and strided (torch.strided): FACTS_* with, for
- * FACTS_PLAIN, *dtype (a new reference) and *code; -1 with an error. Shared by RecordText and GradText. */
+ * FACTS_PLAIN, *dtype (a new reference) and *code; -1 with an error. exact: t is an exact torch.Tensor or
+ * torch.nn.Parameter, whose C++ tensor may be asked instead. Shared by RecordText and GradText. */
 static int plain_cpu_facts(PyObject *const *descr, PyObject *codes, PyObject *strided, PyObject *t, PyObject **dtype,
-                           long *code) {
+                           long *code, int exact) {
     *dtype = NULL;
+    if (exact) {  /* the C++ tensor asked first (_fast_facts.c); its 0, or a dtype outside codes: the questions below */
+        void *p;
+        Py_ssize_t n;
+        PyObject *d;
+        int plain = ff_plain(t, &p, &n, &d);
+        if (plain < 0) return -1;
+        PyObject *code_obj = plain ? PyDict_GetItemWithError(codes, d) : NULL;  /* borrowed */
+        long c = code_obj != NULL && PyLong_CheckExact(code_obj) ? PyLong_AsLong(code_obj) : -1;
+        if (PyErr_Occurred()) return -1;
+        if (c >= 0 && c < N_KERNELS) {
+            *dtype = Py_NewRef(d);
+            *code = c;
+            return FACTS_PLAIN;
+        }
+    }
     PyObject *v = descr_get(descr[D_IS_CPU], t);
     int cpu = v == NULL ? -1 : PyObject_IsTrue(v);
     Py_XDECREF(v);
@@ -895,7 +912,8 @@ static int put_tensor(RecordTextObject *self, text_t *b, PyObject *t, int fallba
     }
     if (e == NULL) {
         long code = -1;
-        int facts = plain_cpu_facts(self->descr, self->codes, self->strided, t, &dtype, &code);
+        int exact = Py_TYPE(t) == (PyTypeObject *)self->tensor || Py_TYPE(t) == (PyTypeObject *)self->parameter;
+        int facts = plain_cpu_facts(self->descr, self->codes, self->strided, t, &dtype, &code, exact);
         if (facts < 0) goto done;
         if (facts == FACTS_OTHER) { rc = NO_TEXT; goto done; }
         if (facts == FACTS_COPY) {  /* float16, a strided view: the Python route (a copy) */
@@ -1213,7 +1231,7 @@ static PyObject *gt_body(GradTextObject *self, PyObject *t, long long version, u
     RecordTextObject *rt = self->rt;
     PyObject *dtype;
     long code = -1;
-    int facts = plain_cpu_facts(rt->descr, rt->codes, rt->strided, t, &dtype, &code);
+    int facts = plain_cpu_facts(rt->descr, rt->codes, rt->strided, t, &dtype, &code, 1);  /* (gt_text: exact types only) */
     if (facts != FACTS_PLAIN) return facts < 0 ? NULL : Py_NewRef(Py_None);
     EntryObject *e = entry_new(Py_None, version, ptr);  /* for make_body only: never cached */
     PyObject *body = e == NULL ? NULL : make_body(rt, t, e, dtype, code);
@@ -1476,7 +1494,6 @@ done:
 #include "_fast_l0.c"
 #include "_fast_files.c"
 #include "_fast_gradapi.c"
-#include "_fast_facts.c"
 
 static PyMethodDef methods[] = {
     {"walk", (PyCFunction)(void (*)(void))walk, METH_FASTCALL,
