@@ -625,29 +625,32 @@ enum { FACTS_OTHER = 0,  /* another device or layout (or a dtype code out of the
        FACTS_PLAIN = 1,  /* a CPU strided contiguous tensor of a kernel dtype: the kernel reads its memory as it is */
        FACTS_COPY = 2 }; /* a CPU strided tensor the kernel reads only through a copy (float16, a strided view) */
 
+/* 1 with the kernel code of dtype in codes ({dtype: kernel code}); 0 where it has none (or with an error). */
+static int dtype_code(PyObject *codes, PyObject *dtype, long *code) {
+    PyObject *c = PyDict_GetItemWithError(codes, dtype);  /* borrowed */
+    if (c == NULL) return 0;
+    *code = PyLong_AsLong(c);
+    return *code >= 0 && *code < N_KERNELS;
+}
+
 /* The plain-CPU-tensor questions the kernel's readers ask of t (device, layout, dtype, contiguity; not its lazy
  * negation and zero-tensor bits, asked by ``entry_body`` only before it reads), through descr (the C base class's
  * own descriptors, indexed by D_*), codes ({dtype: kernel code}) and strided (torch.strided): FACTS_* with, for
- * FACTS_PLAIN, *dtype (a new reference) and *code; -1 with an error. exact: t is an exact torch.Tensor or
- * torch.nn.Parameter, whose C++ tensor may be asked instead. Shared by RecordText and GradText. */
+ * FACTS_PLAIN, *dtype (a new reference) and *code; -1 with an error. Shared by RecordText and GradText. */
 static int plain_cpu_facts(PyObject *const *descr, PyObject *codes, PyObject *strided, PyObject *t, PyObject **dtype,
-                           long *code, int exact) {
+                           long *code) {
     *dtype = NULL;
-    if (exact) {  /* the C++ tensor asked first (_fast_facts.c); its 0, or a dtype outside codes: the questions below */
-        void *p;
-        Py_ssize_t n;
-        PyObject *d;
-        int plain = ff_plain(t, &p, &n, &d);
-        if (plain < 0) return -1;
-        PyObject *code_obj = plain ? PyDict_GetItemWithError(codes, d) : NULL;  /* borrowed */
-        long c = code_obj != NULL && PyLong_CheckExact(code_obj) ? PyLong_AsLong(code_obj) : -1;
-        if (PyErr_Occurred()) return -1;
-        if (c >= 0 && c < N_KERNELS) {
-            *dtype = Py_NewRef(d);
-            *code = c;
-            return FACTS_PLAIN;
-        }
+    void *p;
+    Py_ssize_t n;
+    PyObject *known;  /* borrowed */
+    /* the C++ tensor asked first (_fast_facts.c: exact Tensor/Parameter only); its 0, or a dtype outside codes: the
+     * questions below */
+    int plain = ff_plain(t, &p, &n, &known);
+    if (plain > 0 && dtype_code(codes, known, code)) {
+        *dtype = Py_NewRef(known);
+        return FACTS_PLAIN;
     }
+    if (plain < 0 || PyErr_Occurred()) return -1;
     PyObject *v = descr_get(descr[D_IS_CPU], t);
     int cpu = v == NULL ? -1 : PyObject_IsTrue(v);
     Py_XDECREF(v);
@@ -912,8 +915,7 @@ static int put_tensor(RecordTextObject *self, text_t *b, PyObject *t, int fallba
     }
     if (e == NULL) {
         long code = -1;
-        int exact = Py_TYPE(t) == (PyTypeObject *)self->tensor || Py_TYPE(t) == (PyTypeObject *)self->parameter;
-        int facts = plain_cpu_facts(self->descr, self->codes, self->strided, t, &dtype, &code, exact);
+        int facts = plain_cpu_facts(self->descr, self->codes, self->strided, t, &dtype, &code);
         if (facts < 0) goto done;
         if (facts == FACTS_OTHER) { rc = NO_TEXT; goto done; }
         if (facts == FACTS_COPY) {  /* float16, a strided view: the Python route (a copy) */
@@ -1231,7 +1233,7 @@ static PyObject *gt_body(GradTextObject *self, PyObject *t, long long version, u
     RecordTextObject *rt = self->rt;
     PyObject *dtype;
     long code = -1;
-    int facts = plain_cpu_facts(rt->descr, rt->codes, rt->strided, t, &dtype, &code, 1);  /* (gt_text: exact types only) */
+    int facts = plain_cpu_facts(rt->descr, rt->codes, rt->strided, t, &dtype, &code);
     if (facts != FACTS_PLAIN) return facts < 0 ? NULL : Py_NewRef(Py_None);
     EntryObject *e = entry_new(Py_None, version, ptr);  /* for make_body only: never cached */
     PyObject *body = e == NULL ? NULL : make_body(rt, t, e, dtype, code);
@@ -2025,14 +2027,6 @@ typedef struct {
     PyObject *descr[TR_N];
 } TensorRowsObject;
 
-/* 1 with the kernel code of dtype in codes ({dtype: kernel code}); 0 where it has none (or with an error). */
-static int tr_code(PyObject *codes, PyObject *dtype, long *code) {
-    PyObject *c = PyDict_GetItemWithError(codes, dtype);  /* borrowed */
-    if (c == NULL) return 0;
-    *code = PyLong_AsLong(c);
-    return *code >= 0 && *code < N_KERNELS;
-}
-
 /* 1 with t's address, element count and kernel code where the kernel reads t as it is; 0 where it does not (or
  * torch refused a question: the caller's Python route says why); -1 with an error. */
 static int tr_plain(TensorRowsObject *self, PyObject *t, void **p, Py_ssize_t *n, long *code) {
@@ -2041,7 +2035,7 @@ static int tr_plain(TensorRowsObject *self, PyObject *t, void **p, Py_ssize_t *n
     PyObject *dtype = NULL;  /* borrowed */
     int ok = ff_plain(t, p, n, &dtype);  /* the C++ tensor asked (_fast_facts.c); 0: ask torch's Python API */
     if (ok != 0) {
-        if (ok > 0) ok = tr_code(self->codes, dtype, code);
+        if (ok > 0) ok = dtype_code(self->codes, dtype, code);
         goto done;
     }
     for (int i = 0; i < TR_N; i++) {
@@ -2052,7 +2046,7 @@ static int tr_plain(TensorRowsObject *self, PyObject *t, void **p, Py_ssize_t *n
             case TR_IS_CPU: case TR_IS_CONTIGUOUS: good = v[i] == Py_True; break;
             case TR_IS_NEG: case TR_IS_ZERO: good = v[i] == Py_False; break;
             case TR_LAYOUT: good = v[i] == self->strided; break;
-            case TR_DTYPE: good = tr_code(self->codes, v[i], code); break;
+            case TR_DTYPE: good = dtype_code(self->codes, v[i], code); break;
             default: break;
         }
         if (!good) goto done;
