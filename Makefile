@@ -90,7 +90,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 
 venv-vllm: $(VLLM_STAMP)
 
-$(VLLM_STAMP): requirements/vllm.txt $(CONSTRAINTS) pyproject.toml setup.py $(wildcard msprobe_core/stats/_fast_*.c)
+$(VLLM_STAMP): requirements/vllm.txt $(CONSTRAINTS) pyproject.toml setup.py $(wildcard msprobe_core/stats/_fast_*.c msprobe_core/stats/_torch_facts.*)
 	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install -q --disable-pip-version-check torch==2.13.0
 	$(VLLM_VENV)/bin/pip install -q --disable-pip-version-check -c $(CONSTRAINTS) --no-deps -r requirements/vllm.txt
@@ -136,7 +136,7 @@ MEGATRON_LATEST_STAMP := $(MEGATRON_LATEST_VENV)/.installed
 
 venv-megatron-latest: $(MEGATRON_LATEST_STAMP)
 
-$(MEGATRON_LATEST_STAMP): requirements/megatron-latest.txt pyproject.toml setup.py $(wildcard msprobe_core/stats/_fast_*.c)
+$(MEGATRON_LATEST_STAMP): requirements/megatron-latest.txt pyproject.toml setup.py $(wildcard msprobe_core/stats/_fast_*.c msprobe_core/stats/_torch_facts.*)
 	@test -n "$(PY312)" || { echo "python3.12 not found: install it or pass PY312=/path/to/python3.12"; exit 1; }
 	test -x $(MEGATRON_LATEST_VENV)/bin/python || $(PY312) -m venv $(MEGATRON_LATEST_VENV)
 	$(MEGATRON_LATEST_VENV)/bin/pip install -q --disable-pip-version-check -r requirements/megatron-latest.txt
