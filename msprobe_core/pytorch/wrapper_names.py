@@ -98,9 +98,15 @@ def never_traced(fn: Callable) -> Callable:
     """Mark the plain function ``fn`` (no wrapper: nothing added to a call) so that ``torch.compile`` never
     traces it: Dynamo breaks the graph where traced code would call it, and compiles no frame of it, nor of
     anything it calls, when it runs inside compiled code (Dynamo's "skip" strategy for its code, for the frame
-    and recursively). Needs only torch's C extension, not the ``torch._dynamo`` package (a second to import)."""
-    from torch._C._dynamo.eval_frame import _FrameAction, _FrameExecStrategy, set_code_exec_strategy
+    and recursively). Needs only torch's C extension, not the ``torch._dynamo`` package (a second to import).
+    torch 2.6 has no frame strategies: there its ``skip_code`` skips the frame itself (the calls it makes are
+    Dynamo's to judge, as every call of an eager region's code is there)."""
+    from torch._C._dynamo import eval_frame
 
     fn._torchdynamo_disable = True  # type: ignore[attr-defined]  # Dynamo's own mark of a disabled function
-    set_code_exec_strategy(fn.__code__, _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP))
+    if hasattr(eval_frame, "set_code_exec_strategy"):
+        skip = eval_frame._FrameAction.SKIP
+        eval_frame.set_code_exec_strategy(fn.__code__, eval_frame._FrameExecStrategy(skip, skip))
+    else:
+        eval_frame.skip_code(fn.__code__)
     return fn
