@@ -611,13 +611,79 @@ static PyObject *tensor_get(RecordTextObject *self, PyObject *t, int i) {
     return descr_get(self->descr[i], t);
 }
 
-/* A boolean property or method of t: 1, 0, or -1 with an error. */
+/* A boolean property or method of t: 1, 0, or -1 with an error. Those of TORCH_FACT_FLAGS are asked of the C++
+ * tensor first (_fast_facts.c), then, where it does not say, of torch's Python API. */
 static int tensor_flag(RecordTextObject *self, PyObject *t, int i) {
+    if (i == D_REQUIRES_GRAD || i == D_IS_CONTIGUOUS || i == D_IS_NEG || i == D_IS_ZERO) {
+        TorchTensorFacts f;
+        int known = ff_facts(t, TORCH_FACT_FLAGS, &f);
+        if (known)
+            return known < 0 ? -1 : i == D_REQUIRES_GRAD ? f.requires_grad : i == D_IS_CONTIGUOUS ? f.is_contiguous
+                                  : i == D_IS_NEG ? f.is_neg : f.is_zerotensor;
+    }
     PyObject *v = tensor_get(self, t, i);
     if (v == NULL) return -1;
     int r = PyObject_IsTrue(v);
     Py_DECREF(v);
     return r;
+}
+
+/* t's version and data address (``_version``, ``data_ptr()``) and, where the C++ tensor says them (one question for
+ * the three), its requires_grad (else *grad -1: ``tensor_flag`` asks later): 1; 0 where torch refuses one (an
+ * inference tensor, a wrapper without storage: the Python route says why; no error left); -1 with an error. */
+static int tensor_ident(RecordTextObject *self, PyObject *t, long long *version, unsigned long long *ptr, int *grad) {
+    TorchTensorFacts f;
+    int known = ff_facts(t, TORCH_FACT_VERSION | TORCH_FACT_DATA_PTR | TORCH_FACT_FLAGS, &f);
+    if (known) {
+        *version = f.version;
+        *ptr = f.data_ptr;
+        *grad = f.requires_grad;
+        return known;
+    }
+    *grad = -1;
+    PyObject *v = tensor_get(self, t, D_VERSION);
+    PyObject *address = v ? tensor_get(self, t, D_DATA_PTR) : NULL;
+    *version = v ? PyLong_AsLongLong(v) : -1;
+    *ptr = address ? PyLong_AsUnsignedLongLong(address) : 0;
+    Py_XDECREF(v);
+    Py_XDECREF(address);
+    if (address == NULL || PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    return 1;
+}
+
+/* t's shape as a tuple (a plain one made from the C++ tensor's sizes, else torch's torch.Size: equal, with the same
+ * hash) and *numel, the product of its sizes: a new reference, or NULL with an error. */
+static PyObject *tensor_shape(RecordTextObject *self, PyObject *t, Py_ssize_t *numel) {
+    TorchTensorFacts f;
+    int known = ff_facts(t, TORCH_FACT_SIZES, &f);
+    if (known < 0) return NULL;
+    if (known) {
+        PyObject *shape = PyTuple_New(f.dims);
+        for (int i = 0; shape != NULL && i < f.dims; i++) {
+            PyObject *d = PyLong_FromLongLong(f.sizes[i]);
+            if (d == NULL) Py_CLEAR(shape);
+            else PyTuple_SET_ITEM(shape, i, d);
+        }
+        *numel = (Py_ssize_t)f.numel;
+        return shape;
+    }
+    PyObject *shape = tensor_get(self, t, D_SHAPE);
+    if (shape == NULL) return NULL;
+    if (!PyTuple_Check(shape)) {
+        Py_DECREF(shape);
+        PyErr_SetString(PyExc_TypeError, "shape is no tuple");
+        return NULL;
+    }
+    *numel = 1;  /* the product of the sizes: no numel() call */
+    for (Py_ssize_t i = 0, n = PyTuple_GET_SIZE(shape); i < n; i++) {
+        Py_ssize_t d = PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, i));
+        if (d < 0) { Py_DECREF(shape); return NULL; }
+        *numel *= d;
+    }
+    return shape;
 }
 
 /* What ``plain_cpu_facts`` says of a tensor. */
@@ -774,19 +840,9 @@ fail:
 /* The summary text up to '"requires_grad": ' of a fresh entry (``Summarizer._text_body``): t's facts read and
  * kept in e, then ``entry_body``. */
 static PyObject *make_body(RecordTextObject *self, PyObject *t, EntryObject *e, PyObject *dtype, long code) {
-    PyObject *shape = tensor_get(self, t, D_SHAPE);
+    Py_ssize_t numel;
+    PyObject *shape = tensor_shape(self, t, &numel);
     if (shape == NULL) return NULL;
-    if (!PyTuple_Check(shape)) {
-        Py_DECREF(shape);
-        PyErr_SetString(PyExc_TypeError, "shape is no tuple");
-        return NULL;
-    }
-    Py_ssize_t numel = 1;  /* the product of the sizes: no numel() call */
-    for (Py_ssize_t i = 0, n = PyTuple_GET_SIZE(shape); i < n; i++) {
-        Py_ssize_t d = PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, i));
-        if (d < 0) { Py_DECREF(shape); return NULL; }
-        numel *= d;
-    }
     PyObject *key = PyTuple_Pack(2, dtype, shape);
     if (key == NULL) { Py_DECREF(shape); return NULL; }
     PyObject *prefix = PyDict_GetItemWithError(self->prefixes, key);  /* borrowed */
@@ -811,6 +867,18 @@ static PyObject *make_body(RecordTextObject *self, PyObject *t, EntryObject *e, 
 
 /* Is t laid out as when e's facts were read (same shape, still contiguous)? 1, 0, or -1 with an error. */
 static int same_layout(RecordTextObject *self, PyObject *t, EntryObject *e) {
+    TorchTensorFacts f;  /* the C++ tensor's sizes compared with e's as they are: no shape object made */
+    int known = ff_facts(t, TORCH_FACT_SIZES | TORCH_FACT_FLAGS, &f);
+    if (known < 0) return -1;
+    if (known) {
+        if (PyTuple_GET_SIZE(e->shape) != f.dims) return 0;
+        for (int i = 0; i < f.dims; i++) {
+            long long d = PyLong_AsLongLong(PyTuple_GET_ITEM(e->shape, i));
+            if (d == -1 && PyErr_Occurred()) return -1;
+            if (d != f.sizes[i]) return 0;
+        }
+        return f.is_contiguous;
+    }
     PyObject *shape = tensor_get(self, t, D_SHAPE);
     if (shape == NULL) return -1;
     int same = PyObject_RichCompareBool(shape, e->shape, Py_EQ);
@@ -870,18 +938,11 @@ static EntryObject *find_entry(RecordTextObject *self, PyObject *t, PyObject *ke
  * ``fallback`` (the Python route) when asked, else NO_TEXT. */
 static int put_tensor(RecordTextObject *self, text_t *b, PyObject *t, int fallback) {
     if (PyDict_GET_SIZE(self->combined)) return fallback ? put_fallback(self, b, t) : NO_TEXT;
-    PyObject *v = tensor_get(self, t, D_VERSION);
-    PyObject *address = v ? tensor_get(self, t, D_DATA_PTR) : NULL;
-    if (address == NULL) {  /* an inference tensor, a wrapper without storage: the Python route says */
-        Py_XDECREF(v);
-        PyErr_Clear();
-        return fallback ? put_fallback(self, b, t) : NO_TEXT;
-    }
-    long long version = PyLong_AsLongLong(v);
-    unsigned long long ptr = PyLong_AsUnsignedLongLong(address);
-    Py_DECREF(v);
-    Py_DECREF(address);
-    if (PyErr_Occurred()) { PyErr_Clear(); return fallback ? put_fallback(self, b, t) : NO_TEXT; }
+    long long version;
+    unsigned long long ptr;
+    int grad;
+    int ident = tensor_ident(self, t, &version, &ptr, &grad);
+    if (ident <= 0) return ident < 0 ? -1 : fallback ? put_fallback(self, b, t) : NO_TEXT;
     PyObject *key = PyLong_FromVoidPtr(t);
     if (key == NULL) return -1;
     Py_ssize_t start = b->len;
@@ -931,7 +992,7 @@ static int put_tensor(RecordTextObject *self, text_t *b, PyObject *t, int fallba
             Py_XSETREF(e->text, body);
         }
     }
-    int grad = tensor_flag(self, t, D_REQUIRES_GRAD);
+    if (grad < 0) grad = tensor_flag(self, t, D_REQUIRES_GRAD);
     if (grad < 0 || text_put_str(b, e->text) < 0) goto done;
     rc = grad ? PUT_LIT(b, "true}") : PUT_LIT(b, "false}");
 done:
@@ -1254,16 +1315,11 @@ static PyObject *gt_text(GradTextObject *self, PyObject *const *args, Py_ssize_t
     if ((Py_TYPE(t) != (PyTypeObject *)rt->tensor && Py_TYPE(t) != (PyTypeObject *)rt->parameter)
         || PyDict_GET_SIZE(rt->combined))
         Py_RETURN_NONE;
-    PyObject *v = tensor_get(rt, t, D_VERSION);
-    PyObject *address = v ? tensor_get(rt, t, D_DATA_PTR) : NULL;
-    long long version = v ? PyLong_AsLongLong(v) : -1;
-    unsigned long long ptr = address ? PyLong_AsUnsignedLongLong(address) : 0;
-    Py_XDECREF(v);
-    Py_XDECREF(address);
-    if (address == NULL || PyErr_Occurred()) {  /* an inference tensor, a wrapper without storage */
-        PyErr_Clear();
-        Py_RETURN_NONE;
-    }
+    long long version;
+    unsigned long long ptr;
+    int grad;
+    int ident = tensor_ident(rt, t, &version, &ptr, &grad);
+    if (ident <= 0) return ident < 0 ? NULL : Py_NewRef(Py_None);
     PyObject *body;
     if (t == self->last && version == self->version && ptr == self->ptr) {
         body = self->body;
@@ -1285,7 +1341,7 @@ static PyObject *gt_text(GradTextObject *self, PyObject *const *args, Py_ssize_t
             self->ptr = ptr;
         }
     }
-    int grad = tensor_flag(rt, t, D_REQUIRES_GRAD);
+    if (grad < 0) grad = tensor_flag(rt, t, D_REQUIRES_GRAD);
     if (grad < 0) { Py_DECREF(body); return NULL; }
     text_t b;
     text_init(&b);
