@@ -327,31 +327,41 @@ static PyObject *raw_ops(PyObject *self, PyObject *const *args, Py_ssize_t nargs
 static int add_tensor_rows(PyObject *m);
 static int add_fast_monitor(PyObject *m); /* _fast_monitor.c, #included after the monitor's step values */
 
-/* The bytes naming the stack from frame f (a reference taken over) outward: each frame's code address and
- * instruction offset. */
-static PyObject *stack_key(PyFrameObject *f) {
-    uintptr_t key[256] = {0};
-    PyObject *out = NULL;
-    Py_ssize_t cap = 256, used = 0;
-    uintptr_t *buf = key;
+#define STACK_KEY_SMALL 256 /* the entries of a caller's own array for ``stack_walk`` */
+
+/* The key of the stack from frame f (a reference taken over) outward into *buf: each frame's code address and
+ * instruction offset. *buf is the caller's array of STACK_KEY_SMALL entries, replaced for a deep stack by a larger
+ * one from PyMem_Malloc (the caller frees it where it is not its own array, an error or not). The key's length in
+ * entries, or -1 with an error. */
+static Py_ssize_t stack_walk(PyFrameObject *f, uintptr_t **buf) {
+    uintptr_t *own = *buf;
+    Py_ssize_t cap = STACK_KEY_SMALL, used = 0;
     while (f != NULL) {
         if (used + 2 > cap) {  /* a deep stack: grow on the heap */
             uintptr_t *bigger = PyMem_Malloc(2 * cap * sizeof(uintptr_t));
-            if (bigger == NULL) { Py_DECREF(f); if (buf != key) PyMem_Free(buf); return PyErr_NoMemory(); }
-            memcpy(bigger, buf, used * sizeof(uintptr_t));
-            if (buf != key) PyMem_Free(buf);
-            buf = bigger;
+            if (bigger == NULL) { Py_DECREF(f); PyErr_NoMemory(); return -1; }
+            memcpy(bigger, *buf, used * sizeof(uintptr_t));
+            if (*buf != own) PyMem_Free(*buf);
+            *buf = bigger;
             cap *= 2;
         }
         PyCodeObject *code = PyFrame_GetCode(f);
-        buf[used++] = (uintptr_t)code;
+        (*buf)[used++] = (uintptr_t)code;
         Py_DECREF(code);
-        buf[used++] = (uintptr_t)PyFrame_GetLasti(f);
+        (*buf)[used++] = (uintptr_t)PyFrame_GetLasti(f);
         PyFrameObject *back = PyFrame_GetBack(f);
         Py_DECREF(f);
         f = back;
     }
-    out = PyBytes_FromStringAndSize((const char *)buf, used * (Py_ssize_t)sizeof(uintptr_t));
+    return used;
+}
+
+/* The bytes naming the stack from frame f (a reference taken over) outward (``stack_walk``'s key). */
+static PyObject *stack_key(PyFrameObject *f) {
+    uintptr_t key[STACK_KEY_SMALL], *buf = key;
+    Py_ssize_t used = stack_walk(f, &buf);
+    PyObject *out = used < 0 ? NULL
+                             : PyBytes_FromStringAndSize((const char *)buf, used * (Py_ssize_t)sizeof(uintptr_t));
     if (buf != key) PyMem_Free(buf);
     return out;
 }
@@ -1548,6 +1558,7 @@ done:
 /* ================================================================================== end of autograd walk */
 
 #include "_fast_journal.c"
+#include "_fast_depth.c"
 #include "_fast_api.c"
 #include "_fast_l0.c"
 #include "_fast_files.c"
