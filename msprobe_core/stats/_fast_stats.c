@@ -570,6 +570,9 @@ typedef struct {
     PyObject *descr[N_DESCR];
     int statistics;
     Py_ssize_t cache_size;
+    /* Where the cache's last dropped entry stood (``evict_oldest``): the place in the key table it was found in */
+    const void *evict_keys;
+    Py_ssize_t evict_pos;
 } RecordTextObject;
 
 #define NO_TEXT 1 /* the answer is None: the caller takes the Python route for the whole record */
@@ -911,6 +914,27 @@ static int entry_update(RecordTextObject *self, PyObject *t, EntryObject *c, lon
     return 1;
 }
 
+/* The cache's oldest entry dropped (``Summarizer._evict``): 0, or -1 with an error. A dict keeps its entries in
+ * insertion order in its key table, a deleted one left there as an empty place until the table is made anew (when
+ * it grows, or by clear()): the search for the first entry starts after the place of the one dropped last while
+ * the table is the one it was found in (every place before it is empty), instead of stepping over all the empty
+ * places from the start again (about 40 on average, with the summarizer's 96 entries). */
+static int evict_oldest(RecordTextObject *self) {
+    const void *keys = ((PyDictObject *)self->cache)->ma_keys;
+    Py_ssize_t pos = keys == self->evict_keys ? self->evict_pos : 0;
+    PyObject *oldest, *value;
+    if (!PyDict_Next(self->cache, &pos, &oldest, &value)) {
+        pos = 0;  /* (nothing after it: the table looked at from the start) */
+        if (!PyDict_Next(self->cache, &pos, &oldest, &value)) return 0;
+    }
+    self->evict_keys = keys;
+    self->evict_pos = pos;
+    Py_INCREF(oldest);
+    int rc = PyDict_DelItem(self->cache, oldest);
+    Py_DECREF(oldest);
+    return rc;
+}
+
 /* ``Summarizer._entry``: the cached entry of this version of t, or a new one (the oldest dropped beyond
  * cache_size). A new reference, or NULL with an error. */
 static EntryObject *find_entry(RecordTextObject *self, PyObject *t, PyObject *key, long long version,
@@ -931,16 +955,7 @@ static EntryObject *find_entry(RecordTextObject *self, PyObject *t, PyObject *ke
     Py_DECREF(ref);
     if (e == NULL) return NULL;
     if (PyDict_SetItem(self->cache, key, (PyObject *)e) < 0) { Py_DECREF(e); return NULL; }
-    if (PyDict_GET_SIZE(self->cache) > self->cache_size) {
-        Py_ssize_t pos = 0;
-        PyObject *oldest, *value;
-        if (PyDict_Next(self->cache, &pos, &oldest, &value)) {
-            Py_INCREF(oldest);
-            int rc = PyDict_DelItem(self->cache, oldest);
-            Py_DECREF(oldest);
-            if (rc < 0) { Py_DECREF(e); return NULL; }
-        }
-    }
+    if (PyDict_GET_SIZE(self->cache) > self->cache_size && evict_oldest(self) < 0) { Py_DECREF(e); return NULL; }
     return e;
 }
 
