@@ -61,8 +61,12 @@ done:
     return rc;
 }
 
-/* t.requires_grad: 1, 0, -1 with an error. */
+/* t.requires_grad: 1, 0, -1 with an error. An exact Tensor/Parameter's from its C++ tensor (_fast_facts.c; the
+ * attribute's getter answers the same: these reads run with torch functions off), anything else's by getattr. */
 static int ag_requires_grad(PyObject *t) {
+    TorchTensorFacts f;
+    int known = ff_facts(t, TORCH_FACT_FLAGS, &f);
+    if (known) return known < 0 ? -1 : f.requires_grad;
     PyObject *v = PyObject_GetAttr(t, ag_s[AS_REQUIRES_GRAD]);
     int r = v == NULL ? -1 : PyObject_IsTrue(v);
     Py_XDECREF(v);
