@@ -5,6 +5,7 @@ that works on raw host buffers (an address, an element count and a dtype code), 
 it; ``kernel`` loads it behind a small interface with its kill switch (``MSPROBE_FAST_STATS=0``). The
 PyTorch binding (which tensors it may read, dtype codes, threads) is ``msprobe_core.pytorch.tensor_stats``.
 ``_torch_facts.cpp`` is an optional C++ extension (built only where torch imports at build time): the kernel's
-``TensorRows`` reads a tensor's facts (device, layout, dtype, address...) from torch's C++ tensor through it,
-instead of through torch's Python API (``_fast_facts.c``).
+``TensorRows``, ``RecordText`` and ``GradText`` read a tensor's facts (device, layout, dtype, address, shape,
+version, requires_grad...) from torch's C++ tensor through it, instead of through torch's Python API
+(``_fast_facts.c``).
 """

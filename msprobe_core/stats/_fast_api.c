@@ -27,19 +27,28 @@ enum {
      * ENV_SVC_VARS, ENV_RECORDS_VARS: the service's and the records' instance dicts, where the attributes read here
      * live (``ac_attr``), or None */
 
+#define AC_MEMO 4 /* the stacks an API was called from lately, known by their keys (``ac_stack``) */
+
+typedef struct {
+    uintptr_t *key; /* (PyMem) */
+    Py_ssize_t len;
+    PyObject *stack; /* NULL: an empty place */
+} StackMemo;
+
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
     PyObject *original, *key, *env;
+    StackMemo memo[AC_MEMO];
+    int memo_next; /* the place the next stack takes */
 } ApiCallObject;
 
-static PyObject *ac_record(ApiCallObject *self, PyObject **env, PyObject *local, PyObject *args, PyObject *kwargs,
+static PyObject *ac_record(ApiCallObject *self, PyObject **env, PyObject *args, PyObject *kwargs,
                            int autograd);  /* _fast_gradapi.c (it reads the G_* of a call with autograd on) */
 static int ag_valid(PyObject *grad);  /* (_fast_gradapi.c) */
 
-static PyObject *S_recording, *S_depth, *S_dumping_thread, *S_other_thread, *S_step_state, *S_counters,
-    *S_recorder, *S_open_step, *S_module_stack, *S_mode, *S_dict, *S_reserve, *S_put_text, *S_error, *EMPTY, *ZERO, *ONE,
-    *MINUS_ONE;
+static PyObject *S_recording, *S_dumping_thread, *S_other_thread, *S_step_state, *S_counters,
+    *S_recorder, *S_open_step, *S_module_stack, *S_mode, *S_reserve, *S_put_text, *S_error, *EMPTY, *ZERO, *ONE;
 
 /* original(*args, **kwargs) */
 static PyObject *ac_plain(PyObject *original, PyObject *args, PyObject *kwargs) {
@@ -71,48 +80,6 @@ static PyObject *ac_attr(PyObject *obj, PyObject *vars, PyObject *name) {
         if (PyErr_Occurred()) return NULL;
     }
     return PyObject_GetAttr(obj, name);
-}
-
-/* This thread's ``tls.depth`` (``tls``: a ``threading.local``; ``local``: its ``__dict__`` for this thread, where
- * the value lives once set; the class's 0 before), a new reference. */
-static PyObject *ac_get_depth(PyObject *local) {
-    PyObject *v = PyDict_GetItemWithError(local, S_depth);
-    if (v == NULL && PyErr_Occurred()) return NULL;
-    return Py_NewRef(v != NULL ? v : ZERO);
-}
-
-/* tls.depth += d (ONE or MINUS_ONE), keeping any exception already set (a ``finally``: that exception wins). */
-static int ac_depth(PyObject *local, PyObject *d) {
-    if (!PyErr_Occurred()) {  /* the usual case: no exception pending, the depth an int of this thread's dict */
-        PyObject *v = PyDict_GetItemWithError(local, S_depth);
-        int overflow = 0;
-        long x = v != NULL && PyLong_CheckExact(v) ? PyLong_AsLongAndOverflow(v, &overflow) : 0;
-        if (v != NULL && PyLong_CheckExact(v) && !overflow && x > LONG_MIN + 1 && x < LONG_MAX - 1) {
-            PyObject *nv = PyLong_FromLong(d == ONE ? x + 1 : x - 1);
-            int rc = nv == NULL ? -1 : PyDict_SetItem(local, S_depth, nv);
-            Py_XDECREF(nv);
-            return rc;
-        }
-        if (PyErr_Occurred()) return -1;
-    }
-    PyObject *et, *ev, *etb;
-    PyErr_Fetch(&et, &ev, &etb);
-    int rc = -1;
-    PyObject *v = ac_get_depth(local);
-    if (v != NULL) {
-        PyObject *nv = PyNumber_Add(v, d);
-        Py_DECREF(v);
-        if (nv != NULL) {
-            rc = PyDict_SetItem(local, S_depth, nv);
-            Py_DECREF(nv);
-        }
-    }
-    if (et != NULL) {
-        if (rc < 0) PyErr_Clear();
-        PyErr_Restore(et, ev, etb);
-        return -1;
-    }
-    return rc;
 }
 
 /* The pending exception, if an ``Exception``, goes to svc._error(name, e) and 0 is returned; anything else
@@ -234,22 +201,17 @@ static PyObject *ac_original(PyObject **env, PyObject *original, PyObject *args,
     return out;
 }
 
-/* Which way a call goes: 0 the original alone, 1 the fast route (*local: this thread's dict of ``tls``, a new
- * reference), 2 ``on_api_call``; -1 an error. */
-static int ac_gate(PyObject **env, PyObject **local) {
+/* Which way a call goes: 0 the original alone, 1 the fast route, 2 ``on_api_call``; -1 an error. */
+static int ac_gate(PyObject **env) {
     PyObject *svc = env[ENV_SVC];
     PyObject *v = ac_attr(svc, env[ENV_SVC_VARS], S_recording);
     int on = v == NULL ? -1 : PyObject_IsTrue(v);
     Py_XDECREF(v);
     if (on <= 0) return on;
-    PyObject *d = PyObject_GetAttr(env[ENV_TLS], S_dict);
-    if (d == NULL) return -1;
-    if (!PyDict_Check(d)) { Py_DECREF(d); PyErr_SetString(PyExc_TypeError, "tls.__dict__ is not a dict"); return -1; }
-    v = ac_get_depth(d);
+    v = tool_depth_get(env[ENV_TLS]);
     on = v == NULL ? -1 : PyObject_IsTrue(v);
     Py_XDECREF(v);
-    if (on != 0) { Py_DECREF(d); return on < 0 ? -1 : 0; }
-    *local = d;
+    if (on != 0) return on < 0 ? -1 : 0;
     v = ac_call(env[ENV_GRAPH_TASK], NULL);
     if (v == NULL) return -1;
     long task = PyLong_AsLong(v);
@@ -329,24 +291,57 @@ done:
     return name;
 }
 
-/* The caller's interned stack (``StackCapture.capture(1)`` from the Python function that called this): looked up
- * by its key in the capture's table, and made by ``capture`` only the first time. */
-static PyObject *ac_stack(PyObject **env) {
+/* stack, the interned stack of key[0..len), kept in the memo's next place: 0, or -1 with an error. */
+static int ac_memo_put(ApiCallObject *self, const uintptr_t *key, Py_ssize_t len, PyObject *stack) {
+    StackMemo *m = &self->memo[self->memo_next];
+    uintptr_t *copy = PyMem_Malloc(len * sizeof(uintptr_t));
+    if (copy == NULL) { PyErr_NoMemory(); return -1; }
+    memcpy(copy, key, len * sizeof(uintptr_t));
+    PyMem_Free(m->key);
+    m->key = copy;
+    m->len = len;
+    Py_XSETREF(m->stack, Py_NewRef(stack));
+    self->memo_next = (self->memo_next + 1) % AC_MEMO;
+    return 0;
+}
+
+/* The caller's interned stack (``StackCapture.capture(1)`` from the Python function that called this): its key
+ * compared with those of the stacks this API was called from lately (the memo: an API is mostly called from a few
+ * places, the same each step), else looked up in the capture's table (and kept in the memo: the table holds the
+ * code objects of its keys, so that no key found there ever names another stack), and made by ``capture`` only the
+ * first time. */
+static PyObject *ac_stack(ApiCallObject *self, PyObject **env) {
     if (env[ENV_CAPTURE] == Py_None) return Py_NewRef(Py_None);
     PyFrameObject *f = PyEval_GetFrame();  /* the Python function standing for the API */
     Py_XINCREF(f);
-    PyObject *key = stack_key(f);
-    if (key == NULL) return NULL;
-    PyObject *stack = PyDict_GetItemWithError(env[ENV_INTERNED], key);
-    Py_DECREF(key);
-    if (stack != NULL) return Py_NewRef(stack);
-    if (PyErr_Occurred()) return NULL;
-    return PyObject_CallNoArgs(env[ENV_CAPTURE]);
+    uintptr_t small[STACK_KEY_SMALL], *buf = small;
+    Py_ssize_t len = stack_walk(f, &buf);
+    PyObject *stack = NULL, *key = NULL;
+    if (len < 0) goto done;
+    for (int i = 0; i < AC_MEMO; i++) {
+        StackMemo *m = &self->memo[i];
+        if (m->stack != NULL && m->len == len && memcmp(m->key, buf, len * sizeof(uintptr_t)) == 0) {
+            stack = Py_NewRef(m->stack);
+            goto done;
+        }
+    }
+    key = PyBytes_FromStringAndSize((const char *)buf, len * (Py_ssize_t)sizeof(uintptr_t));
+    if (key == NULL) goto done;
+    stack = Py_XNewRef(PyDict_GetItemWithError(env[ENV_INTERNED], key));
+    if (stack != NULL) {
+        if (ac_memo_put(self, buf, len, stack) < 0) Py_CLEAR(stack);
+    } else if (!PyErr_Occurred()) {
+        stack = PyObject_CallNoArgs(env[ENV_CAPTURE]);
+    }
+done:
+    Py_XDECREF(key);
+    if (buf != small) PyMem_Free(buf);
+    return stack;
 }
 
 /* rec, stack and parent of the record: svc.recorder or svc._open_step(), capture() or None, the innermost
  * module (construct.json) or NO_PARENT. -1 with an exception set. */
-static int ac_where(PyObject **env, PyObject **rec, PyObject **stack, PyObject **parent) {
+static int ac_where(ApiCallObject *self, PyObject **env, PyObject **rec, PyObject **stack, PyObject **parent) {
     PyObject *svc = env[ENV_SVC];
     *rec = ac_attr(svc, env[ENV_SVC_VARS], S_recorder);
     if (*rec == NULL) return -1;
@@ -356,7 +351,7 @@ static int ac_where(PyObject **env, PyObject **rec, PyObject **stack, PyObject *
         Py_SETREF(*rec, PyObject_CallMethodNoArgs(svc, S_open_step));
         if (*rec == NULL) return -1;
     }
-    *stack = ac_stack(env);
+    *stack = ac_stack(self, env);
     if (*stack == NULL) return -1;
     ok = PyObject_IsTrue(env[ENV_CONSTRUCT]);
     if (ok < 0) return -1;
@@ -388,19 +383,18 @@ static PyObject *ac_vectorcall(ApiCallObject *self, PyObject *const *argv, size_
         return NULL;
     }
     PyObject **env = &PyTuple_GET_ITEM(self->env, 0);
-    PyObject *local = NULL, *out = NULL;
-    switch (ac_gate(env, &local)) {
+    PyObject *out = NULL;
+    switch (ac_gate(env)) {
     case 0: out = ac_plain(self->original, argv[0], argv[1]); break;
-    case 1: out = ac_record(self, env, local, argv[0], argv[1], 0); break;
+    case 1: out = ac_record(self, env, argv[0], argv[1], 0); break;
     case 2:
         if (env[ENV_GRAD] != Py_None) {
-            out = ac_record(self, env, local, argv[0], argv[1], 1);
+            out = ac_record(self, env, argv[0], argv[1], 1);
             break;
         }
         out = PyObject_CallFunctionObjArgs(env[ENV_ON_API_CALL], self->original, PyTuple_GET_ITEM(self->key, 1),
                                            PyTuple_GET_ITEM(self->key, 2), argv[0], argv[1], NULL);
     }
-    Py_XDECREF(local);
     return out;
 }
 
@@ -427,16 +421,23 @@ static PyObject *ac_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     self->original = Py_NewRef(original);
     self->key = Py_NewRef(key);
     self->env = Py_NewRef(env);
+    /* (the memo's places empty: tp_alloc zeroes the object) */
     return (PyObject *)self;
 }
 
 static int ac_traverse(ApiCallObject *self, visitproc visit, void *arg) {
     Py_VISIT(self->original); Py_VISIT(self->key); Py_VISIT(self->env);
+    for (int i = 0; i < AC_MEMO; i++) Py_VISIT(self->memo[i].stack);
     return 0;
 }
 
 static int ac_clear(ApiCallObject *self) {
     Py_CLEAR(self->original); Py_CLEAR(self->key); Py_CLEAR(self->env);
+    for (int i = 0; i < AC_MEMO; i++) {
+        PyMem_Free(self->memo[i].key);
+        self->memo[i].key = NULL;
+        Py_CLEAR(self->memo[i].stack);
+    }
     return 0;
 }
 
@@ -579,15 +580,15 @@ static PyTypeObject ModePassType = {
 /* Adds ApiCall and ModePass to the module (and interns the attribute names it reads). */
 static int add_api_call(PyObject *m) {
 #define INTERN(var, s) if ((var = PyUnicode_InternFromString(s)) == NULL) return -1;
-    INTERN(S_recording, "_recording") INTERN(S_depth, "depth") INTERN(S_dumping_thread, "dumping_thread")
+    INTERN(S_recording, "_recording") INTERN(S_dumping_thread, "dumping_thread")
     INTERN(S_other_thread, "_other_thread") INTERN(S_step_state, "step_state") INTERN(S_counters, "counters")
     INTERN(S_recorder, "recorder") INTERN(S_open_step, "_open_step") INTERN(S_module_stack, "module_stack")
-    INTERN(S_mode, "_mode") INTERN(S_dict, "__dict__") INTERN(S_reserve, "reserve")
+    INTERN(S_mode, "_mode") INTERN(S_reserve, "reserve")
     INTERN(S_put_text, "put_text") INTERN(S_error, "_error")
 #undef INTERN
     if ((ac_forget_fn = PyCFunction_New(&ac_forget_def, NULL)) == NULL) return -1;
-    if ((EMPTY = PyTuple_New(0)) == NULL || (ZERO = PyLong_FromLong(0)) == NULL || (ONE = PyLong_FromLong(1)) == NULL
-        || (MINUS_ONE = PyLong_FromLong(-1)) == NULL) return -1;
+    if (add_tool_depth() < 0 || (EMPTY = PyTuple_New(0)) == NULL || (ZERO = PyLong_FromLong(0)) == NULL
+        || (ONE = PyLong_FromLong(1)) == NULL) return -1;
     if (PyType_Ready(&ApiCallType) < 0 || PyType_Ready(&ModePassType) < 0) return -1;
     Py_INCREF(&ApiCallType);
     if (PyModule_AddObject(m, "ApiCall", (PyObject *)&ApiCallType) < 0) { Py_DECREF(&ApiCallType); return -1; }

@@ -1,9 +1,10 @@
-/* _fast_facts.c: the plain-CPU-tensor questions of the kernel's readers answered by the optional C++ extension
- * msprobe_core.stats._torch_facts (its FACTS capsule, _torch_facts.h) instead of torch's Python API, about 30x
- * cheaper. #included into _fast_stats.c before the readers that ask (plain_cpu_facts of the
- * dump's RecordText and GradText, the monitor's TensorRows). The extension is imported once, at the first tensor
- * asked (torch is imported by then: the extension links against it); without it (not built, built for another
- * torch, or its import failing) ff_plain says 0 and the caller asks torch's Python API as before. */
+/* _fast_facts.c: the tensor questions of the kernel's readers answered by the optional C++ extension
+ * msprobe_core.stats._torch_facts (its FACTS capsule, _torch_facts.h) instead of torch's Python API, 10x to 30x
+ * cheaper. #included into _fast_stats.c before the readers that ask (plain_cpu_facts, the version, address,
+ * shape and flags of every tensor of the dump's RecordText and GradText, the monitor's TensorRows). The extension
+ * is imported once, at the first tensor asked (torch is imported by then: the extension links against it);
+ * without it (not built, built for another torch, or its import failing) ff_plain and ff_facts say 0 and the
+ * caller asks torch's Python API as before. */
 #include "_torch_facts.h"
 
 static const TorchFactsApi *ff_api = NULL;
@@ -34,4 +35,12 @@ static int ff_plain(PyObject *t, void **p, Py_ssize_t *n, PyObject **dtype) {
     if (ff_api == NULL || !ff_api->plain(t, p, n, &scalar_type)) return 0;
     *dtype = ff_api->dtype(scalar_type);
     return *dtype != NULL;
+}
+
+/* 1 with the facts of want (TORCH_FACT_* bits) of t's C++ tensor in *f (TorchFactsApi.facts: an exact torch.Tensor
+ * or torch.nn.Parameter that answers them all); 0 where it does not or there is no extension (ask torch's Python
+ * API); -1 with an error (ff_load's). */
+static int ff_facts(PyObject *t, int want, TorchTensorFacts *f) {
+    if (!ff_tried && ff_load() < 0) return -1;
+    return ff_api != NULL && ff_api->facts(t, want, f);
 }

@@ -61,8 +61,12 @@ done:
     return rc;
 }
 
-/* t.requires_grad: 1, 0, -1 with an error. */
+/* t.requires_grad: 1, 0, -1 with an error. An exact Tensor/Parameter's from its C++ tensor (_fast_facts.c; the
+ * attribute's getter answers the same: these reads run with torch functions off), anything else's by getattr. */
 static int ag_requires_grad(PyObject *t) {
+    TorchTensorFacts f;
+    int known = ff_facts(t, TORCH_FACT_FLAGS, &f);
+    if (known) return known < 0 ? -1 : f.requires_grad;
     PyObject *v = PyObject_GetAttr(t, ag_s[AS_REQUIRES_GRAD]);
     int r = v == NULL ? -1 : PyObject_IsTrue(v);
     Py_XDECREF(v);
@@ -559,20 +563,19 @@ static PyObject *ag_backward_name(PyObject *key, PyObject *n) {
 
 /* The fast route of a call that passed the gates (``api_call`` after its gates): ``autograd``, a call autograd
  * records (``ApiCall``'s third way: the backward record's sizes, edges and hooks as well). */
-static PyObject *ac_record(ApiCallObject *self, PyObject **env, PyObject *local, PyObject *args, PyObject *kwargs,
-                           int autograd) {
-    PyObject *svc = env[ENV_SVC], **g = autograd ? &PyTuple_GET_ITEM(env[ENV_GRAD], 0) : NULL;
-    if (ac_depth(local, ONE) < 0) return NULL;  /* the tool's own work, as in ``on_api_call`` */
+static PyObject *ac_record(ApiCallObject *self, PyObject **env, PyObject *args, PyObject *kwargs, int autograd) {
+    PyObject *svc = env[ENV_SVC], *tls = env[ENV_TLS], **g = autograd ? &PyTuple_GET_ITEM(env[ENV_GRAD], 0) : NULL;
+    if (tool_depth_add(tls, 1) < 0) return NULL;  /* the tool's own work, as in ``on_api_call`` */
     text_t b;  /* the record's text: the inputs' (its head, ``inputs``), then the output's (``record``) */
     text_init(&b);
     int rc = ac_text(env, &b, args, kwargs, NULL);
     if (rc < 0) {
-        if (!PyErr_ExceptionMatches(PyExc_Exception)) { text_free(&b); ac_depth(local, MINUS_ONE); return NULL; }
+        if (!PyErr_ExceptionMatches(PyExc_Exception)) { text_free(&b); tool_depth_add(tls, -1); return NULL; }
         PyErr_Clear();  /* the usual route says what went wrong */
     }
     if (rc != 0) {  /* an argument the C text does not read: the usual record */
         text_free(&b);
-        if (ac_depth(local, MINUS_ONE) < 0) return NULL;
+        if (tool_depth_add(tls, -1) < 0) return NULL;
         return PyObject_CallFunctionObjArgs(env[ENV_ON_API_CALL], self->original, PyTuple_GET_ITEM(self->key, 1),
                                             PyTuple_GET_ITEM(self->key, 2), args, kwargs, NULL);
     }
@@ -584,7 +587,7 @@ static PyObject *ac_record(ApiCallObject *self, PyObject **env, PyObject *local,
     int grad = autograd && g[G_BACKWARD] == Py_True;
     PyObject *name = ac_name(env, key, &n);
     if (name == NULL) goto fail;
-    if (ac_where(env, &rec, &stack, &parent) < 0
+    if (ac_where(self, env, &rec, &stack, &parent) < 0
         || (autograd && (backward = ag_backward_name(key, n)) == NULL)
         || (grad && (ac_tf(env[ENV_TF_OFF], 0, 0) < 0
                      || ac_tf(env[ENV_TF_ON], 1, ag_begin(g, env[ENV_RECORDS], backward, args, kwargs, &edges)) < 0))) {
@@ -632,7 +635,7 @@ fail:
     text_free(&b);
     Py_XDECREF(n); Py_XDECREF(name); Py_XDECREF(backward); Py_XDECREF(edges);
     Py_XDECREF(rec); Py_XDECREF(stack); Py_XDECREF(parent);
-    if (ac_depth(local, MINUS_ONE) < 0) Py_CLEAR(out);
+    if (tool_depth_add(tls, -1) < 0) Py_CLEAR(out);
     return out;
 }
 
@@ -700,26 +703,20 @@ static PyObject *agr_call(ApiGradObject *self, PyObject *const *args, size_t nar
     PyObject *rec = PyObject_GetAttr(self->service, S_recorder);
     if (rec == NULL) return NULL;
     if (rec == Py_None || grad == Py_None) { Py_DECREF(rec); Py_RETURN_NONE; }
-    PyObject *local = PyObject_GetAttr(self->tls, S_dict);
-    if (local == NULL || !PyDict_Check(local)) {
-        Py_DECREF(rec); Py_XDECREF(local);
-        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "tls.__dict__ is not a dict");
-        return NULL;
-    }
     PyObject *result = NULL;
-    if (ac_depth(local, ONE) < 0) goto done;  /* the tool's own work, as ``_put_grad_text`` */
-    if (ac_tf(self->tf_off, 0, 0) < 0) { ac_depth(local, MINUS_ONE); goto done; }
+    if (tool_depth_add(self->tls, 1) < 0) goto done;  /* the tool's own work, as ``_put_grad_text`` */
+    if (ac_tf(self->tf_off, 0, 0) < 0) { tool_depth_add(self->tls, -1); goto done; }
     PyObject *text = rt_tensor((RecordTextObject *)self->text, grad);
     int rc = text == NULL || text == Py_None ? 0 : agr_put(self, rec, context, index, text);
     int failed = text == NULL || rc < 0;
     if (failed && ac_report(self->service, backward) == 0) failed = 0;  /* the tool never breaks the backward */
     if (ac_tf(self->tf_on, 1, 0) < 0) failed = 1;  /* (a ``finally``: an error already raised is kept) */
-    if (ac_depth(local, MINUS_ONE) < 0) failed = 1;
+    if (tool_depth_add(self->tls, -1) < 0) failed = 1;
     if (!failed)  /* a summary not known at once: the Python route for the whole gradient */
         result = text == Py_None ? agr_python(self, context, index, grad) : Py_NewRef(Py_None);
     Py_XDECREF(text);
 done:
-    Py_DECREF(rec); Py_DECREF(local);
+    Py_DECREF(rec);
     return result;
 }
 

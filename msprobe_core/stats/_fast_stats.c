@@ -327,31 +327,41 @@ static PyObject *raw_ops(PyObject *self, PyObject *const *args, Py_ssize_t nargs
 static int add_tensor_rows(PyObject *m);
 static int add_fast_monitor(PyObject *m); /* _fast_monitor.c, #included after the monitor's step values */
 
-/* The bytes naming the stack from frame f (a reference taken over) outward: each frame's code address and
- * instruction offset. */
-static PyObject *stack_key(PyFrameObject *f) {
-    uintptr_t key[256] = {0};
-    PyObject *out = NULL;
-    Py_ssize_t cap = 256, used = 0;
-    uintptr_t *buf = key;
+#define STACK_KEY_SMALL 256 /* the entries of a caller's own array for ``stack_walk`` */
+
+/* The key of the stack from frame f (a reference taken over) outward into *buf: each frame's code address and
+ * instruction offset. *buf is the caller's array of STACK_KEY_SMALL entries, replaced for a deep stack by a larger
+ * one from PyMem_Malloc (the caller frees it where it is not its own array, an error or not). The key's length in
+ * entries, or -1 with an error. */
+static Py_ssize_t stack_walk(PyFrameObject *f, uintptr_t **buf) {
+    uintptr_t *own = *buf;
+    Py_ssize_t cap = STACK_KEY_SMALL, used = 0;
     while (f != NULL) {
         if (used + 2 > cap) {  /* a deep stack: grow on the heap */
             uintptr_t *bigger = PyMem_Malloc(2 * cap * sizeof(uintptr_t));
-            if (bigger == NULL) { Py_DECREF(f); if (buf != key) PyMem_Free(buf); return PyErr_NoMemory(); }
-            memcpy(bigger, buf, used * sizeof(uintptr_t));
-            if (buf != key) PyMem_Free(buf);
-            buf = bigger;
+            if (bigger == NULL) { Py_DECREF(f); PyErr_NoMemory(); return -1; }
+            memcpy(bigger, *buf, used * sizeof(uintptr_t));
+            if (*buf != own) PyMem_Free(*buf);
+            *buf = bigger;
             cap *= 2;
         }
         PyCodeObject *code = PyFrame_GetCode(f);
-        buf[used++] = (uintptr_t)code;
+        (*buf)[used++] = (uintptr_t)code;
         Py_DECREF(code);
-        buf[used++] = (uintptr_t)PyFrame_GetLasti(f);
+        (*buf)[used++] = (uintptr_t)PyFrame_GetLasti(f);
         PyFrameObject *back = PyFrame_GetBack(f);
         Py_DECREF(f);
         f = back;
     }
-    out = PyBytes_FromStringAndSize((const char *)buf, used * (Py_ssize_t)sizeof(uintptr_t));
+    return used;
+}
+
+/* The bytes naming the stack from frame f (a reference taken over) outward (``stack_walk``'s key). */
+static PyObject *stack_key(PyFrameObject *f) {
+    uintptr_t key[STACK_KEY_SMALL], *buf = key;
+    Py_ssize_t used = stack_walk(f, &buf);
+    PyObject *out = used < 0 ? NULL
+                             : PyBytes_FromStringAndSize((const char *)buf, used * (Py_ssize_t)sizeof(uintptr_t));
     if (buf != key) PyMem_Free(buf);
     return out;
 }
@@ -560,6 +570,9 @@ typedef struct {
     PyObject *descr[N_DESCR];
     int statistics;
     Py_ssize_t cache_size;
+    /* Where the cache's last dropped entry stood (``evict_oldest``): the place in the key table it was found in */
+    const void *evict_keys;
+    Py_ssize_t evict_pos;
 } RecordTextObject;
 
 #define NO_TEXT 1 /* the answer is None: the caller takes the Python route for the whole record */
@@ -611,13 +624,79 @@ static PyObject *tensor_get(RecordTextObject *self, PyObject *t, int i) {
     return descr_get(self->descr[i], t);
 }
 
-/* A boolean property or method of t: 1, 0, or -1 with an error. */
+/* A boolean property or method of t: 1, 0, or -1 with an error. Those of TORCH_FACT_FLAGS are asked of the C++
+ * tensor first (_fast_facts.c), then, where it does not say, of torch's Python API. */
 static int tensor_flag(RecordTextObject *self, PyObject *t, int i) {
+    if (i == D_REQUIRES_GRAD || i == D_IS_CONTIGUOUS || i == D_IS_NEG || i == D_IS_ZERO) {
+        TorchTensorFacts f;
+        int known = ff_facts(t, TORCH_FACT_FLAGS, &f);
+        if (known)
+            return known < 0 ? -1 : i == D_REQUIRES_GRAD ? f.requires_grad : i == D_IS_CONTIGUOUS ? f.is_contiguous
+                                  : i == D_IS_NEG ? f.is_neg : f.is_zerotensor;
+    }
     PyObject *v = tensor_get(self, t, i);
     if (v == NULL) return -1;
     int r = PyObject_IsTrue(v);
     Py_DECREF(v);
     return r;
+}
+
+/* t's version and data address (``_version``, ``data_ptr()``) and, where the C++ tensor says them (one question for
+ * the three), its requires_grad (else *grad -1: ``tensor_flag`` asks later): 1; 0 where torch refuses one (an
+ * inference tensor, a wrapper without storage: the Python route says why; no error left); -1 with an error. */
+static int tensor_ident(RecordTextObject *self, PyObject *t, long long *version, unsigned long long *ptr, int *grad) {
+    TorchTensorFacts f;
+    int known = ff_facts(t, TORCH_FACT_VERSION | TORCH_FACT_DATA_PTR | TORCH_FACT_FLAGS, &f);
+    if (known) {
+        *version = f.version;
+        *ptr = f.data_ptr;
+        *grad = f.requires_grad;
+        return known;
+    }
+    *grad = -1;
+    PyObject *v = tensor_get(self, t, D_VERSION);
+    PyObject *address = v ? tensor_get(self, t, D_DATA_PTR) : NULL;
+    *version = v ? PyLong_AsLongLong(v) : -1;
+    *ptr = address ? PyLong_AsUnsignedLongLong(address) : 0;
+    Py_XDECREF(v);
+    Py_XDECREF(address);
+    if (address == NULL || PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    return 1;
+}
+
+/* t's shape as a tuple (a plain one made from the C++ tensor's sizes, else torch's torch.Size: equal, with the same
+ * hash) and *numel, the product of its sizes: a new reference, or NULL with an error. */
+static PyObject *tensor_shape(RecordTextObject *self, PyObject *t, Py_ssize_t *numel) {
+    TorchTensorFacts f;
+    int known = ff_facts(t, TORCH_FACT_SIZES, &f);
+    if (known < 0) return NULL;
+    if (known) {
+        PyObject *shape = PyTuple_New(f.dims);
+        for (int i = 0; shape != NULL && i < f.dims; i++) {
+            PyObject *d = PyLong_FromLongLong(f.sizes[i]);
+            if (d == NULL) Py_CLEAR(shape);
+            else PyTuple_SET_ITEM(shape, i, d);
+        }
+        *numel = (Py_ssize_t)f.numel;
+        return shape;
+    }
+    PyObject *shape = tensor_get(self, t, D_SHAPE);
+    if (shape == NULL) return NULL;
+    if (!PyTuple_Check(shape)) {
+        Py_DECREF(shape);
+        PyErr_SetString(PyExc_TypeError, "shape is no tuple");
+        return NULL;
+    }
+    *numel = 1;  /* the product of the sizes: no numel() call */
+    for (Py_ssize_t i = 0, n = PyTuple_GET_SIZE(shape); i < n; i++) {
+        Py_ssize_t d = PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, i));
+        if (d < 0) { Py_DECREF(shape); return NULL; }
+        *numel *= d;
+    }
+    return shape;
 }
 
 /* What ``plain_cpu_facts`` says of a tensor. */
@@ -774,19 +853,9 @@ fail:
 /* The summary text up to '"requires_grad": ' of a fresh entry (``Summarizer._text_body``): t's facts read and
  * kept in e, then ``entry_body``. */
 static PyObject *make_body(RecordTextObject *self, PyObject *t, EntryObject *e, PyObject *dtype, long code) {
-    PyObject *shape = tensor_get(self, t, D_SHAPE);
+    Py_ssize_t numel;
+    PyObject *shape = tensor_shape(self, t, &numel);
     if (shape == NULL) return NULL;
-    if (!PyTuple_Check(shape)) {
-        Py_DECREF(shape);
-        PyErr_SetString(PyExc_TypeError, "shape is no tuple");
-        return NULL;
-    }
-    Py_ssize_t numel = 1;  /* the product of the sizes: no numel() call */
-    for (Py_ssize_t i = 0, n = PyTuple_GET_SIZE(shape); i < n; i++) {
-        Py_ssize_t d = PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, i));
-        if (d < 0) { Py_DECREF(shape); return NULL; }
-        numel *= d;
-    }
     PyObject *key = PyTuple_Pack(2, dtype, shape);
     if (key == NULL) { Py_DECREF(shape); return NULL; }
     PyObject *prefix = PyDict_GetItemWithError(self->prefixes, key);  /* borrowed */
@@ -811,6 +880,18 @@ static PyObject *make_body(RecordTextObject *self, PyObject *t, EntryObject *e, 
 
 /* Is t laid out as when e's facts were read (same shape, still contiguous)? 1, 0, or -1 with an error. */
 static int same_layout(RecordTextObject *self, PyObject *t, EntryObject *e) {
+    TorchTensorFacts f;  /* the C++ tensor's sizes compared with e's as they are: no shape object made */
+    int known = ff_facts(t, TORCH_FACT_SIZES | TORCH_FACT_FLAGS, &f);
+    if (known < 0) return -1;
+    if (known) {
+        if (PyTuple_GET_SIZE(e->shape) != f.dims) return 0;
+        for (int i = 0; i < f.dims; i++) {
+            long long d = PyLong_AsLongLong(PyTuple_GET_ITEM(e->shape, i));
+            if (d == -1 && PyErr_Occurred()) return -1;
+            if (d != f.sizes[i]) return 0;
+        }
+        return f.is_contiguous;
+    }
     PyObject *shape = tensor_get(self, t, D_SHAPE);
     if (shape == NULL) return -1;
     int same = PyObject_RichCompareBool(shape, e->shape, Py_EQ);
@@ -833,6 +914,27 @@ static int entry_update(RecordTextObject *self, PyObject *t, EntryObject *c, lon
     return 1;
 }
 
+/* The cache's oldest entry dropped (``Summarizer._evict``): 0, or -1 with an error. A dict keeps its entries in
+ * insertion order in its key table, a deleted one left there as an empty place until the table is made anew (when
+ * it grows, or by clear()): the search for the first entry starts after the place of the one dropped last while
+ * the table is the one it was found in (every place before it is empty), instead of stepping over all the empty
+ * places from the start again (about 40 on average, with the summarizer's 96 entries). */
+static int evict_oldest(RecordTextObject *self) {
+    const void *keys = ((PyDictObject *)self->cache)->ma_keys;
+    Py_ssize_t pos = keys == self->evict_keys ? self->evict_pos : 0;
+    PyObject *oldest, *value;
+    if (!PyDict_Next(self->cache, &pos, &oldest, &value)) {
+        pos = 0;  /* (nothing after it: the table looked at from the start) */
+        if (!PyDict_Next(self->cache, &pos, &oldest, &value)) return 0;
+    }
+    self->evict_keys = keys;
+    self->evict_pos = pos;
+    Py_INCREF(oldest);
+    int rc = PyDict_DelItem(self->cache, oldest);
+    Py_DECREF(oldest);
+    return rc;
+}
+
 /* ``Summarizer._entry``: the cached entry of this version of t, or a new one (the oldest dropped beyond
  * cache_size). A new reference, or NULL with an error. */
 static EntryObject *find_entry(RecordTextObject *self, PyObject *t, PyObject *key, long long version,
@@ -853,16 +955,7 @@ static EntryObject *find_entry(RecordTextObject *self, PyObject *t, PyObject *ke
     Py_DECREF(ref);
     if (e == NULL) return NULL;
     if (PyDict_SetItem(self->cache, key, (PyObject *)e) < 0) { Py_DECREF(e); return NULL; }
-    if (PyDict_GET_SIZE(self->cache) > self->cache_size) {
-        Py_ssize_t pos = 0;
-        PyObject *oldest, *value;
-        if (PyDict_Next(self->cache, &pos, &oldest, &value)) {
-            Py_INCREF(oldest);
-            int rc = PyDict_DelItem(self->cache, oldest);
-            Py_DECREF(oldest);
-            if (rc < 0) { Py_DECREF(e); return NULL; }
-        }
-    }
+    if (PyDict_GET_SIZE(self->cache) > self->cache_size && evict_oldest(self) < 0) { Py_DECREF(e); return NULL; }
     return e;
 }
 
@@ -870,18 +963,11 @@ static EntryObject *find_entry(RecordTextObject *self, PyObject *t, PyObject *ke
  * ``fallback`` (the Python route) when asked, else NO_TEXT. */
 static int put_tensor(RecordTextObject *self, text_t *b, PyObject *t, int fallback) {
     if (PyDict_GET_SIZE(self->combined)) return fallback ? put_fallback(self, b, t) : NO_TEXT;
-    PyObject *v = tensor_get(self, t, D_VERSION);
-    PyObject *address = v ? tensor_get(self, t, D_DATA_PTR) : NULL;
-    if (address == NULL) {  /* an inference tensor, a wrapper without storage: the Python route says */
-        Py_XDECREF(v);
-        PyErr_Clear();
-        return fallback ? put_fallback(self, b, t) : NO_TEXT;
-    }
-    long long version = PyLong_AsLongLong(v);
-    unsigned long long ptr = PyLong_AsUnsignedLongLong(address);
-    Py_DECREF(v);
-    Py_DECREF(address);
-    if (PyErr_Occurred()) { PyErr_Clear(); return fallback ? put_fallback(self, b, t) : NO_TEXT; }
+    long long version;
+    unsigned long long ptr;
+    int grad;
+    int ident = tensor_ident(self, t, &version, &ptr, &grad);
+    if (ident <= 0) return ident < 0 ? -1 : fallback ? put_fallback(self, b, t) : NO_TEXT;
     PyObject *key = PyLong_FromVoidPtr(t);
     if (key == NULL) return -1;
     Py_ssize_t start = b->len;
@@ -931,7 +1017,7 @@ static int put_tensor(RecordTextObject *self, text_t *b, PyObject *t, int fallba
             Py_XSETREF(e->text, body);
         }
     }
-    int grad = tensor_flag(self, t, D_REQUIRES_GRAD);
+    if (grad < 0) grad = tensor_flag(self, t, D_REQUIRES_GRAD);
     if (grad < 0 || text_put_str(b, e->text) < 0) goto done;
     rc = grad ? PUT_LIT(b, "true}") : PUT_LIT(b, "false}");
 done:
@@ -1254,16 +1340,11 @@ static PyObject *gt_text(GradTextObject *self, PyObject *const *args, Py_ssize_t
     if ((Py_TYPE(t) != (PyTypeObject *)rt->tensor && Py_TYPE(t) != (PyTypeObject *)rt->parameter)
         || PyDict_GET_SIZE(rt->combined))
         Py_RETURN_NONE;
-    PyObject *v = tensor_get(rt, t, D_VERSION);
-    PyObject *address = v ? tensor_get(rt, t, D_DATA_PTR) : NULL;
-    long long version = v ? PyLong_AsLongLong(v) : -1;
-    unsigned long long ptr = address ? PyLong_AsUnsignedLongLong(address) : 0;
-    Py_XDECREF(v);
-    Py_XDECREF(address);
-    if (address == NULL || PyErr_Occurred()) {  /* an inference tensor, a wrapper without storage */
-        PyErr_Clear();
-        Py_RETURN_NONE;
-    }
+    long long version;
+    unsigned long long ptr;
+    int grad;
+    int ident = tensor_ident(rt, t, &version, &ptr, &grad);
+    if (ident <= 0) return ident < 0 ? NULL : Py_NewRef(Py_None);
     PyObject *body;
     if (t == self->last && version == self->version && ptr == self->ptr) {
         body = self->body;
@@ -1285,7 +1366,7 @@ static PyObject *gt_text(GradTextObject *self, PyObject *const *args, Py_ssize_t
             self->ptr = ptr;
         }
     }
-    int grad = tensor_flag(rt, t, D_REQUIRES_GRAD);
+    if (grad < 0) grad = tensor_flag(rt, t, D_REQUIRES_GRAD);
     if (grad < 0) { Py_DECREF(body); return NULL; }
     text_t b;
     text_init(&b);
@@ -1492,6 +1573,7 @@ done:
 /* ================================================================================== end of autograd walk */
 
 #include "_fast_journal.c"
+#include "_fast_depth.c"
 #include "_fast_api.c"
 #include "_fast_l0.c"
 #include "_fast_files.c"

@@ -1,9 +1,11 @@
 // msprobe_core.stats._torch_facts: the optional C++ part of the statistics kernel. It answers the questions the
-// monitor's TensorRows (_fast_stats.c) asks of every tensor it reads (is_cpu, layout, dtype, is_contiguous,
-// is_neg, _is_zerotensor, data_ptr, numel) from the C++ tensor, for about 1/30 of what the same questions cost
-// through torch's Python API from C (each a Python call with torch's error and torch-function handling; 4,800
-// tensors a step with the monitor on a 400-layer model). Exported as the FACTS capsule (_torch_facts.h);
-// _fast_facts.c imports it and, without it, TensorRows asks torch's Python API as before.
+// kernel's readers ask of every tensor they read from the C++ tensor: the monitor's TensorRows (_fast_stats.c:
+// is_cpu, layout, dtype, is_contiguous, is_neg, _is_zerotensor, data_ptr, numel) and the dump's RecordText and
+// GradText (_version, data_ptr, shape, requires_grad, is_contiguous, is_neg, _is_zerotensor of every tensor of
+// every record), for about 1/10 to 1/30 of what the same questions cost through torch's Python API from C (each
+// a Python call with torch's error and torch-function handling; 4,800 tensors a step with the monitor on a
+// 400-layer model, about three a call at the dump's level L1). Exported as the FACTS capsule (_torch_facts.h);
+// _fast_facts.c imports it and, without it, the readers ask torch's Python API as before.
 //
 // Built by setup.py only where torch imports at build time (torch.utils.cpp_extension, optional=True), linked
 // against that torch: import torch first. The headers are the narrowest that hold THPVariable (the C++ tensor
@@ -13,6 +15,7 @@
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/version.h>
 
+#include <cstdint>
 #include <cstring>
 
 #include "_torch_facts.h"
@@ -49,7 +52,38 @@ static PyObject *tf_dtype(int scalar_type) noexcept {
     }
 }
 
-static const TorchFactsApi tf_api = {tf_plain, tf_dtype};
+// TorchFactsApi.facts: each fact from the C++ call its Python getter or method makes (_version(), data_ptr(),
+// sizes() and numel(), requires_grad(), is_contiguous(), is_neg(), _is_zerotensor()), under the same conditions
+// as tf_plain; a tensor with symbolic sizes (a tracer's) is left to the Python API.
+static int tf_facts(PyObject *o, int want, TorchTensorFacts *f) noexcept {
+    try {
+        if (!THPVariable_CheckExact(o)) return 0;
+        const at::Tensor &t = THPVariable_Unpack(o);
+        if (!t.defined()) return 0;
+        if (want & TORCH_FACT_VERSION) f->version = t._version();
+        if (want & TORCH_FACT_DATA_PTR) f->data_ptr = reinterpret_cast<uintptr_t>(t.data_ptr());
+        if ((want & (TORCH_FACT_SIZES | TORCH_FACT_FLAGS)) && t.unsafeGetTensorImpl()->has_symbolic_sizes_strides())
+            return 0;
+        if (want & TORCH_FACT_SIZES) {
+            at::IntArrayRef sizes = t.sizes();
+            if (sizes.size() > TORCH_FACTS_MAX_DIMS) return 0;
+            f->dims = static_cast<int>(sizes.size());
+            for (size_t i = 0; i < sizes.size(); i++) f->sizes[i] = sizes[i];
+            f->numel = t.numel();
+        }
+        if (want & TORCH_FACT_FLAGS) {
+            f->requires_grad = t.requires_grad();
+            f->is_contiguous = t.is_contiguous();
+            f->is_neg = t.is_neg();
+            f->is_zerotensor = t._is_zerotensor();
+        }
+        return 1;
+    } catch (...) {
+        return 0;
+    }
+}
+
+static const TorchFactsApi tf_api = {tf_plain, tf_dtype, tf_facts};
 
 // Whether torch version string v (torch.__version__) is the release this file was compiled against: the same
 // TORCH_VERSION, alone or with a local tag ("2.13.0+cpu"). The capsule reads torch's C++ objects by their

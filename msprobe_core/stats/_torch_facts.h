@@ -7,7 +7,26 @@
 
 #include <Python.h>
 
-#define TORCH_FACTS_CAPSULE "msprobe_core.stats._torch_facts.FACTS_1"
+#define TORCH_FACTS_CAPSULE "msprobe_core.stats._torch_facts.FACTS_2"
+
+/* What TorchFactsApi.facts is asked (bits of ``want``), each the value of the Python API named */
+enum {
+    TORCH_FACT_VERSION = 1,  /* t._version */
+    TORCH_FACT_DATA_PTR = 2, /* t.data_ptr() */
+    TORCH_FACT_SIZES = 4,    /* t.shape (its sizes) and t.numel() */
+    TORCH_FACT_FLAGS = 8,    /* t.requires_grad, t.is_contiguous(), t.is_neg(), t._is_zerotensor() */
+};
+
+#define TORCH_FACTS_MAX_DIMS 16 /* a tensor of more dimensions has no SIZES here */
+
+typedef struct {
+    long long version;
+    unsigned long long data_ptr;
+    int dims;
+    long long sizes[TORCH_FACTS_MAX_DIMS]; /* sizes[0..dims) */
+    long long numel;
+    int requires_grad, is_contiguous, is_neg, is_zerotensor;
+} TorchTensorFacts;
 
 typedef struct {
     /* 1 with t's data address, element count and ScalarType where t, an exact torch.Tensor or
@@ -17,6 +36,12 @@ typedef struct {
     int (*plain)(PyObject *t, void **p, Py_ssize_t *n, int *scalar_type);
     /* the torch.dtype of a ScalarType (borrowed; torch keeps it for the process), NULL (no error) for none */
     PyObject *(*dtype)(int scalar_type);
+    /* 1 with the facts of ``want`` (TORCH_FACT_* bits) in *f where t is an exact torch.Tensor or
+     * torch.nn.Parameter whose C++ tensor answers them all as torch's Python API would (with no torch function
+     * in the way); 0 otherwise (another type, symbolic sizes, more than TORCH_FACTS_MAX_DIMS dimensions, or a
+     * question torch refuses: an inference tensor's version, the data of a tensor without storage), *f then
+     * partly written. Never raises; the GIL held. */
+    int (*facts)(PyObject *t, int want, TorchTensorFacts *f);
 } TorchFactsApi;
 
 #endif

@@ -18,7 +18,7 @@ from killed_run import run_killed_mid_step
 from msprobe_core.files import call_stack, json_text
 from msprobe_core.files.call_stack import CallStack, StackCapture
 from msprobe_core.files.step_recorder import NO_PARENT, StepRecorder, read_frames, replay_journal
-from msprobe_core.pytorch.summarize import Summarizer
+from msprobe_core.pytorch.summarize import CACHE_SIZE, Summarizer
 from msprobe_core.stats.kernel import KERNEL
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -188,6 +188,24 @@ def test_an_entry_moves_to_the_next_version_in_place_unless_tied_to_the_old_one(
         u.mul_(2)
         assert s.record_text.text(u) == json_text.encode(s.summarize(u, None, False))
         assert s._cache[id(u)] is not python_made
+
+
+@pytest.mark.skipif(KERNEL is None, reason="the kernel is not built (or MSPROBE_FAST_STATS=0)")
+def test_the_cache_keeps_the_newest_entries_whichever_route_drops_the_oldest():
+    """The C text drops the cache's oldest entry as ``Summarizer._evict`` does (its search for it starting where
+    the last one was dropped while the dict's table is the same): the newest ``CACHE_SIZE`` tensors stay, in
+    order, through the Python route's drops, a reset and the table growing anew."""
+    s = Summarizer(statistics=True, md5=False)
+    tensors = [torch.randn(2) for _ in range(700)]
+    with torch.no_grad():
+        for i, t in enumerate(tensors):
+            if i == 300:
+                s.reset()
+            if i % 7 == 3:
+                s.summarize(t, None, False)  # the Python route's entry (and its own drop)
+            else:
+                s.record_text.text(t)
+            assert list(s._cache) == [id(u) for u in tensors[max(300 if i >= 300 else 0, i + 1 - CACHE_SIZE):i + 1]]
 
 
 @pytest.mark.skipif(KERNEL is None, reason="the kernel is not built (or MSPROBE_FAST_STATS=0)")
