@@ -37,11 +37,17 @@ typedef struct {
 static const char *const L0_CALL_FIELDS[10] = {"name", "backward", "seq", "record", "save", "parent", "grad", "edges",
                                                "stack", "by_node"};
 
+/* ``Call``'s fields by their index in ``L0_CALL_FIELDS`` */
+enum { F_NAME, F_BACKWARD, F_SEQ, F_RECORD, F_SAVE, F_PARENT, F_GRAD, F_EDGES, F_STACK, F_BY_NODE };
+
 /* Where the instances of ``cls`` keep the fields of ``Call``, in ``slots``, when it is a class of exactly those
- * slots made by ``object.__new__`` whose ``__init__`` only sets them (a dataclass without ``__post_init__``):
- * its instances are then made here without the Python ``__init__`` frame. 1, 0 (made by calling ``cls``). */
+ * slots made by ``object.__new__`` whose ``__init__`` only sets them (a dataclass without ``__post_init__``) and
+ * whose attributes are read and set the generic way: its instances are then made here without the Python
+ * ``__init__`` frame, and their fields read and set in their slots (``l0_field``, ``l0_set_field``). 1, 0 (made
+ * by calling ``cls``, fields as attributes). */
 static int l0_call_layout(PyTypeObject *cls, Py_ssize_t *slots) {
     if (Py_TYPE(cls) != &PyType_Type || cls->tp_new != PyBaseObject_Type.tp_new || cls->tp_alloc != PyType_GenericAlloc
+        || cls->tp_getattro != PyObject_GenericGetAttr || cls->tp_setattro != PyObject_GenericSetAttr
         || !PyDict_Check(cls->tp_dict) || PyDict_GetItemString(cls->tp_dict, "__post_init__") != NULL
         || PyDict_GetItemString(cls->tp_dict, "__dataclass_fields__") == NULL)
         return 0;
@@ -103,6 +109,24 @@ static PyObject *l0_pair(PyObject *a, Py_ssize_t n) {
 }
 
 #define L0_GET(obj, a) PyObject_GetAttr((obj), l0_attr[a])
+
+/* The attribute of each of ``Call``'s fields (``grad``: never read here) */
+static const int L0_FIELD_ATTR[10] = {A_NAME, A_BACKWARD, A_SEQ, A_RECORD, A_SAVE, A_PARENT, -1, A_EDGES, A_STACK,
+                                      A_BY_NODE};
+
+/* Field ``f`` of ``call``, an instance of the class whose layout ``slots`` holds (``l0_call_layout``; slots[0] < 0:
+ * none, the attribute is read): a new reference, or NULL with an error (an unset slot: the attribute's error). */
+static PyObject *l0_field(PyObject *call, const Py_ssize_t *slots, int f) {
+    PyObject *v = slots[0] >= 0 ? *(PyObject **)((char *)call + slots[f]) : NULL;
+    return v != NULL ? Py_NewRef(v) : L0_GET(call, L0_FIELD_ATTR[f]);
+}
+
+/* call.<field f> = v, as ``l0_field`` reads it: 0, or -1 with an error. */
+static int l0_set_field(PyObject *call, const Py_ssize_t *slots, int f, PyObject *v) {
+    if (slots[0] < 0) return PyObject_SetAttr(call, l0_attr[L0_FIELD_ATTR[f]], v);
+    Py_XSETREF(*(PyObject **)((char *)call + slots[f]), Py_NewRef(v));
+    return 0;
+}
 
 /* ``tls.depth`` (``common/tool_guard.TOOL``, a ``threading.local``) read and set in the calling thread's dict of
  * it directly: through the thread-local's attribute hooks each access costs a thread-dict lookup, a module
@@ -342,7 +366,7 @@ static PyObject *l0_begin(ModuleHooksObject *self, PyObject *state, PyObject *mo
         Py_DECREF(sizes);
         if (rc < 0) goto fail;
         PyObject *edges = l0_edges(self, args);
-        if (edges == NULL || (edges != Py_None && PyObject_SetAttr(call, l0_attr[A_EDGES], edges) < 0)) {
+        if (edges == NULL || (edges != Py_None && l0_set_field(call, self->call_slots, F_EDGES, edges) < 0)) {
             Py_XDECREF(edges);
             goto fail;
         }
@@ -355,7 +379,7 @@ static PyObject *l0_begin(ModuleHooksObject *self, PyObject *state, PyObject *mo
         if (PyUnicode_Check(record)) {  /* journaled with the record at its end; its place in stack.json kept now */
             PyObject *stacks = L0_GET(rec, A_STACK);
             rc = stacks == NULL || PyObject_SetItem(stacks, name, stack) < 0
-                 || PyObject_SetAttr(call, l0_attr[A_STACK], stack) < 0 ? -1 : 0;
+                 || l0_set_field(call, self->call_slots, F_STACK, stack) < 0 ? -1 : 0;
             Py_XDECREF(stacks);
         } else {
             PyObject *r = PyObject_CallMethodObjArgs(rec, l0_attr[A_PUT_STACK], name, stack, NULL);
@@ -365,7 +389,7 @@ static PyObject *l0_begin(ModuleHooksObject *self, PyObject *state, PyObject *mo
         Py_DECREF(stack);
         if (rc < 0) goto fail;
     }
-    if (PyObject_SetAttr(call, l0_attr[A_BY_NODE], Py_True) < 0) goto fail;
+    if (l0_set_field(call, self->call_slots, F_BY_NODE, Py_True) < 0) goto fail;
     goto done;
 fail:
     Py_CLEAR(call);
@@ -476,8 +500,9 @@ fail:
 static int l0_end(ModuleHooksObject *self, PyObject *state, PyObject *call, PyObject *out, PyObject *text) {
     PyObject *rec = l0_recorder(self);
     if (rec == NULL) return -1;
-    PyObject *name = L0_GET(call, A_NAME), *seq = L0_GET(call, A_SEQ), *stack = L0_GET(call, A_STACK);
-    PyObject *parent = L0_GET(call, A_PARENT);
+    const Py_ssize_t *slots = self->call_slots;
+    PyObject *name = l0_field(call, slots, F_NAME), *seq = l0_field(call, slots, F_SEQ);
+    PyObject *stack = l0_field(call, slots, F_STACK), *parent = l0_field(call, slots, F_PARENT);
     PyObject *pargs[6] = {rec, name, text, seq, stack, parent};  /* (a vector call: no bound method made) */
     PyObject *r = name && seq && stack && parent
                   ? PyObject_VectorcallMethod(l0_attr[A_PUT_TEXT], pargs, 6 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL) : NULL;
@@ -489,12 +514,12 @@ static int l0_end(ModuleHooksObject *self, PyObject *state, PyObject *call, PyOb
     int grad = l0_call_true(self->grad_enabled);
     if (grad <= 0) return grad;
     /* ``_hook_outputs``: the output's gradient from the call's own node when its edges are known */
-    PyObject *edges = L0_GET(call, A_EDGES);
+    PyObject *edges = l0_field(call, slots, F_EDGES);
     if (edges == NULL) return -1;
     int by_node = edges != Py_None ? tensor_flag((RecordTextObject *)self->text, out, D_REQUIRES_GRAD) : 0;
     int rc = by_node;
     if (by_node > 0) {
-        PyObject *backward = L0_GET(call, A_BACKWARD), *sizes = L0_GET(state, A_BWD_SIZES);
+        PyObject *backward = l0_field(call, slots, F_BACKWARD), *sizes = L0_GET(state, A_BWD_SIZES);
         PyObject *old = backward && sizes ? PyDict_GetItemWithError(sizes, backward) : NULL;
         rc = backward && sizes && (old != NULL || !PyErr_Occurred()) ? 0 : -1;
         if (rc == 0) {
@@ -540,7 +565,8 @@ static PyObject *mh_post(ModuleHooksObject *self, PyObject *const *args, Py_ssiz
     PyObject *calls = key == NULL ? NULL : Py_XNewRef(PyDict_GetItemWithError(module_calls, key));
     PyObject *call = calls != NULL && PyList_Check(calls) && PyList_GET_SIZE(calls)
                      ? Py_NewRef(PyList_GET_ITEM(calls, PyList_GET_SIZE(calls) - 1)) : NULL;
-    PyObject *head = call != NULL && Py_TYPE(call) == (PyTypeObject *)self->call ? L0_GET(call, A_RECORD) : NULL;
+    PyObject *head = call != NULL && Py_TYPE(call) == (PyTypeObject *)self->call
+                     ? l0_field(call, self->call_slots, F_RECORD) : NULL;
     PyObject *text = NULL;
     if (head != NULL && PyUnicode_Check(head)) {
         PyObject *rargs[2] = {head, args[3]};
@@ -1118,7 +1144,8 @@ typedef struct {
     PyObject *fallback, *sequence_nr, *accumulate_grad, *report, *fail, *report_output, *report_both, *keep, *hooks;
     PyObject *step_hooks;  /* the ``StepHooks`` that ``keep`` fills, or Py_None */
     PyObject *sites;       /* dict: a call's backward name -> (its parent, its hook): ``og_site`` */
-    Py_ssize_t max_hooks;
+    PyObject *call_type;   /* the class of the last call taken, or NULL; ``call_slots``: its ``l0_call_layout`` */
+    Py_ssize_t max_hooks, call_slots[10];
 } OwnGradsObject;
 
 static PyObject *dot_forward, *dot_backward;  /* ".forward", ".backward" */
@@ -1388,10 +1415,21 @@ static int og_keep(OwnGradsObject *self, PyObject *handle) {
     return r == NULL ? -1 : 0;
 }
 
+/* The layout of ``call``'s class (``l0_call_layout``, found once per class): its fields read and set in their slots. */
+static const Py_ssize_t *og_layout(OwnGradsObject *self, PyObject *call) {
+    PyObject *type = (PyObject *)Py_TYPE(call);
+    if (type != self->call_type) {
+        if (!l0_call_layout((PyTypeObject *)type, self->call_slots)) self->call_slots[0] = -1;
+        Py_XSETREF(self->call_type, Py_NewRef(type));
+    }
+    return self->call_slots;
+}
+
 static PyObject *og_call(OwnGradsObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     if (PyVectorcall_NARGS(nargsf) != 2 || kwnames != NULL) return PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);
     PyObject *call = args[0], *out = args[1];
-    PyObject *edges = L0_GET(call, A_EDGES);
+    const Py_ssize_t *slots = og_layout(self, call);
+    PyObject *edges = l0_field(call, slots, F_EDGES);
     if (edges == NULL) return NULL;
     if (edges == Py_None) { Py_DECREF(edges); Py_RETURN_NONE; }
     PyObject *output = L0_GET(edges, A_OUTPUT);
@@ -1404,11 +1442,11 @@ static PyObject *og_call(OwnGradsObject *self, PyObject *const *args, size_t nar
         return found < 0 ? NULL : PyObject_Vectorcall(self->fallback, args, 2, NULL);
     }
     PyObject *result = NULL, *backward = NULL, *save = NULL, *parent = NULL, *hook = NULL, *handle = NULL;
-    if (PyObject_SetAttr(call, l0_attr[A_EDGES], Py_None) < 0 || PyObject_SetAttr(edges, l0_attr[A_OUTPUT], Py_None) < 0)
+    if (l0_set_field(call, slots, F_EDGES, Py_None) < 0 || PyObject_SetAttr(edges, l0_attr[A_OUTPUT], Py_None) < 0)
         goto done;
-    backward = L0_GET(call, A_BACKWARD);
-    save = backward == NULL ? NULL : L0_GET(call, A_SAVE);
-    parent = save == NULL ? NULL : L0_GET(call, A_PARENT);
+    backward = l0_field(call, slots, F_BACKWARD);
+    save = backward == NULL ? NULL : l0_field(call, slots, F_SAVE);
+    parent = save == NULL ? NULL : l0_field(call, slots, F_PARENT);
     hook = parent == NULL ? NULL : og_hook(self, backward, save, parent, index, edge, out_nr);
     handle = hook == NULL ? NULL : PyObject_CallMethodOneArg(node, l0_attr[A_REGISTER_HOOK], hook);
     result = handle == NULL || og_keep(self, handle) < 0 ? NULL : Py_NewRef(Py_None);
@@ -1440,7 +1478,7 @@ static PyObject *og_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
 }
 
 #define OG_OBJECTS(X) X(fallback) X(sequence_nr) X(accumulate_grad) X(report) X(fail) X(report_output) X(report_both) \
-                      X(keep) X(hooks) X(step_hooks) X(sites)
+                      X(keep) X(hooks) X(step_hooks) X(sites) X(call_type)
 static int og_traverse(OwnGradsObject *self, visitproc visit, void *arg) { OG_OBJECTS(SE_VISIT) return 0; }
 static int og_clear(OwnGradsObject *self) { OG_OBJECTS(SE_CLEAR) return 0; }
 static void og_dealloc(OwnGradsObject *self) {
