@@ -37,6 +37,7 @@ int tuples (untracked by the collector once it has seen them) and torch's hook d
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable, Optional, Union
 
 import torch
@@ -77,17 +78,19 @@ def _key(t: torch.Tensor) -> tuple[Key, Any]:
     return id(fn) << 32 | t.output_nr + 1, fn
 
 
+@dataclass(slots=True, eq=False)
 class InputEdges:
-    """A call's inputs that require grad, noted at its start: their edge keys and the sequence number."""
+    """A call's inputs that require grad, noted at its start: their edge keys and the sequence number.
 
-    __slots__ = ("begin", "slots", "alive", "leaf", "output")
+    The L0 C hooks (``stats/_fast_l0.c``, ``FieldsNew``) make it and read its fields in their slots, in this
+    order, while the class is a plain slots dataclass without ``__post_init__``; anything else makes them call the
+    class and read its attributes."""
 
-    def __init__(self, begin: int, slots: dict[Key, Indices], alive: list, leaf: bool):
-        self.begin = begin
-        self.slots = slots   # edge key -> the input indices that are that tensor
-        self.alive = alive   # the grad_fns and leaves the keys' ids stand for
-        self.leaf = leaf     # a leaf is among them (else an edge to an ``AccumulateGrad`` leads to no input)
-        self.output: Optional[torch.Tensor] = None  # the one output whose gradient ``capture`` delivers
+    begin: int
+    slots: dict[Key, Indices]  # edge key -> the input indices that are that tensor
+    alive: list                # the grad_fns and leaves the keys' ids stand for
+    leaf: bool                 # a leaf is among them (else an edge to an ``AccumulateGrad`` leads to no input)
+    output: Optional[torch.Tensor] = None  # the one output whose gradient ``capture`` delivers
 
     @classmethod
     def of(cls, tensors: list) -> Optional["InputEdges"]:

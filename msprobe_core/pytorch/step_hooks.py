@@ -23,6 +23,7 @@ _Tensor = torch.Tensor
 _Parameter = torch.nn.Parameter
 _remove_fast = getattr(KERNEL, "remove_hooks", None)  # ``StepHooks.remove``'s loop in C (None: no kernel)
 _valid_fast = getattr(KERNEL, "plan_valid", None)  # ``HookPlan.still_valid``'s loop in C (None: no kernel)
+_hooks_fast = getattr(KERNEL, "tensor_hooks", None)  # ``StepHooks.tensor_hooks``' loop in C (None: no kernel)
 
 
 def next_hook_id() -> int:
@@ -91,6 +92,9 @@ class StepHooks:
         ``Parameter``) requiring grad, in one loop (a model's parameter hooks at each start(): no frames per
         parameter but ``add_tensor_hook``'s); ``other(t, hook)`` for each one that is not a plain tensor."""
         flat = self._flat
+        if _hooks_fast is not None:  # the same loop in C (no frame per parameter)
+            _hooks_fast(flat, pairs, other, _Tensor, _Parameter, RemovableHandle, OrderedDict)
+            return
         for t, hook in pairs:
             if type(t) is not _Tensor and type(t) is not _Parameter:
                 other(t, hook)

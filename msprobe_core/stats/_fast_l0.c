@@ -30,26 +30,37 @@ typedef struct {
     PyObject *hook_own_grads, *input_edges, *sequence_nr;
     PyObject *interned;  /* ``StackCapture.interned`` of ``capture_stack``'s capture, or Py_None */
     PyObject *names;     /* list: the n-th call's ("<base>.forward.<n>", "<base>.backward.<n>"), made once */
-    Py_ssize_t call_slots[10];  /* ``l0_call_layout``: where a ``Call``'s fields are, or call_slots[0] = -1 */
+    Py_ssize_t call_slots[10];  /* ``l0_layout``: where a ``Call``'s fields are, or call_slots[0] = -1 */
+    Py_ssize_t edges_slots[5];  /* the same for ``InputEdges`` (``input_edges``, when it is a ``FieldsNew``: its class) */
 } ModuleHooksObject;
 
-/* ``Call``'s fields (``dump/call.py``), in their order */
+/* ``Call``'s fields (``dump/call.py``), in their order, by their index */
 static const char *const L0_CALL_FIELDS[10] = {"name", "backward", "seq", "record", "save", "parent", "grad", "edges",
                                                "stack", "by_node"};
+enum { F_NAME, F_BACKWARD, F_SEQ, F_RECORD, F_SAVE, F_PARENT, F_GRAD, F_EDGES, F_STACK, F_BY_NODE };
 
-/* Where the instances of ``cls`` keep the fields of ``Call``, in ``slots``, when it is a class of exactly those
- * slots made by ``object.__new__`` whose ``__init__`` only sets them (a dataclass without ``__post_init__``):
- * its instances are then made here without the Python ``__init__`` frame. 1, 0 (made by calling ``cls``). */
-static int l0_call_layout(PyTypeObject *cls, Py_ssize_t *slots) {
+/* ``InputEdges``' fields (``pytorch/backward_capture.py``), the same way */
+static const char *const L0_EDGES_FIELDS[5] = {"begin", "slots", "alive", "leaf", "output"};
+enum { E_BEGIN, E_SLOTS, E_ALIVE, E_LEAF, E_OUTPUT };
+
+#define L0_MAX_FIELDS 10
+
+/* Where the instances of ``cls`` keep their ``n`` fields ``names``, in ``slots``, when it is a class of exactly
+ * those slots made by ``object.__new__`` whose ``__init__`` only sets them (a dataclass without ``__post_init__``)
+ * and whose attributes are read and set the generic way: its instances are then made here without the Python
+ * ``__init__`` frame (``l0_new_call``, ``FieldsNew``), their fields read and set in their slots (``l0_field``,
+ * ``l0_set_field``). 1, 0 (made by calling ``cls``, fields as attributes). */
+static int l0_layout(PyTypeObject *cls, const char *const *fields, int n, Py_ssize_t *slots) {
     if (Py_TYPE(cls) != &PyType_Type || cls->tp_new != PyBaseObject_Type.tp_new || cls->tp_alloc != PyType_GenericAlloc
+        || cls->tp_getattro != PyObject_GenericGetAttr || cls->tp_setattro != PyObject_GenericSetAttr
         || !PyDict_Check(cls->tp_dict) || PyDict_GetItemString(cls->tp_dict, "__post_init__") != NULL
         || PyDict_GetItemString(cls->tp_dict, "__dataclass_fields__") == NULL)
         return 0;
     PyObject *names = PyDict_GetItemString(cls->tp_dict, "__slots__");  /* borrowed */
-    if (names == NULL || !PyTuple_CheckExact(names) || PyTuple_GET_SIZE(names) != 10) return 0;
-    for (int i = 0; i < 10; i++) {
+    if (names == NULL || !PyTuple_CheckExact(names) || PyTuple_GET_SIZE(names) != n) return 0;
+    for (int i = 0; i < n; i++) {
         PyObject *name = PyTuple_GET_ITEM(names, i);
-        if (!PyUnicode_Check(name) || PyUnicode_CompareWithASCIIString(name, L0_CALL_FIELDS[i]) != 0) return 0;
+        if (!PyUnicode_Check(name) || PyUnicode_CompareWithASCIIString(name, fields[i]) != 0) return 0;
         PyObject *d = PyDict_GetItemWithError(cls->tp_dict, name);
         if (d == NULL || Py_TYPE(d) != &PyMemberDescr_Type) { PyErr_Clear(); return 0; }
         PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
@@ -78,14 +89,16 @@ enum { A_STEP_STATE, A_MODULE_CALLS, A_COUNTERS, A_MODULE_STACK, A_RECORDER, A_O
        A_PARAMETERS, A_ERROR, A_INPUT_RECORD, A_NAME, A_BACKWARD, A_SEQ, A_RECORD, A_PARENT, A_OUTPUT,
        A_REQUIRES_GRAD, A_HOOK_OUTPUTS, A_PUT_STACK, A_DATA, A_ON_CALL_GRADS, A_TENSOR_TEXT, A_PUT_TEXT_FIELD,
        A_SYNC, A_PARAM_GRAD_DICT, A_BEGIN, A_SLOTS, A_LEAF, A_GRAD_FN, A_OUTPUT_NR, A_SEQUENCE_NR, A_SAVE,
-       A_REGISTER_HOOK, A_ID, A_EXTRA_DICT_REF, A_HOOKS_DICT_REF, A_NEXT_FUNCTIONS, A_VARIABLE, A_MODULES, N_ATTRS };
+       A_REGISTER_HOOK, A_ID, A_EXTRA_DICT_REF, A_HOOKS_DICT_REF, A_NEXT_FUNCTIONS, A_VARIABLE, A_MODULES,
+       A_BACKWARD_HOOKS, A_REGISTER_HOOK_DICT, A_NEXT_ID, N_ATTRS };
 static const char *const L0_ATTR_NAMES[N_ATTRS] = {
     "step_state", "module_calls", "counters", "module_stack", "recorder", "_open_step", "reserve", "put_text",
     "stack", "bwd_sizes", "recorded_modules", "edges", "by_node", "depth", "_recording", "dumping_thread",
     "_parameters", "_error", "_input_record", "name", "backward", "seq", "record", "parent", "output",
     "requires_grad", "_hook_outputs", "put_stack", "data", "on_call_grads", "_tensor_text", "put_text_field",
     "_sync", "_param_grad_dict", "begin", "slots", "leaf", "grad_fn", "output_nr", "_sequence_nr", "save",
-    "register_hook", "id", "extra_dict_ref", "hooks_dict_ref", "next_functions", "variable", "_modules"};
+    "register_hook", "id", "extra_dict_ref", "hooks_dict_ref", "next_functions", "variable", "_modules",
+    "_backward_hooks", "_register_hook_dict", "next_id"};
 static PyObject *l0_attr[N_ATTRS];
 static PyObject *l0_no_sizes;  /* (0, 0) */
 
@@ -103,6 +116,114 @@ static PyObject *l0_pair(PyObject *a, Py_ssize_t n) {
 }
 
 #define L0_GET(obj, a) PyObject_GetAttr((obj), l0_attr[a])
+
+/* Field ``f`` (attribute ``a``) of ``obj``, an instance of the class whose layout ``slots`` holds (``l0_layout``;
+ * slots[0] < 0: none, the attribute is read): a new reference, or NULL with an error (an unset slot: the
+ * attribute's error). */
+static PyObject *l0_field(PyObject *obj, const Py_ssize_t *slots, int f, int a) {
+    PyObject *v = slots[0] >= 0 ? *(PyObject **)((char *)obj + slots[f]) : NULL;
+    return v != NULL ? Py_NewRef(v) : L0_GET(obj, a);
+}
+
+/* obj.<field f> = v, as ``l0_field`` reads it: 0, or -1 with an error. */
+static int l0_set_field(PyObject *obj, const Py_ssize_t *slots, int f, int a, PyObject *v) {
+    if (slots[0] < 0) return PyObject_SetAttr(obj, l0_attr[a], v);
+    Py_XSETREF(*(PyObject **)((char *)obj + slots[f]), Py_NewRef(v));
+    return 0;
+}
+
+/* A class's layout (``l0_layout``), found once per class: the class it is for (held), or NULL. */
+typedef struct {
+    PyObject *type;
+    Py_ssize_t slots[L0_MAX_FIELDS];
+} L0Layout;
+
+/* The layout of ``obj``'s class (the ``n`` fields ``names``), kept in ``kept`` for the next object of that class. */
+static const Py_ssize_t *l0_layout_of(L0Layout *kept, PyObject *obj, const char *const *names, int n) {
+    PyObject *type = (PyObject *)Py_TYPE(obj);
+    if (type != kept->type) {
+        if (!l0_layout((PyTypeObject *)type, names, n, kept->slots)) kept->slots[0] = -1;
+        Py_XSETREF(kept->type, Py_NewRef(type));
+    }
+    return kept->slots;
+}
+
+static const Py_ssize_t l0_no_layout[1] = {-1};  /* no layout known: fields as attributes */
+
+/* ``FieldsNew``: ``cls(*values)`` of a class whose layout is known (``l0_layout``) and whose fields after the first
+ * ``given`` default to None, made with its slots set, without the Python ``__init__`` frame (``ModuleHooks``'
+ * ``InputEdges``, made by ``_fast_gradapi.c``'s ``ag_edges_of``); any other call is the class's own. */
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *cls;
+    int n, given;
+    Py_ssize_t slots[L0_MAX_FIELDS];
+} FieldsNewObject;
+
+static PyObject *fn_call(FieldsNewObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    if (PyVectorcall_NARGS(nargsf) != self->given || kwnames != NULL)
+        return PyObject_Vectorcall(self->cls, args, nargsf, kwnames);
+    PyTypeObject *cls = (PyTypeObject *)self->cls;
+    PyObject *obj = cls->tp_alloc(cls, 0);
+    if (obj != NULL)
+        for (int i = 0; i < self->n; i++)
+            *(PyObject **)((char *)obj + self->slots[i]) = Py_NewRef(i < self->given ? args[i] : Py_None);
+    return obj;
+}
+
+static int fn_traverse(FieldsNewObject *self, visitproc visit, void *arg) { Py_VISIT(self->cls); return 0; }
+static int fn_clear(FieldsNewObject *self) { Py_CLEAR(self->cls); return 0; }
+static void fn_dealloc(FieldsNewObject *self) {
+    PyObject_GC_UnTrack(self);
+    fn_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyTypeObject FieldsNewType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "msprobe_core.stats._fast_stats.FieldsNew",
+    .tp_basicsize = sizeof(FieldsNewObject),
+    .tp_vectorcall_offset = offsetof(FieldsNewObject, vectorcall),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "a plain slots dataclass's instances made without its __init__ frame (see _fast_l0.c)",
+    .tp_call = PyVectorcall_Call,
+    .tp_dealloc = (destructor)fn_dealloc,
+    .tp_traverse = (traverseproc)fn_traverse,
+    .tp_clear = (inquiry)fn_clear,
+};
+
+/* A ``FieldsNew`` of ``cls`` (its ``n`` fields ``names``, the first ``given`` of them passed) where its layout is
+ * known (set in ``slots``) and its dataclass fields after the first ``given`` default to None; else ``cls`` itself
+ * (slots[0] = -1). A new reference, or NULL with an error. */
+static PyObject *l0_fields_new(PyObject *cls, const char *const *names, int n, int given, Py_ssize_t *slots) {
+    slots[0] = -1;
+    if (!PyType_Check(cls) || !l0_layout((PyTypeObject *)cls, names, n, slots)) {
+        slots[0] = -1;
+        return Py_NewRef(cls);
+    }
+    PyObject *fields = PyDict_GetItemString(((PyTypeObject *)cls)->tp_dict, "__dataclass_fields__");  /* borrowed */
+    int none = fields != NULL && PyDict_Check(fields);
+    for (int i = given; i < n && none; i++) {
+        PyObject *field = PyDict_GetItemString(fields, names[i]);  /* borrowed */
+        PyObject *dflt = field == NULL ? NULL : PyObject_GetAttrString(field, "default");
+        none = dflt == Py_None;
+        Py_XDECREF(dflt);
+    }
+    PyErr_Clear();  /* (a field without a default: the class called) */
+    FieldsNewObject *maker = none ? PyObject_GC_New(FieldsNewObject, &FieldsNewType) : NULL;
+    if (maker == NULL) {
+        slots[0] = -1;
+        return none ? NULL : Py_NewRef(cls);
+    }
+    maker->vectorcall = (vectorcallfunc)fn_call;
+    maker->cls = Py_NewRef(cls);
+    maker->n = n;
+    maker->given = given;
+    memcpy(maker->slots, slots, sizeof(Py_ssize_t) * n);
+    PyObject_GC_Track(maker);
+    return (PyObject *)maker;
+}
 
 /* ``tls.depth`` (``common/tool_guard.TOOL``, a ``threading.local``) read and set in the calling thread's dict of
  * it directly: through the thread-local's attribute hooks each access costs a thread-dict lookup, a module
@@ -288,6 +409,12 @@ static PyObject *l0_edges(ModuleHooksObject *self, PyObject *args) {
     return ag_edges_of(self->input_edges, self->sequence_nr, args);
 }
 
+/* The layout of ``edges`` when ``l0_edges`` made it here (``FieldsNew``): its fields read and set in their slots. */
+static const Py_ssize_t *l0_edges_layout(ModuleHooksObject *self, PyObject *edges) {
+    return self->edges_slots[0] >= 0 && (PyObject *)Py_TYPE(edges) == ((FieldsNewObject *)self->input_edges)->cls
+           ? self->edges_slots : l0_no_layout;
+}
+
 /* The stack of the hook's caller (``capture_stack()``): looked up by its frame key in ``interned`` (the
  * capture's table, as ``_fast_api.c``'s ``ac_stack``), made by ``capture_stack`` only the first time. */
 static PyObject *l0_stack(ModuleHooksObject *self) {
@@ -342,7 +469,7 @@ static PyObject *l0_begin(ModuleHooksObject *self, PyObject *state, PyObject *mo
         Py_DECREF(sizes);
         if (rc < 0) goto fail;
         PyObject *edges = l0_edges(self, args);
-        if (edges == NULL || (edges != Py_None && PyObject_SetAttr(call, l0_attr[A_EDGES], edges) < 0)) {
+        if (edges == NULL || (edges != Py_None && l0_set_field(call, self->call_slots, F_EDGES, A_EDGES, edges) < 0)) {
             Py_XDECREF(edges);
             goto fail;
         }
@@ -355,7 +482,7 @@ static PyObject *l0_begin(ModuleHooksObject *self, PyObject *state, PyObject *mo
         if (PyUnicode_Check(record)) {  /* journaled with the record at its end; its place in stack.json kept now */
             PyObject *stacks = L0_GET(rec, A_STACK);
             rc = stacks == NULL || PyObject_SetItem(stacks, name, stack) < 0
-                 || PyObject_SetAttr(call, l0_attr[A_STACK], stack) < 0 ? -1 : 0;
+                 || l0_set_field(call, self->call_slots, F_STACK, A_STACK, stack) < 0 ? -1 : 0;
             Py_XDECREF(stacks);
         } else {
             PyObject *r = PyObject_CallMethodObjArgs(rec, l0_attr[A_PUT_STACK], name, stack, NULL);
@@ -365,7 +492,7 @@ static PyObject *l0_begin(ModuleHooksObject *self, PyObject *state, PyObject *mo
         Py_DECREF(stack);
         if (rc < 0) goto fail;
     }
-    if (PyObject_SetAttr(call, l0_attr[A_BY_NODE], Py_True) < 0) goto fail;
+    if (l0_set_field(call, self->call_slots, F_BY_NODE, A_BY_NODE, Py_True) < 0) goto fail;
     goto done;
 fail:
     Py_CLEAR(call);
@@ -476,8 +603,9 @@ fail:
 static int l0_end(ModuleHooksObject *self, PyObject *state, PyObject *call, PyObject *out, PyObject *text) {
     PyObject *rec = l0_recorder(self);
     if (rec == NULL) return -1;
-    PyObject *name = L0_GET(call, A_NAME), *seq = L0_GET(call, A_SEQ), *stack = L0_GET(call, A_STACK);
-    PyObject *parent = L0_GET(call, A_PARENT);
+    const Py_ssize_t *slots = self->call_slots;
+    PyObject *name = l0_field(call, slots, F_NAME, A_NAME), *seq = l0_field(call, slots, F_SEQ, A_SEQ);
+    PyObject *stack = l0_field(call, slots, F_STACK, A_STACK), *parent = l0_field(call, slots, F_PARENT, A_PARENT);
     PyObject *pargs[6] = {rec, name, text, seq, stack, parent};  /* (a vector call: no bound method made) */
     PyObject *r = name && seq && stack && parent
                   ? PyObject_VectorcallMethod(l0_attr[A_PUT_TEXT], pargs, 6 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL) : NULL;
@@ -489,12 +617,12 @@ static int l0_end(ModuleHooksObject *self, PyObject *state, PyObject *call, PyOb
     int grad = l0_call_true(self->grad_enabled);
     if (grad <= 0) return grad;
     /* ``_hook_outputs``: the output's gradient from the call's own node when its edges are known */
-    PyObject *edges = L0_GET(call, A_EDGES);
+    PyObject *edges = l0_field(call, slots, F_EDGES, A_EDGES);
     if (edges == NULL) return -1;
     int by_node = edges != Py_None ? tensor_flag((RecordTextObject *)self->text, out, D_REQUIRES_GRAD) : 0;
     int rc = by_node;
     if (by_node > 0) {
-        PyObject *backward = L0_GET(call, A_BACKWARD), *sizes = L0_GET(state, A_BWD_SIZES);
+        PyObject *backward = l0_field(call, slots, F_BACKWARD, A_BACKWARD), *sizes = L0_GET(state, A_BWD_SIZES);
         PyObject *old = backward && sizes ? PyDict_GetItemWithError(sizes, backward) : NULL;
         rc = backward && sizes && (old != NULL || !PyErr_Occurred()) ? 0 : -1;
         if (rc == 0) {
@@ -504,7 +632,7 @@ static int l0_end(ModuleHooksObject *self, PyObject *state, PyObject *call, PyOb
             if (n == -1 && PyErr_Occurred()) PyErr_Clear();  /* (not a small int: a tuple made for it) */
             PyObject *size = n >= 0 && n < L0_PAIRS ? Py_NewRef(l0_pairs[1][n]) : Py_BuildValue("(iO)", 1, second);
             rc = size == NULL || PyDict_SetItem(sizes, backward, size) < 0
-                 || PyObject_SetAttr(edges, l0_attr[A_OUTPUT], out) < 0 ? -1 : 0;
+                 || l0_set_field(edges, l0_edges_layout(self, edges), E_OUTPUT, A_OUTPUT, out) < 0 ? -1 : 0;
             Py_XDECREF(size);
         }
         Py_XDECREF(backward); Py_XDECREF(sizes);
@@ -540,7 +668,8 @@ static PyObject *mh_post(ModuleHooksObject *self, PyObject *const *args, Py_ssiz
     PyObject *calls = key == NULL ? NULL : Py_XNewRef(PyDict_GetItemWithError(module_calls, key));
     PyObject *call = calls != NULL && PyList_Check(calls) && PyList_GET_SIZE(calls)
                      ? Py_NewRef(PyList_GET_ITEM(calls, PyList_GET_SIZE(calls) - 1)) : NULL;
-    PyObject *head = call != NULL && Py_TYPE(call) == (PyTypeObject *)self->call ? L0_GET(call, A_RECORD) : NULL;
+    PyObject *head = call != NULL && Py_TYPE(call) == (PyTypeObject *)self->call
+                     ? l0_field(call, self->call_slots, F_RECORD, A_RECORD) : NULL;
     PyObject *text = NULL;
     if (head != NULL && PyUnicode_Check(head)) {
         PyObject *rargs[2] = {head, args[3]};
@@ -605,7 +734,11 @@ static PyObject *mh_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     for (int i = 0; i < 20; i++) *slots[i] = Py_NewRef(o[i]);
     self->names = PyList_New(0);
     if (self->names == NULL) { Py_DECREF(self); return NULL; }
-    if (!l0_call_layout((PyTypeObject *)self->call, self->call_slots)) self->call_slots[0] = -1;
+    if (!l0_layout((PyTypeObject *)self->call, L0_CALL_FIELDS, 10, self->call_slots)) self->call_slots[0] = -1;
+    /* ``InputEdges`` made without its ``__init__`` frame (four fields given, ``output`` None) */
+    PyObject *edges_new = l0_fields_new(self->input_edges, L0_EDGES_FIELDS, 5, 4, self->edges_slots);
+    if (edges_new == NULL) { Py_DECREF(self); return NULL; }
+    Py_SETREF(self->input_edges, edges_new);
     return (PyObject *)self;
 }
 
@@ -1118,6 +1251,7 @@ typedef struct {
     PyObject *fallback, *sequence_nr, *accumulate_grad, *report, *fail, *report_output, *report_both, *keep, *hooks;
     PyObject *step_hooks;  /* the ``StepHooks`` that ``keep`` fills, or Py_None */
     PyObject *sites;       /* dict: a call's backward name -> (its parent, its hook): ``og_site`` */
+    L0Layout call_layout, edges_layout;  /* of the classes of the calls and edges taken */
     Py_ssize_t max_hooks;
 } OwnGradsObject;
 
@@ -1223,13 +1357,15 @@ static int og_one_input(OwnGradsObject *self, PyObject *fn, void *id, long long 
 
 /* The usual call's node and edge: 1 found (node, index, edge, out_nr set; node a new reference), 0 another shape
  * of graph, -1 with an error. Nothing of the call's state is changed. */
-static int og_find(OwnGradsObject *self, PyObject *edges, PyObject *out, PyObject **node, PyObject **index,
-                   Py_ssize_t *edge, Py_ssize_t *out_nr) {
-    PyObject *slots = L0_GET(edges, A_SLOTS), *fn = NULL, *walked = NULL, *roots = NULL, *end = NULL;
+static int og_find(OwnGradsObject *self, PyObject *edges, const Py_ssize_t *eslots, PyObject *out, PyObject **node,
+                   PyObject **index, Py_ssize_t *edge, Py_ssize_t *out_nr) {
+    PyObject *slots = l0_field(edges, eslots, E_SLOTS, A_SLOTS), *fn = NULL, *walked = NULL, *roots = NULL, *end = NULL;
     int rc = -1;
     if (slots == NULL) return -1;
     if (!PyDict_CheckExact(slots)) { rc = 0; goto done; }
-    long long begin = og_long(edges, A_BEGIN, 0);
+    PyObject *first = l0_field(edges, eslots, E_BEGIN, A_BEGIN);
+    long long begin = first == NULL ? -1 : PyLong_AsLongLong(first);
+    Py_XDECREF(first);
     if (begin == -1 && PyErr_Occurred()) goto done;
     end = PyObject_CallNoArgs(self->sequence_nr);
     if (end == NULL) goto done;
@@ -1256,7 +1392,7 @@ static int og_find(OwnGradsObject *self, PyObject *edges, PyObject *out, PyObjec
         unsigned long long low = PyLong_AsUnsignedLongLongMask(k) & 0xffffffffULL;
         Py_DECREF(high);
         if (PyErr_Occurred()) goto done;
-        PyObject *leaf = L0_GET(edges, A_LEAF);
+        PyObject *leaf = l0_field(edges, eslots, E_LEAF, A_LEAF);
         int is_leaf = leaf == NULL ? -1 : PyObject_IsTrue(leaf);
         Py_XDECREF(leaf);
         if (is_leaf < 0) goto done;
@@ -1268,7 +1404,7 @@ static int og_find(OwnGradsObject *self, PyObject *edges, PyObject *out, PyObjec
         }
         goto done;
     }
-    PyObject *leaf = L0_GET(edges, A_LEAF);
+    PyObject *leaf = l0_field(edges, eslots, E_LEAF, A_LEAF);
     PyObject *skip = leaf == NULL ? NULL : Py_NewRef(og_no_skip);  /* (walk only reads it) */
     PyObject *b = skip == NULL ? NULL : PyLong_FromLongLong(begin);
     roots = b == NULL ? NULL : PyList_New(1);
@@ -1391,24 +1527,26 @@ static int og_keep(OwnGradsObject *self, PyObject *handle) {
 static PyObject *og_call(OwnGradsObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     if (PyVectorcall_NARGS(nargsf) != 2 || kwnames != NULL) return PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);
     PyObject *call = args[0], *out = args[1];
-    PyObject *edges = L0_GET(call, A_EDGES);
+    const Py_ssize_t *slots = l0_layout_of(&self->call_layout, call, L0_CALL_FIELDS, 10);
+    PyObject *edges = l0_field(call, slots, F_EDGES, A_EDGES);
     if (edges == NULL) return NULL;
     if (edges == Py_None) { Py_DECREF(edges); Py_RETURN_NONE; }
-    PyObject *output = L0_GET(edges, A_OUTPUT);
+    const Py_ssize_t *eslots = l0_layout_of(&self->edges_layout, edges, L0_EDGES_FIELDS, 5);
+    PyObject *output = l0_field(edges, eslots, E_OUTPUT, A_OUTPUT);
     PyObject *node = NULL, *index = NULL;
     Py_ssize_t edge = 0, out_nr = -1;
-    int found = output == NULL ? -1 : output != out ? 0 : og_find(self, edges, out, &node, &index, &edge, &out_nr);
+    int found = output == NULL ? -1 : output != out ? 0 : og_find(self, edges, eslots, out, &node, &index, &edge, &out_nr);
     Py_XDECREF(output);
     if (found <= 0) {
         Py_DECREF(edges);
         return found < 0 ? NULL : PyObject_Vectorcall(self->fallback, args, 2, NULL);
     }
     PyObject *result = NULL, *backward = NULL, *save = NULL, *parent = NULL, *hook = NULL, *handle = NULL;
-    if (PyObject_SetAttr(call, l0_attr[A_EDGES], Py_None) < 0 || PyObject_SetAttr(edges, l0_attr[A_OUTPUT], Py_None) < 0)
+    if (l0_set_field(call, slots, F_EDGES, A_EDGES, Py_None) < 0 || l0_set_field(edges, eslots, E_OUTPUT, A_OUTPUT, Py_None) < 0)
         goto done;
-    backward = L0_GET(call, A_BACKWARD);
-    save = backward == NULL ? NULL : L0_GET(call, A_SAVE);
-    parent = save == NULL ? NULL : L0_GET(call, A_PARENT);
+    backward = l0_field(call, slots, F_BACKWARD, A_BACKWARD);
+    save = backward == NULL ? NULL : l0_field(call, slots, F_SAVE, A_SAVE);
+    parent = save == NULL ? NULL : l0_field(call, slots, F_PARENT, A_PARENT);
     hook = parent == NULL ? NULL : og_hook(self, backward, save, parent, index, edge, out_nr);
     handle = hook == NULL ? NULL : PyObject_CallMethodOneArg(node, l0_attr[A_REGISTER_HOOK], hook);
     result = handle == NULL || og_keep(self, handle) < 0 ? NULL : Py_NewRef(Py_None);
@@ -1440,7 +1578,8 @@ static PyObject *og_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
 }
 
 #define OG_OBJECTS(X) X(fallback) X(sequence_nr) X(accumulate_grad) X(report) X(fail) X(report_output) X(report_both) \
-                      X(keep) X(hooks) X(step_hooks) X(sites)
+                      X(keep) X(hooks) X(step_hooks) X(sites) X(call_layout.type) \
+                      X(edges_layout.type)
 static int og_traverse(OwnGradsObject *self, visitproc visit, void *arg) { OG_OBJECTS(SE_VISIT) return 0; }
 static int og_clear(OwnGradsObject *self) { OG_OBJECTS(SE_CLEAR) return 0; }
 static void og_dealloc(OwnGradsObject *self) {
@@ -1523,6 +1662,93 @@ static int l0_same(PyObject *mine, PyObject *kept) {
     return 1;
 }
 
+/* ``add_tensor_hook(t, hook)`` (``pytorch/step_hooks.py``) of a plain tensor with the key ``key``: the entry torch's
+ * ``register_hook`` makes (the tensor's ``_backward_hooks``, an ``OrderedDict`` made by ``odict`` and given to its
+ * ``grad_fn`` on first use), its key, 1 and its dict appended to ``flat``. 0, or -1 with an error. */
+static int l0_add_tensor_hook(PyObject *t, PyObject *hook, long long key, PyObject *flat, PyObject *odict) {
+    PyObject *hooks = L0_GET(t, A_BACKWARD_HOOKS);
+    if (hooks == Py_None) {
+        Py_DECREF(hooks);
+        hooks = PyObject_CallNoArgs(odict);
+        PyObject *fn = hooks == NULL || PyObject_SetAttr(t, l0_attr[A_BACKWARD_HOOKS], hooks) < 0 ? NULL
+                       : L0_GET(t, A_GRAD_FN);
+        PyObject *r = fn == NULL ? NULL : fn == Py_None ? Py_NewRef(Py_None)
+                      : PyObject_CallMethodOneArg(fn, l0_attr[A_REGISTER_HOOK_DICT], t);
+        Py_XDECREF(fn);
+        if (r == NULL) Py_CLEAR(hooks);
+        Py_XDECREF(r);
+    }
+    if (hooks == NULL) return -1;
+    PyObject *k = PyLong_FromLongLong(key);
+    int rc = k == NULL || PyObject_SetItem(hooks, k, hook) < 0 || PyList_Append(flat, k) < 0
+             || PyList_Append(flat, step_hooks_one) < 0 || PyList_Append(flat, hooks) < 0 ? -1 : 0;
+    Py_XDECREF(k);
+    Py_DECREF(hooks);
+    return rc;
+}
+
+/* handles.next_id = key, a pending error kept: 0, or -1 with an error. */
+static int l0_set_next_id(PyObject *handles, long long key) {
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyObject *k = PyLong_FromLongLong(key);
+    int rc = k == NULL ? -1 : PyObject_SetAttr(handles, l0_attr[A_NEXT_ID], k);
+    Py_XDECREF(k);
+    if (type != NULL) {  /* (the first error is the one raised) */
+        if (rc < 0) PyErr_Clear();
+        PyErr_Restore(type, value, tb);
+        return -1;
+    }
+    return rc;
+}
+
+/* ``StepHooks.tensor_hooks``' loop (``pytorch/step_hooks.py``): ``add_tensor_hook(t, hook)`` of each (t, hook) of
+ * ``pairs`` that is a plain tensor (``tensor``, ``parameter``: the exact types) requiring grad, held in ``flat``;
+ * ``other(t, hook)`` for each that is not a plain tensor. The keys are ``handles.next_id`` on (``RemovableHandle``'s),
+ * as ``add_tensor_hook`` takes them, the counter written back once at the end and around each ``other`` call (the
+ * only Python code run in the loop). ``odict``: the ``OrderedDict`` class.
+ *   tensor_hooks(flat, pairs, other, tensor, parameter, handles, odict) -> None */
+static PyObject *l0_tensor_hooks(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 7 || !PyList_CheckExact(args[0]) || !PyList_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "tensor_hooks(flat, pairs, other, tensor, parameter, handles, odict)");
+        return NULL;
+    }
+    PyObject *flat = args[0], *pairs = args[1], *other = args[2], *handles = args[5], *odict = args[6];
+    long long key = og_long(handles, A_NEXT_ID, 0);
+    if (key == -1 && PyErr_Occurred()) return NULL;
+    int rc = 0, held = 0;  /* held: handles.next_id is the counter (``other`` raised after it was written) */
+    for (Py_ssize_t i = 0; rc == 0 && i < PyList_GET_SIZE(pairs); i++) {
+        PyObject *pair = PyList_GET_ITEM(pairs, i);
+        if (!PyTuple_CheckExact(pair) || PyTuple_GET_SIZE(pair) != 2) {
+            PyErr_SetString(PyExc_TypeError, "tensor_hooks: pairs holds (tensor, hook) tuples");
+            rc = -1;
+            break;
+        }
+        Py_INCREF(pair);  /* (``other`` may change the list) */
+        PyObject *t = PyTuple_GET_ITEM(pair, 0), *hook = PyTuple_GET_ITEM(pair, 1);
+        if ((PyObject *)Py_TYPE(t) != args[3] && (PyObject *)Py_TYPE(t) != args[4]) {
+            PyObject *oargs[2] = {t, hook};
+            rc = l0_set_next_id(handles, key);
+            if (rc == 0) {
+                PyObject *r = PyObject_Vectorcall(other, oargs, 2, NULL);
+                Py_XDECREF(r);
+                held = 1;  /* (until the counter is read back) */
+                if (r == NULL || ((key = og_long(handles, A_NEXT_ID, 0)) == -1 && PyErr_Occurred())) rc = -1;
+                else held = 0;
+            }
+        } else {
+            PyObject *grad = L0_GET(t, A_REQUIRES_GRAD);
+            int on = grad == NULL ? -1 : PyObject_IsTrue(grad);
+            Py_XDECREF(grad);
+            rc = on <= 0 ? on : l0_add_tensor_hook(t, hook, key, flat, odict);
+            if (on > 0 && rc == 0) key++;
+        }
+        Py_DECREF(pair);
+    }
+    if ((!held && l0_set_next_id(handles, key) < 0) || rc < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyObject *l0_compiled_attr;  /* "_compiled_call_impl" */
 
 /* ``HookPlan.still_valid``'s loop (``pytorch/step_hooks.py``) over its ``modules``: is each (module, class,
@@ -1565,6 +1791,8 @@ static PyObject *l0_plan_valid(PyObject *mod, PyObject *const *args, Py_ssize_t 
 static PyMethodDef l0_functions[] = {
     {"remove_hooks", (PyCFunction)l0_remove_hooks, METH_O,
      "remove_hooks(flat) -> None: StepHooks.remove's loop (hooks.pop(key, None) of each kept hook)"},
+    {"tensor_hooks", (PyCFunction)(void (*)(void))l0_tensor_hooks, METH_FASTCALL,
+     "tensor_hooks(flat, pairs, other, tensor, parameter, handles, odict) -> None: StepHooks.tensor_hooks' loop"},
     {"plan_valid", (PyCFunction)(void (*)(void))l0_plan_valid, METH_FASTCALL,
      "plan_valid(root, modules) -> bool or None: HookPlan.still_valid's loop (None: the Python loop decides)"},
     {NULL, NULL, 0, NULL},
@@ -1595,6 +1823,7 @@ static int add_module_hooks(PyObject *m) {
         if (l0_local_type != NULL && !PyType_Check(l0_local_type)) Py_CLEAR(l0_local_type);
         PyErr_Clear();
     }
+    if (PyType_Ready(&FieldsNewType) < 0) return -1;  /* (made by ModuleHooks only) */
     PyTypeObject *types[] = {&ModuleHooksType, &CallGradsType, &ParamGradType, &SingleEdgeType, &OwnGradsType};
     const char *names[] = {"ModuleHooks", "CallGrads", "ParamGrad", "SingleEdge", "OwnGrads"};
     for (int i = 0; i < 5; i++) {

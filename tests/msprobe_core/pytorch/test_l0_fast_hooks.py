@@ -313,6 +313,26 @@ def test_a_call_class_the_c_hooks_cannot_fill_is_called(tmp_path, monkeypatch):
 
 
 @needs_kernel
+def test_an_edges_class_the_c_hooks_cannot_fill_is_called(tmp_path, monkeypatch):
+    """``ModuleHooks`` makes ``InputEdges`` itself (``FieldsNew``: no Python ``__init__``) and reads its fields in
+    their slots only for its own layout; a class whose ``__init__`` does more (``__post_init__``) is called, its
+    fields read as attributes, with the same records."""
+    from dataclasses import dataclass
+
+    made = []
+
+    @dataclass(slots=True, eq=False)
+    class Counted(backward_capture.InputEdges):
+        def __post_init__(self):
+            made.append(self.begin)
+
+    plain = _many_calls(tmp_path / "plain", 3)
+    monkeypatch.setattr(dump_service, "InputEdges", Counted)
+    assert _many_calls(tmp_path / "counted", 3) == plain
+    assert len(made) == 4  # two steps of two calls whose input requires grad
+
+
+@needs_kernel
 def test_the_c_hooks_keep_the_tool_depth_of_each_thread(tmp_path):
     """The C hooks read and set ``TOOL.depth`` in the calling thread's own dict of it: work the tool marks as its
     own (``tool_work``) is not recorded, another thread's depth is its own, and every step ends at depth 0."""

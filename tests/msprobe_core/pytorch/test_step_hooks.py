@@ -4,6 +4,7 @@ from collections import OrderedDict
 
 import pytest
 import torch
+from torch.utils.hooks import RemovableHandle
 
 from msprobe_core.pytorch import step_hooks
 from msprobe_core.pytorch.step_hooks import HookPlan, StepHooks
@@ -11,16 +12,18 @@ from msprobe_core.stats.kernel import KERNEL
 
 _remove_c = getattr(KERNEL, "remove_hooks", None)
 _valid_c = getattr(KERNEL, "plan_valid", None)
+_hooks_c = getattr(KERNEL, "tensor_hooks", None)
 
 
 @pytest.fixture(autouse=True, params=["c", "python"])
 def route(request, monkeypatch):
-    """Every test on both routes of ``StepHooks.remove`` and ``HookPlan.still_valid``: the kernel's
-    ``remove_hooks`` and ``plan_valid``, and the Python loops."""
+    """Every test on both routes of ``StepHooks.remove``, ``StepHooks.tensor_hooks`` and ``HookPlan.still_valid``:
+    the kernel's ``remove_hooks``, ``tensor_hooks`` and ``plan_valid``, and the Python loops."""
     if request.param == "c" and _remove_c is None:
         pytest.skip("the C kernel is not built")
     monkeypatch.setattr(step_hooks, "_remove_fast", _remove_c if request.param == "c" else None)
     monkeypatch.setattr(step_hooks, "_valid_fast", _valid_c if request.param == "c" else None)
+    monkeypatch.setattr(step_hooks, "_hooks_fast", _hooks_c if request.param == "c" else None)
     return request.param
 
 
@@ -74,6 +77,57 @@ def test_tensor_hooks_puts_in_plain_tensors_hooks_and_hands_on_the_others():
     assert len(seen) == 1
     hooks.remove()
     assert not plain._backward_hooks and not hooks
+
+
+def test_tensor_hooks_takes_the_keys_register_hook_takes():
+    """Keys in order from ``RemovableHandle.next_id`` on, also where ``other`` registers hooks in between (the
+    counter moved on as torch moves it); a non-leaf tensor's new hook dict goes to its ``grad_fn``."""
+    class Sub(torch.Tensor):
+        pass
+
+    a, b = torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.ones(2))
+    mid = (torch.ones(2, requires_grad=True) * 3)  # a plain non-leaf tensor
+    sub = torch.ones(2).as_subclass(Sub).requires_grad_()
+    seen = []
+    hooks = StepHooks()
+    start = RemovableHandle.next_id
+    hooks.tensor_hooks([(a, seen.append), (sub, seen.append), (mid, seen.append), (b, seen.append)],
+                       lambda t, hook: hooks.keep(t.register_hook(hook)))
+    assert [list(t._backward_hooks) for t in (a, sub, mid, b)] == [[start], [start + 1], [start + 2], [start + 3]]
+    assert RemovableHandle.next_id == start + 4
+    (a.sum() + sub.sum() + mid.sum() + b.sum()).backward()
+    assert len(seen) == 4
+    hooks.remove()
+    assert not a._backward_hooks and not sub._backward_hooks and not mid._backward_hooks and not b._backward_hooks
+
+
+def test_tensor_hooks_leaves_the_counter_as_other_left_it_when_it_raises():
+    """An error of ``other`` goes to the caller, ``RemovableHandle.next_id`` past every key taken (ours and its)."""
+    class Sub(torch.Tensor):
+        pass
+
+    def other(t, hook):
+        t.register_hook(hook)
+        raise ValueError("refused")
+
+    a = torch.nn.Parameter(torch.ones(2))
+    sub = torch.ones(2).as_subclass(Sub).requires_grad_()
+    start = RemovableHandle.next_id
+    with pytest.raises(ValueError, match="refused"):
+        StepHooks().tensor_hooks([(a, print), (sub, print), (torch.nn.Parameter(torch.ones(2)), print)], other)
+    assert list(a._backward_hooks) == [start] and list(sub._backward_hooks) == [start + 1]
+    assert RemovableHandle.next_id == start + 2
+
+
+@pytest.mark.skipif(_hooks_c is None, reason="the C kernel is not built")
+def test_tensor_hooks_refuses_malformed_pairs_and_moves_the_counter_on():
+    """A pair that is no (tensor, hook) tuple raises; the keys taken before it stay taken."""
+    a = torch.nn.Parameter(torch.ones(2))
+    flat = []
+    start = RemovableHandle.next_id
+    with pytest.raises(TypeError):
+        _hooks_c(flat, [(a, print), [a, print]], None, torch.Tensor, torch.nn.Parameter, RemovableHandle, OrderedDict)
+    assert flat == [start, 1, a._backward_hooks] and RemovableHandle.next_id == start + 1
 
 
 def test_remove_pops_from_dict_subclasses_and_skips_dead_refs():
