@@ -85,7 +85,7 @@ static PyObject *l0_new_call(ModuleHooksObject *self, PyObject *const *v) {
 
 /* attribute names, interned once */
 enum { A_STEP_STATE, A_MODULE_CALLS, A_COUNTERS, A_MODULE_STACK, A_RECORDER, A_OPEN_STEP, A_RESERVE, A_PUT_TEXT,
-       A_STACK, A_BWD_SIZES, A_RECORDED_MODULES, A_EDGES, A_BY_NODE, A_DEPTH, A_RECORDING, A_DUMPING_THREAD,
+       A_STACK, A_BWD_SIZES, A_RECORDED_MODULES, A_EDGES, A_BY_NODE, A_RECORDING, A_DUMPING_THREAD,
        A_PARAMETERS, A_ERROR, A_INPUT_RECORD, A_NAME, A_BACKWARD, A_SEQ, A_RECORD, A_PARENT, A_OUTPUT,
        A_REQUIRES_GRAD, A_HOOK_OUTPUTS, A_PUT_STACK, A_DATA, A_ON_CALL_GRADS, A_TENSOR_TEXT, A_PUT_TEXT_FIELD,
        A_SYNC, A_PARAM_GRAD_DICT, A_BEGIN, A_SLOTS, A_LEAF, A_GRAD_FN, A_OUTPUT_NR, A_SEQUENCE_NR, A_SAVE,
@@ -93,7 +93,7 @@ enum { A_STEP_STATE, A_MODULE_CALLS, A_COUNTERS, A_MODULE_STACK, A_RECORDER, A_O
        A_BACKWARD_HOOKS, A_REGISTER_HOOK_DICT, A_NEXT_ID, N_ATTRS };
 static const char *const L0_ATTR_NAMES[N_ATTRS] = {
     "step_state", "module_calls", "counters", "module_stack", "recorder", "_open_step", "reserve", "put_text",
-    "stack", "bwd_sizes", "recorded_modules", "edges", "by_node", "depth", "_recording", "dumping_thread",
+    "stack", "bwd_sizes", "recorded_modules", "edges", "by_node", "_recording", "dumping_thread",
     "_parameters", "_error", "_input_record", "name", "backward", "seq", "record", "parent", "output",
     "requires_grad", "_hook_outputs", "put_stack", "data", "on_call_grads", "_tensor_text", "put_text_field",
     "_sync", "_param_grad_dict", "begin", "slots", "leaf", "grad_fn", "output_nr", "_sequence_nr", "save",
@@ -225,77 +225,9 @@ static PyObject *l0_fields_new(PyObject *cls, const char *const *names, int n, i
     return (PyObject *)maker;
 }
 
-/* ``tls.depth`` (``common/tool_guard.TOOL``, a ``threading.local``) read and set in the calling thread's dict of
- * it directly: through the thread-local's attribute hooks each access costs a thread-dict lookup, a module
- * lookup and a generic attribute lookup (about 600 instructions; four to six per hooked call). Done for a tls
- * whose class keeps ``threading.local``'s attribute access and ``depth`` as a plain class attribute (no
- * descriptor), read there as generic attribute access reads it: the thread's dict, else the class's value. The
- * dict is kept with the thread-state dict it was found for (both held: a new thread has another one). */
-static PyObject *l0_local_type;                                 /* ``_thread._local`` */
-static PyObject *l0_tls_obj, *l0_tls_tsdict, *l0_tls_ldict;     /* the tls, a thread's state dict, its tls dict */
-static PyObject *l0_dict_attr;                                  /* "__dict__" */
-
-/* The calling thread's dict of ``tls`` (borrowed), or NULL without an error for a tls read the usual way. */
-static PyObject *l0_tls_dict(PyObject *tls) {
-    PyObject *tsd = PyThreadState_GetDict();  /* borrowed */
-    if (tls == l0_tls_obj && tsd != NULL && tsd == l0_tls_tsdict) return l0_tls_ldict;
-    if (tsd == NULL || l0_local_type == NULL) return NULL;
-    PyTypeObject *type = Py_TYPE(tls), *local = (PyTypeObject *)l0_local_type;
-    if (!PyType_IsSubtype(type, local) || type->tp_getattro != local->tp_getattro
-        || type->tp_setattro != local->tp_setattro)
-        return NULL;
-    PyObject *cls_depth = _PyType_Lookup(type, l0_attr[A_DEPTH]);  /* borrowed */
-    if (cls_depth == NULL || Py_TYPE(cls_depth)->tp_descr_get != NULL || Py_TYPE(cls_depth)->tp_descr_set != NULL)
-        return NULL;
-    PyObject *ldict = PyObject_GetAttr(tls, l0_dict_attr);
-    if (ldict == NULL || !PyDict_CheckExact(ldict)) {
-        Py_XDECREF(ldict);
-        PyErr_Clear();
-        return NULL;
-    }
-    Py_XSETREF(l0_tls_obj, Py_NewRef(tls));
-    Py_XSETREF(l0_tls_tsdict, Py_NewRef(tsd));
-    Py_XSETREF(l0_tls_ldict, ldict);
-    return ldict;
-}
-
-/* ``tls.depth``: a new reference, or NULL with an error. */
-static PyObject *l0_depth_get(PyObject *tls) {
-    PyObject *ldict = l0_tls_dict(tls);
-    if (ldict == NULL) return L0_GET(tls, A_DEPTH);
-    PyObject *d = PyDict_GetItemWithError(ldict, l0_attr[A_DEPTH]);
-    if (d == NULL && !PyErr_Occurred()) d = _PyType_Lookup(Py_TYPE(tls), l0_attr[A_DEPTH]);  /* the class's */
-    if (d == NULL && !PyErr_Occurred()) return L0_GET(tls, A_DEPTH);  /* (its AttributeError) */
-    return Py_XNewRef(d);
-}
-
-/* tls.depth += delta (the tool's own work, as ``_own``): 0, or -1 with an error. */
-static int l0_depth_of(PyObject *tls, long delta) {
-    PyObject *d = l0_depth_get(tls);
-    if (d == NULL) return -1;
-    long v = PyLong_AsLong(d);
-    Py_DECREF(d);
-    if (v == -1 && PyErr_Occurred()) return -1;
-    PyObject *n = PyLong_FromLong(v + delta);
-    if (n == NULL) return -1;
-    PyObject *ldict = l0_tls_dict(tls);
-    int rc = ldict != NULL ? PyDict_SetItem(ldict, l0_attr[A_DEPTH], n) : PyObject_SetAttr(tls, l0_attr[A_DEPTH], n);
-    Py_DECREF(n);
-    return rc;
-}
-#define l0_depth(self, delta) l0_depth_of((self)->tls, (delta))
-
-/* ``tls.depth -= 1`` on a failure path: the pending error kept (no Python API call runs with an exception set);
- * an error of the restore itself is the one raised. */
-static void l0_undepth_raised(PyObject *tls) {
-    PyObject *type, *value, *tb;
-    PyErr_Fetch(&type, &value, &tb);
-    if (l0_depth_of(tls, -1) < 0) {
-        Py_XDECREF(type); Py_XDECREF(value); Py_XDECREF(tb);
-        return;
-    }
-    PyErr_Restore(type, value, tb);
-}
+/* ``tls.depth`` += delta (the tool's own work, as ``_own``): _fast_depth.c's, in the thread's dict of it; a
+ * pending error kept (the failure paths' restore). */
+#define l0_depth(self, delta) tool_depth_add((self)->tls, (delta))
 
 /* The value of a no-argument callable as a C truth value: 1, 0, or -1 with an error. */
 static int l0_call_true(PyObject *fn) {
@@ -337,7 +269,7 @@ static int l0_recording(ModuleHooksObject *self) {
     int on = rec == Py_True;
     Py_DECREF(rec);
     if (!on) return 0;
-    PyObject *d = l0_depth_get(self->tls);
+    PyObject *d = tool_depth_get(self->tls);
     if (d == NULL) return -1;
     int zero = PyLong_CheckExact(d) && PyLong_AsLong(d) == 0;
     Py_DECREF(d);
@@ -588,7 +520,7 @@ static PyObject *mh_pre(ModuleHooksObject *self, PyObject *const *args, Py_ssize
         }
     }
     int failed = call == NULL;
-    if (failed && l0_report(self) < 0) { l0_undepth_raised(self->tls); goto fail; }
+    if (failed && l0_report(self) < 0) { (void)tool_depth_add(self->tls, -1); goto fail; }
     if (l0_depth(self, -1) < 0) goto fail;
     Py_XDECREF(state); Py_XDECREF(module_calls); Py_XDECREF(key); Py_XDECREF(calls); Py_XDECREF(name);
     Py_XDECREF(backward); Py_XDECREF(stack); Py_XDECREF(call);
@@ -696,7 +628,7 @@ static PyObject *mh_post(ModuleHooksObject *self, PyObject *const *args, Py_ssiz
         Py_XDECREF(stack);
         if (rc == 0) rc = l0_end(self, state, call, args[3], text);
         if (rc < 0) rc = l0_report(self);
-        if (rc < 0) l0_undepth_raised(self->tls);
+        if (rc < 0) (void)tool_depth_add(self->tls, -1);
         else if (l0_depth(self, -1) < 0) rc = -1;
         if (rc == 0) result = Py_NewRef(Py_None);
     }
@@ -799,7 +731,7 @@ static int g_quiet(CallGradsObject *self) {
     return on < 0 ? -1 : !on;
 }
 
-#define g_depth(self, delta) l0_depth_of((self)->tls, (delta))
+#define g_depth(self, delta) tool_depth_add((self)->tls, (delta))
 
 /* Is obj the int v? (no error: an int too large for a C long is not v) */
 static inline int g_is_long(PyObject *obj, long v) {
@@ -906,7 +838,7 @@ static PyObject *cg_call(CallGradsObject *self, PyObject *const *args, size_t na
     }
     Py_XDECREF(received); Py_XDECREF(sent);
     Py_DECREF(rec);
-    if (result == NULL) l0_undepth_raised(self->tls);
+    if (result == NULL) (void)tool_depth_add(self->tls, -1);
     else if (g_depth(self, -1) < 0) Py_CLEAR(result);
     return result;
 }
@@ -1058,7 +990,7 @@ static PyObject *pg_call(ParamGradObject *self, PyObject *const *args, size_t na
     }
     int ok = r != NULL || l0_report_to(g->records, name) == 0;
     Py_XDECREF(r);
-    if (!ok) l0_undepth_raised(g->tls);
+    if (!ok) (void)tool_depth_add(g->tls, -1);
     else if (g_depth(g, -1) == 0) result = Py_NewRef(Py_None);
 done:
     Py_XDECREF(rec); Py_XDECREF(state); Py_XDECREF(recorded); Py_XDECREF(counters); Py_XDECREF(name);
@@ -1815,14 +1747,7 @@ static int add_module_hooks(PyObject *m) {
     if (l0_compiled_attr == NULL && (l0_compiled_attr = PyUnicode_InternFromString("_compiled_call_impl")) == NULL)
         return -1;
     if (PyModule_AddFunctions(m, l0_functions) < 0) return -1;
-    if (l0_dict_attr == NULL && (l0_dict_attr = PyUnicode_InternFromString("__dict__")) == NULL) return -1;
-    if (l0_local_type == NULL) {  /* (without it every tls is read the usual way) */
-        PyObject *thread = PyImport_ImportModule("_thread");
-        l0_local_type = thread == NULL ? NULL : PyObject_GetAttrString(thread, "_local");
-        Py_XDECREF(thread);
-        if (l0_local_type != NULL && !PyType_Check(l0_local_type)) Py_CLEAR(l0_local_type);
-        PyErr_Clear();
-    }
+    if (add_tool_depth() < 0) return -1;
     if (PyType_Ready(&FieldsNewType) < 0) return -1;  /* (made by ModuleHooks only) */
     PyTypeObject *types[] = {&ModuleHooksType, &CallGradsType, &ParamGradType, &SingleEdgeType, &OwnGradsType};
     const char *names[] = {"ModuleHooks", "CallGrads", "ParamGrad", "SingleEdge", "OwnGrads"};
