@@ -1631,7 +1631,12 @@ static int grow_rows(PyObject *raw, Py_ssize_t m, Py_ssize_t *first) {
         PyErr_SetString(PyExc_ValueError, "raw must hold whole rows");
         return -1;
     }
-    if (PyByteArray_Resize(raw, size + m * row_bytes) < 0) return -1;
+    /* grown by doubling (a resize to twice the size, then back: bytearray keeps what it allocated), not by the
+     * eighth bytearray adds by itself: a step's rows (hundreds of kilobytes) are copied a few times, not dozens */
+    Py_ssize_t want = size + m * row_bytes;
+    if (want >= ((PyByteArrayObject *)raw)->ob_alloc && want > 4096 && PyByteArray_Resize(raw, 2 * want) < 0)
+        return -1;
+    if (PyByteArray_Resize(raw, want) < 0) return -1;
     *first = size / row_bytes;
     return 0;
 }
