@@ -83,25 +83,30 @@ static PyObject *acore_row(ActivationCoreObject *core, void *p, Py_ssize_t n, lo
     return PyLong_FromSsize_t(first);
 }
 
-/* One entry (StepCollector's flat list: kind, name, module, micro, numel, slot, alias, external) appended. */
+/* One entry (StepCollector's flat list: kind, name, module, micro, numel, slot, alias, external) appended: its
+ * eight items set in place, the list's storage grown by doubling where it is full (a step's entries, tens of
+ * thousands of items, are moved a few times, not at every eighth that list.append adds). */
 static int acore_entry(ActivationCoreObject *core, PyObject *kind, PyObject *name, PyObject *module, PyObject *micro,
                     Py_ssize_t n, PyObject *slot, int alias, int external) {
+    PyListObject *entries = (PyListObject *)core->entries;
+    Py_ssize_t at = Py_SIZE(entries);
+    if (at + 8 > entries->allocated) {
+        Py_ssize_t cap = 2 * (at + 8);
+        PyObject **items = PyMem_Realloc(entries->ob_item, (size_t)cap * sizeof(PyObject *));
+        if (items == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        entries->ob_item = items;
+        entries->allocated = cap;
+    }
     PyObject *numel = PyLong_FromSsize_t(n);
     if (numel == NULL) return -1;
-    PyObject *entries = core->entries;
-    Py_ssize_t at = PyList_GET_SIZE(entries);
-    PyObject *items[8] = {kind, name, module, micro, numel, slot, alias ? Py_True : Py_False,
-                          external ? Py_True : Py_False};
-    int rc = 0;
-    for (int i = 0; i < 8 && rc == 0; i++) rc = PyList_Append(entries, items[i]);
-    if (rc < 0) {  /* whole entries only, as list.extend leaves it */
-        PyObject *exc_type, *exc, *tb;
-        PyErr_Fetch(&exc_type, &exc, &tb);
-        if (PyList_SetSlice(entries, at, PyList_GET_SIZE(entries), NULL) < 0) PyErr_Clear();
-        PyErr_Restore(exc_type, exc, tb);
-    }
-    Py_DECREF(numel);
-    return rc;
+    PyObject *items[8] = {Py_NewRef(kind), Py_NewRef(name), Py_NewRef(module), Py_NewRef(micro), numel,
+                          Py_NewRef(slot), Py_NewRef(alias ? Py_True : Py_False), Py_NewRef(external ? Py_True : Py_False)};
+    for (int i = 0; i < 8; i++) entries->ob_item[at + i] = items[i];
+    Py_SET_SIZE(entries, at + 8);
+    return 0;
 }
 
 /* Hand an error to the hooks' Python reporter (logged once, the training goes on): forward 1 for a forward
