@@ -61,6 +61,19 @@ static PyTypeObject ActivationCoreType, ActivationType;
 
 /* ------------------------------------------------------------------------------------------ shared helpers */
 
+/* The same int object for the same row index or element count every step (below MON_INTS; made once, kept for the
+ * process): StepCollector.finalize's comparison of a step's entries with the last step's meets the same objects (no
+ * int comparison), and no int is made and freed per row. A new reference. */
+#define MON_INTS 32768
+static PyObject **mon_ints;
+
+static PyObject *mon_int(Py_ssize_t v) {
+    if (v < 0 || v >= MON_INTS) return PyLong_FromSsize_t(v);
+    if (mon_ints == NULL && (mon_ints = PyMem_Calloc(MON_INTS, sizeof(PyObject *))) == NULL) return PyErr_NoMemory();
+    if (mon_ints[v] == NULL && (mon_ints[v] = PyLong_FromSsize_t(v)) == NULL) return NULL;
+    return Py_NewRef(mon_ints[v]);
+}
+
 /* The row of a tensor tr_plain accepted (p, n, code) appended to the core's host rows: its index. */
 static PyObject *acore_row(ActivationCoreObject *core, void *p, Py_ssize_t n, long code) {
     long threads = 1;
@@ -80,7 +93,7 @@ static PyObject *acore_row(ActivationCoreObject *core, void *p, Py_ssize_t n, lo
     Py_ssize_t first;
     if (grow_rows(core->raw, 1, &first) < 0) return NULL;
     memcpy((double *)PyByteArray_AS_STRING(core->raw) + first * ROW_WIDTH, r, sizeof(r));
-    return PyLong_FromSsize_t(first);
+    return mon_int(first);
 }
 
 /* One entry (StepCollector's flat list: kind, name, module, micro, numel, slot, alias, external) appended: its
@@ -100,7 +113,7 @@ static int acore_entry(ActivationCoreObject *core, PyObject *kind, PyObject *nam
         entries->ob_item = items;
         entries->allocated = cap;
     }
-    PyObject *numel = PyLong_FromSsize_t(n);
+    PyObject *numel = mon_int(n);
     if (numel == NULL) return -1;
     PyObject *items[8] = {Py_NewRef(kind), Py_NewRef(name), Py_NewRef(module), Py_NewRef(micro), numel,
                           Py_NewRef(slot), Py_NewRef(alias ? Py_True : Py_False), Py_NewRef(external ? Py_True : Py_False)};
@@ -735,7 +748,7 @@ static PyObject *mon_state_rows(PyObject *module, PyObject *const *args, Py_ssiz
     if ((added = PyList_New(8 * m)) == NULL) goto undo;
     const double *row = (const double *)PyByteArray_AS_STRING(raw) + first * ROW_WIDTH;
     for (Py_ssize_t i = 0; i < m; i++, row += ROW_WIDTH) {
-        PyObject *numel = PyLong_FromDouble(row[ROW_WIDTH - 1]), *slot = PyLong_FromSsize_t(first + i);
+        PyObject *numel = mon_int((Py_ssize_t)row[ROW_WIDTH - 1]), *slot = mon_int(first + i);
         if (numel == NULL || slot == NULL) {
             Py_XDECREF(numel);
             Py_XDECREF(slot);
