@@ -61,6 +61,19 @@ static PyTypeObject ActivationCoreType, ActivationType;
 
 /* ------------------------------------------------------------------------------------------ shared helpers */
 
+/* The same int object for the same row index or element count every step (below MON_INTS; made once, kept for the
+ * process): StepCollector.finalize's comparison of a step's entries with the last step's meets the same objects (no
+ * int comparison), and no int is made and freed per row. A new reference. */
+#define MON_INTS 32768
+static PyObject **mon_ints;
+
+static PyObject *mon_int(Py_ssize_t v) {
+    if (v < 0 || v >= MON_INTS) return PyLong_FromSsize_t(v);
+    if (mon_ints == NULL && (mon_ints = PyMem_Calloc(MON_INTS, sizeof(PyObject *))) == NULL) return PyErr_NoMemory();
+    if (mon_ints[v] == NULL && (mon_ints[v] = PyLong_FromSsize_t(v)) == NULL) return NULL;
+    return Py_NewRef(mon_ints[v]);
+}
+
 /* The row of a tensor tr_plain accepted (p, n, code) appended to the core's host rows: its index. */
 static PyObject *acore_row(ActivationCoreObject *core, void *p, Py_ssize_t n, long code) {
     long threads = 1;
@@ -80,28 +93,33 @@ static PyObject *acore_row(ActivationCoreObject *core, void *p, Py_ssize_t n, lo
     Py_ssize_t first;
     if (grow_rows(core->raw, 1, &first) < 0) return NULL;
     memcpy((double *)PyByteArray_AS_STRING(core->raw) + first * ROW_WIDTH, r, sizeof(r));
-    return PyLong_FromSsize_t(first);
+    return mon_int(first);
 }
 
-/* One entry (StepCollector's flat list: kind, name, module, micro, numel, slot, alias, external) appended. */
+/* One entry (StepCollector's flat list: kind, name, module, micro, numel, slot, alias, external) appended: its
+ * eight items set in place, the list's storage grown by doubling where it is full (a step's entries, tens of
+ * thousands of items, are moved a few times, not at every eighth that list.append adds). */
 static int acore_entry(ActivationCoreObject *core, PyObject *kind, PyObject *name, PyObject *module, PyObject *micro,
                     Py_ssize_t n, PyObject *slot, int alias, int external) {
-    PyObject *numel = PyLong_FromSsize_t(n);
-    if (numel == NULL) return -1;
-    PyObject *entries = core->entries;
-    Py_ssize_t at = PyList_GET_SIZE(entries);
-    PyObject *items[8] = {kind, name, module, micro, numel, slot, alias ? Py_True : Py_False,
-                          external ? Py_True : Py_False};
-    int rc = 0;
-    for (int i = 0; i < 8 && rc == 0; i++) rc = PyList_Append(entries, items[i]);
-    if (rc < 0) {  /* whole entries only, as list.extend leaves it */
-        PyObject *exc_type, *exc, *tb;
-        PyErr_Fetch(&exc_type, &exc, &tb);
-        if (PyList_SetSlice(entries, at, PyList_GET_SIZE(entries), NULL) < 0) PyErr_Clear();
-        PyErr_Restore(exc_type, exc, tb);
+    PyListObject *entries = (PyListObject *)core->entries;
+    Py_ssize_t at = Py_SIZE(entries);
+    if (at + 8 > entries->allocated) {
+        Py_ssize_t cap = 2 * (at + 8);
+        PyObject **items = PyMem_Realloc(entries->ob_item, (size_t)cap * sizeof(PyObject *));
+        if (items == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        entries->ob_item = items;
+        entries->allocated = cap;
     }
-    Py_DECREF(numel);
-    return rc;
+    PyObject *numel = mon_int(n);
+    if (numel == NULL) return -1;
+    PyObject *items[8] = {Py_NewRef(kind), Py_NewRef(name), Py_NewRef(module), Py_NewRef(micro), numel,
+                          Py_NewRef(slot), Py_NewRef(alias ? Py_True : Py_False), Py_NewRef(external ? Py_True : Py_False)};
+    for (int i = 0; i < 8; i++) entries->ob_item[at + i] = items[i];
+    Py_SET_SIZE(entries, at + 8);
+    return 0;
 }
 
 /* Hand an error to the hooks' Python reporter (logged once, the training goes on): forward 1 for a forward
@@ -730,7 +748,7 @@ static PyObject *mon_state_rows(PyObject *module, PyObject *const *args, Py_ssiz
     if ((added = PyList_New(8 * m)) == NULL) goto undo;
     const double *row = (const double *)PyByteArray_AS_STRING(raw) + first * ROW_WIDTH;
     for (Py_ssize_t i = 0; i < m; i++, row += ROW_WIDTH) {
-        PyObject *numel = PyLong_FromDouble(row[ROW_WIDTH - 1]), *slot = PyLong_FromSsize_t(first + i);
+        PyObject *numel = mon_int((Py_ssize_t)row[ROW_WIDTH - 1]), *slot = mon_int(first + i);
         if (numel == NULL || slot == NULL) {
             Py_XDECREF(numel);
             Py_XDECREF(slot);

@@ -31,6 +31,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <frameobject.h>
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -1712,7 +1713,12 @@ static int grow_rows(PyObject *raw, Py_ssize_t m, Py_ssize_t *first) {
         PyErr_SetString(PyExc_ValueError, "raw must hold whole rows");
         return -1;
     }
-    if (PyByteArray_Resize(raw, size + m * row_bytes) < 0) return -1;
+    /* grown by doubling (a resize to twice the size, then back: bytearray keeps what it allocated), not by the
+     * eighth bytearray adds by itself: a step's rows (hundreds of kilobytes) are copied a few times, not dozens */
+    Py_ssize_t want = size + m * row_bytes;
+    if (want >= ((PyByteArrayObject *)raw)->ob_alloc && want > 4096 && PyByteArray_Resize(raw, 2 * want) < 0)
+        return -1;
+    if (PyByteArray_Resize(raw, want) < 0) return -1;
     *first = size / row_bytes;
     return 0;
 }
@@ -1882,43 +1888,81 @@ done:
  * columns, written directly), without Python's format machinery per value (tens of thousands of values a
  * step); the text grows in a ``text_t``. */
 #if defined(__SIZEOF_INT128__)
-/* "%.{p}g" of a float32 value x (nonzero, finite, 1e-20 <= |x| <= 1e20, 1 <= p <= 9: the monitor's values) into
- * out, as PyOS_double_to_string writes it, in integer arithmetic: x = m 2^e exactly (m < 2^24), its p significant
- * digits N = x 10^(p-1-k) rounded half to even from the exact quotient (unsigned 128-bit integers hold it in
- * this range), then Python's layout of them (fixed for -4 <= k < p, else d.ddde+XX; trailing zeros dropped).
- * Returns the length written, or 0 where x is outside that range (the caller asks Python). */
+typedef unsigned __int128 u128;
+
+/* floor(V / 2^t) of V = hi 2^64 + lo (hi < 2^90) and t > 0 into *q, and the remainder against 2^(t-1): 1 above
+ * it, 0 equal, -1 below. *q is set to `big` where the quotient does not fit (then it is too large anyway). */
+static int shift_round(u128 hi, uint64_t lo, int t, u128 big, u128 *q) {
+    if (t < 64) {
+        if ((hi >> (64 + t)) != 0) {
+            *q = big;
+            return -1;
+        }
+        *q = (hi << (64 - t)) | (lo >> t);
+        uint64_t r = lo & (((uint64_t)1 << t) - 1), half = (uint64_t)1 << (t - 1);
+        return r > half ? 1 : r == half ? 0 : -1;
+    }
+    int t2 = t - 64;
+    if (t2 >= 120) {  /* V < 2^(t-1): the quotient and the rounding are 0 */
+        *q = 0;
+        return -1;
+    }
+    *q = hi >> t2;
+    if (t2 == 0) return lo > ((uint64_t)1 << 63) ? 1 : lo == ((uint64_t)1 << 63) ? 0 : -1;
+    u128 r = hi & (((u128)1 << t2) - 1), half = (u128)1 << (t2 - 1);
+    return r > half ? 1 : r < half ? -1 : lo != 0 ? 1 : 0;
+}
+
+/* "%.{p}g" of a float32 value x (nonzero, finite, 1 <= p <= 9: the monitor's values) into out, as
+ * PyOS_double_to_string writes it, in integer arithmetic: x = m 2^e exactly (m < 2^24), its p significant digits
+ * N = x 10^(p-1-k) rounded half to even from the exact quotient, then Python's layout of them (fixed for
+ * -4 <= k < p, else d.ddde+XX; trailing zeros dropped). A small x (10^(p-1-k) a large power) is m 5^s 2^(s+e):
+ * m 5^s (up to 2^150: two words) shifted right; a large one m 2^e over 10^(k+1-p) (unsigned 128-bit integers hold
+ * both). Returns the length written, or 0 where x is no float32 or p out of range (the caller asks Python). */
 static int g_float32(double x, int p, char *out) {
-    typedef unsigned __int128 u128;
     double ax = fabs(x);
-    if (p < 1 || p > 9 || !(ax >= 1e-20 && ax <= 1e20) || (double)(float)x != x) return 0;
+    if (p < 1 || p > 9 || !(ax > 0.0 && ax <= FLT_MAX) || (double)(float)x != x) return 0;
     int E;
     double f = frexp(ax, &E);           /* ax = f 2^E, 0.5 <= f < 1 */
-    u128 m = (u128)ldexp(f, 24);         /* exact: a float32 has 24 significant bits */
+    u128 m = (u128)ldexp(f, 24);         /* exact: a float32 has at most 24 significant bits */
     int e = E - 24;
     int k = (int)floor((E - 1) * 0.30102999566398120);  /* log10(2^(E-1)) <= log10(ax): k or one below it */
-    static u128 p10[40];
+    static u128 p10[39], p5[56];  /* 10^38 and 5^55 are below 2^128 */
     if (p10[0] == 0) {
-        p10[0] = 1;
-        for (int i = 1; i < 40; i++) p10[i] = p10[i - 1] * 10;
+        p10[0] = p5[0] = 1;
+        for (int i = 1; i < 39; i++) p10[i] = p10[i - 1] * 10;
+        for (int i = 1; i < 56; i++) p5[i] = p5[i - 1] * 5;
     }
-    u128 q = 0, r = 0, den = 1;
+    u128 q = 0;
+    int half = -1;  /* the remainder against half the divisor: 1 above, 0 equal, -1 below */
     for (int tries = 0; tries < 3; tries++) {
         int sh = p - 1 - k;
-        u128 num = m, d = 1;
-        if (sh >= 0) num *= p10[sh]; else d = p10[-sh];
-        if (e >= 0) num <<= e; else d <<= -e;
-        if (sh >= 0 && e < 0) {  /* a power of two below: shifts, no division */
-            q = num >> -e; r = num & (d - 1);
-        } else {
-            q = num / d; r = num % d;
+        if (sh > 55 || sh < -38) return 0;
+        if (sh >= 0) {  /* x 10^sh = m 5^sh 2^(sh+e) */
+            int t = -(sh + e);
+            u128 a = (u128)(uint64_t)p5[sh] * m, b = (p5[sh] >> 64) * m;
+            u128 hi = b + (a >> 64);
+            uint64_t lo = (uint64_t)a;
+            if (t > 0) {
+                half = shift_round(hi, lo, t, p10[p], &q);
+            } else {  /* an integer: x 10^sh is at most about 10^10 here */
+                if (hi != 0 || -t > 40) return 0;
+                q = (u128)lo << -t;
+                half = -1;
+            }
+        } else {  /* x / 10^-sh = m 2^e / 10^-sh (e >= 0: m 2^e < 2^128) */
+            u128 num = m, d = p10[-sh];
+            if (e >= 0) num <<= e; else d <<= -e;
+            q = num / d;
+            u128 r = num % d;
+            half = 2 * r > d ? 1 : 2 * r == d ? 0 : -1;
         }
-        den = d;
         if (q >= p10[p]) k++;
         else if (q < p10[p - 1]) k--;
         else break;
     }
     if (q < p10[p - 1] || q >= p10[p]) return 0;
-    if (2 * r > den || (2 * r == den && (q & 1))) q++;
+    if (half > 0 || (half == 0 && (q & 1))) q++;
     if (q == p10[p]) { q = p10[p - 1]; k++; }
     char dig[16];
     int L = p;

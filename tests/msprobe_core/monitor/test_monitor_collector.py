@@ -8,6 +8,7 @@ import gc
 import io
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -151,6 +152,20 @@ def test_csv_rows_writes_what_percent_g_writes():
         assert kernel.csv_rows(heads, "9", tails, values, 6, 5) == want
     with pytest.raises(ValueError, match="disagree"):
         kernel.csv_rows(heads, "9", None, values, 5, 5)
+
+
+def test_csv_rows_writes_every_float32_as_percent_g_writes_it():
+    # the kernel's integer digits (tiny optimizer moments of 1e-30 and denormals included) against Python's own
+    kernel = _kernel_buffers()[0]
+    rng = np.random.default_rng(0)
+    bits = rng.integers(0, 2**32, size=20000, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    values = bits[np.isfinite(bits)].astype(np.float64)
+    ties = [(i + 0.5) * 2.0**j for i in range(0, 200, 7) for j in range(-12, 12)]
+    edges = [1e-45, 1.17549435e-38, 3.4028235e38, 2.0**-149, 2.0**127, 9.9999995, 999999.5, 2.0**24 - 1, 2.0**24]
+    values = np.concatenate([values[values != 0], np.float32(ties + edges).astype(np.float64)])
+    for p in range(1, 10):
+        got = kernel.csv_rows(["a,"] * len(values), "1", None, values, 1, p).split("\r\n")[:-1]
+        assert got == ["a,1," + f"%.{p}g" % v for v in values]
 
 
 def test_has_nonfinite_and_recorded_look_at_the_stages_asked():
