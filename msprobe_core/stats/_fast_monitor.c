@@ -350,8 +350,14 @@ typedef struct {
     Py_ssize_t chunk;
 } ForwardSiteObject;
 
-/* t.data_ptr() into *ptr: 0, or -1 with an error. */
+/* t.data_ptr() into *ptr (the C++ tensor's answer first: ff_facts): 0, or -1 with an error. */
 static int fs_data_ptr(ActivationCoreObject *core, PyObject *t, unsigned long long *ptr) {
+    TorchTensorFacts f;
+    int known = ff_facts(t, TORCH_FACT_DATA_PTR, &f);
+    if (known != 0) {
+        *ptr = f.data_ptr;
+        return known < 0 ? -1 : 0;
+    }
     PyObject *d = descr_get(core->descr[AC_DATA_PTR], t);
     if (d == NULL) return -1;
     *ptr = PyLong_AsUnsignedLongLong(d);
@@ -362,11 +368,19 @@ static int fs_data_ptr(ActivationCoreObject *core, PyObject *t, unsigned long lo
 /* module_hooks._identity of a plain tensor whose data pointer is ptr: id << 96 | data_ptr << 32 | (version &
  * 0xFFFFFFFF), one int. */
 static PyObject *fs_identity(ActivationCoreObject *core, PyObject *t, unsigned long long ptr) {
-    PyObject *v = descr_get(core->descr[AC_VERSION], t);
-    if (v == NULL) return NULL;
-    unsigned long long version = PyLong_AsUnsignedLongLongMask(v);
-    Py_DECREF(v);
-    if (version == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    TorchTensorFacts f;
+    unsigned long long version;
+    int known = ff_facts(t, TORCH_FACT_VERSION, &f);
+    if (known < 0) return NULL;
+    if (known) {
+        version = (unsigned long long)f.version;
+    } else {
+        PyObject *v = descr_get(core->descr[AC_VERSION], t);
+        if (v == NULL) return NULL;
+        version = PyLong_AsUnsignedLongLongMask(v);
+        Py_DECREF(v);
+        if (version == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    }
     unsigned long long id = (unsigned long long)(uintptr_t)t;
     unsigned char b[20];
     for (int i = 0; i < 4; i++) b[i] = (unsigned char)(version >> (8 * i));
@@ -443,10 +457,17 @@ static int fs_leaf(ForwardSiteObject *s, PyObject *seen, PyObject *state, PyObje
         PyErr_SetString(PyExc_AttributeError, "an activation's attribute was deleted");
         goto done;
     }
-    PyObject *rg = descr_get(core->descr[AC_REQUIRES_GRAD], t);
-    if (rg == NULL) goto done;
-    int requires_grad = rg == Py_True;
-    Py_DECREF(rg);
+    TorchTensorFacts f;
+    int requires_grad = ff_facts(t, TORCH_FACT_FLAGS, &f);
+    if (requires_grad < 0) goto done;
+    if (requires_grad) {
+        requires_grad = f.requires_grad;
+    } else {
+        PyObject *rg = descr_get(core->descr[AC_REQUIRES_GRAD], t);
+        if (rg == NULL) goto done;
+        requires_grad = rg == Py_True;
+        Py_DECREF(rg);
+    }
     if (s->fwd[i] != NULL) {
         if (known->slot == Py_None) {
             if (p == NULL) {  /* fs_call takes a known tensor's memory as read only where its row is made */
@@ -495,11 +516,18 @@ static int fs_known(ForwardSiteObject *s, PyObject *seen, PyObject *t, PyObject 
     if (Py_TYPE(known) != &ActivationType || !known->plain || PyWeakref_GetObject(known->ref) != t ||
         known->slot == NULL || (s->fwd[0] != NULL && known->slot == Py_None))
         return 0;
-    PyObject *c = descr_get(core->descr[AC_NUMEL], t);
-    if (c == NULL) return -1;
-    *n = PyLong_AsSsize_t(c);
-    Py_DECREF(c);
-    if (*n == -1 && PyErr_Occurred()) return -1;
+    TorchTensorFacts f;
+    int rc = ff_facts(t, TORCH_FACT_SIZES, &f);
+    if (rc < 0) return -1;
+    if (rc) {
+        *n = (Py_ssize_t)f.numel;
+    } else {
+        PyObject *c = descr_get(core->descr[AC_NUMEL], t);
+        if (c == NULL) return -1;
+        *n = PyLong_AsSsize_t(c);
+        Py_DECREF(c);
+        if (*n == -1 && PyErr_Occurred()) return -1;
+    }
     return *n > 0;
 }
 
