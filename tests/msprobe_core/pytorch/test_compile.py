@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from torch._dynamo.utils import counters
 
-from compiled_models import fresh_dynamo, graph_breaks, sliced_model, train_steps  # noqa: F401  (a fixture)
+from compiled_models import fresh_dynamo, graph_breaks, in_graph_hooks, sliced_model, train_steps  # noqa: F401
 from native_sharding import STEPS, make_model, reference, train
 
 from msprobe_core.compare import compare_dumps
@@ -102,6 +102,7 @@ def test_monitor_on_compiled_model_gives_single_device_statistics(tmp_path):
         assert "0.output" in step["actv"] or any(k.startswith("0.") for k in step["actv"])
 
 
+@in_graph_hooks
 def test_inductor_losses_with_the_tool(tmp_path):
     """Default backend (Inductor). The monitor and the L0 statistics dump compute their statistics inside the
     graph (no graph break): losses bit-identical to those of the compiled model without the tool, one graph
