@@ -113,11 +113,11 @@ bench: venv
 	$(BIN)/python benchmarks/acc_check_speed.py --repeats 3
 
 # The lowest torch pyproject.toml declares, with the core's test dependencies only (no frameworks: their tests
-# skip): the dump, monitor and compare suites against it. Not part of `make test`: PyPI's torch of that age is a
+# skip; the report's browser tests get chromium as in `make test`): the dump, monitor and compare suites against it. Not part of `make test`: PyPI's torch of that age is a
 # CUDA build (about 3 GB with its nvidia packages), so this venv takes minutes and disk space.
 OLDEST_TORCH ?= 2.6.0
 OLDEST_VENV := .venv-oldest
-test-oldest:
+test-oldest: browser
 	test -x $(OLDEST_VENV)/bin/python || $(PY) -m venv $(OLDEST_VENV)
 	$(OLDEST_VENV)/bin/pip install -q --disable-pip-version-check torch==$(OLDEST_TORCH)
 	$(OLDEST_VENV)/bin/pip install -q --disable-pip-version-check -r requirements/oldest.txt

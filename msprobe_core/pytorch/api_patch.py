@@ -27,7 +27,7 @@ from torch.overrides import TorchFunctionMode
 from msprobe_core.dump import api_wrap
 from msprobe_core.dump.api_wrap import make_wrapper
 from msprobe_core.pytorch.aten_dispatch import AtenDispatch
-from msprobe_core.pytorch.wrapper_names import never_traced
+from msprobe_core.pytorch.wrapper_names import FRAME_STRATEGIES, never_traced
 from msprobe_core.stats.kernel import KERNEL
 
 DEFAULT_WRAP_LIST = os.path.join(os.path.dirname(__file__), "support_wrap_ops.yaml")
@@ -48,8 +48,10 @@ _stack_len = torch._C._len_torch_function_stack
 _stack_at = torch._C._get_function_stack_at
 _stack_pop = torch._C._pop_torch_function_stack
 _stack_push = torch._C._push_on_torch_function_stack
-_ModePass = getattr(KERNEL, "ModePass", None)
-"""The mode's pass-through in C (``_DunderMode``); None without the extension."""
+_ModePass = getattr(KERNEL, "ModePass", None) if FRAME_STRATEGIES else None
+"""The mode's pass-through in C (``_DunderMode``); None without the extension, and on torch 2.6 (no frame
+strategies), whose Dynamo reads the mode's ``__torch_function__.__func__`` (the pass-through has none) and, given
+one, crashed (segmentation fault) compiling the frames the pass-through called inside compiled code."""
 _dynamo_callback = getattr(getattr(torch._C, "_dynamo", None), "eval_frame", None)
 _dynamo_callback = getattr(_dynamo_callback, "get_eval_frame_callback", None)
 """torch's Dynamo callback of this thread (None outside compiled code; this function None: ``ModePass`` then

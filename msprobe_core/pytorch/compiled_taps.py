@@ -23,6 +23,7 @@ recompilation and no graph: losses bit-identical to the compiled model without t
 
 from __future__ import annotations
 
+import logging
 from functools import partial
 from typing import Callable, Sequence
 
@@ -31,6 +32,13 @@ from torch import nn
 
 from msprobe_core.pytorch.tensor_stats import MONITOR_OPS
 from msprobe_core.pytorch.wrapper_names import optimized_module_class
+
+logger = logging.getLogger("msprobe_core.pytorch")
+
+IN_GRAPH_GRAD_HOOKS = tuple(int(v) for v in torch.__version__.split(".")[:2]) >= (2, 11)
+"""Whether Dynamo traces a gradient hook registered on an intermediate tensor without compiled autograd
+(torch 2.11, pytorch#172126), which the in-graph hooks need; older Dynamo breaks the graph there."""
+_warned = False
 
 CALLS = 8
 """Calls of one hooked module per forward whose gradient statistics have a slot (more: not recorded)."""
@@ -41,9 +49,19 @@ SLOTS = 4
 def compiled_as_a_whole(models: Sequence[nn.Module]) -> bool:
     """Whether every model is compiled as a whole by ``torch.compile(model)`` (an ``OptimizedModule``, whose
     own hooks run eagerly around the graph): where the tool's hooks go into the graph. ``model.compile()``
-    (compiled in place, no eager wrapper) and partly compiled models keep the tool's eager hooks."""
+    (compiled in place, no eager wrapper) and partly compiled models keep the tool's eager hooks, as every
+    compiled model does on a torch whose Dynamo cannot trace the gradient hooks (``IN_GRAPH_GRAD_HOOKS``)."""
     optimized = optimized_module_class()  # None: nothing is compiled
-    return optimized is not None and bool(models) and all(isinstance(m, optimized) for m in models)
+    whole = optimized is not None and bool(models) and all(isinstance(m, optimized) for m in models)
+    if whole and not IN_GRAPH_GRAD_HOOKS:  # the eager hooks: a graph break at each hooked module
+        global _warned
+        if not _warned:
+            _warned = True
+            logger.warning("torch %s: Dynamo cannot trace the tool's gradient hooks (torch >= 2.11 can): the "
+                           "compiled model keeps the eager hooks, with a graph break at each hooked module",
+                           torch.__version__)
+        return False
+    return whole
 
 
 def dump_stats(t: torch.Tensor) -> torch.Tensor:

@@ -17,6 +17,8 @@ from torch import nn
 
 WRAPPER_PARTS = frozenset({"_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_orig_mod"})
 """Name components the wrappers insert; they are dropped from every name."""
+FRAME_STRATEGIES = hasattr(getattr(getattr(torch._C, "_dynamo", None), "eval_frame", None), "set_code_exec_strategy")
+"""Whether Dynamo has frame strategies (torch 2.6 has not): ``never_traced`` then skips what the function calls too."""
 
 _FSDP2_PREFIX = "FSDP"
 
@@ -104,7 +106,7 @@ def never_traced(fn: Callable) -> Callable:
     from torch._C._dynamo import eval_frame
 
     fn._torchdynamo_disable = True  # type: ignore[attr-defined]  # Dynamo's own mark of a disabled function
-    if hasattr(eval_frame, "set_code_exec_strategy"):
+    if FRAME_STRATEGIES:
         skip = eval_frame._FrameAction.SKIP
         eval_frame.set_code_exec_strategy(fn.__code__, eval_frame._FrameExecStrategy(skip, skip))
     else:

@@ -11,6 +11,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch._dynamo.utils import counters
 
+from msprobe_core.pytorch.compiled_taps import IN_GRAPH_GRAD_HOOKS
+
 
 class Sliced(nn.Module):
     """A block whose forward indexes a tensor (torch.compile's code then holds slice constants) and uses an
@@ -31,6 +33,12 @@ def sliced_model(inplace: bool = False) -> nn.Module:
     """``Sequential(Sliced, ReLU, Sliced)`` with fixed weights; ``inplace``: the ReLU modifies its input."""
     torch.manual_seed(0)
     return nn.Sequential(Sliced(), nn.ReLU(inplace=inplace), Sliced())
+
+
+in_graph_hooks = pytest.mark.skipif(
+    not IN_GRAPH_GRAD_HOOKS, reason=f"torch {torch.__version__}: Dynamo cannot trace gradient hooks of intermediate "
+    "tensors (torch >= 2.11 can): the tool keeps its eager hooks on a compiled model (graph breaks)")
+"""Tests of the tool's hooks inside a compiled model's graph (``compiled_taps.IN_GRAPH_GRAD_HOOKS``)."""
 
 
 def graph_breaks() -> int:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from dist_run import run_two_ranks
-from native_sharding import dump_run, make_model, reference
+from native_sharding import FSDP2, dump_run, make_model, reference
 
 from msprobe_core.compare import compare_dumps
 
@@ -44,7 +44,7 @@ def rank_dir(root: Path, step: int, rank: str) -> Path:
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("setup", ["fsdp2", "tp", "fsdp1_orig", "fsdp1_flat"])
+@pytest.mark.parametrize("setup", [FSDP2, "tp", "fsdp1_orig", "fsdp1_flat"])
 def test_dump_pairs_with_single_device(tmp_path, setup):
     run_two_ranks(WORKER, tmp_path, str(tmp_path), setup, timeout=240, name="worker.py")
     golden = single_device_dump(tmp_path)

@@ -12,13 +12,13 @@ import torch
 from torch import nn
 from torch._dynamo.utils import counters
 
-from compiled_models import fresh_dynamo, graph_breaks, sliced_model  # noqa: F401  (a fixture)
+from compiled_models import fresh_dynamo, graph_breaks, in_graph_hooks, sliced_model  # noqa: F401  (a fixture)
 
 from msprobe_core.monitor import collector as collector_module
 from msprobe_core.monitor.compiled_hooks import CompiledActivationHooks
 from msprobe_core.monitor.trainer_mon import TrainerMon
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("fresh_dynamo")]  # compiles with Inductor (seconds)
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("fresh_dynamo"), in_graph_hooks]  # compiles with Inductor (seconds)
 
 MONITOR = {"xy_distribution": True, "wg_distribution": True, "mv_distribution": True, "param_distribution": True,
            "format": ["api"]}

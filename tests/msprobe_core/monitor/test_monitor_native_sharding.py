@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from dist_run import run_two_ranks
+from native_sharding import FSDP2
 
 WORKER = textwrap.dedent("""
     import json, sys
@@ -59,7 +60,7 @@ def assert_single_device_statistics(result: dict) -> None:
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("setup", ["fsdp2", "tp", "fsdp1_orig", "fsdp1_flat"])
+@pytest.mark.parametrize("setup", [FSDP2, "tp", "fsdp1_orig", "fsdp1_flat"])
 def test_monitor_gives_single_device_statistics(tmp_path, setup):
     results = run_setup(tmp_path, setup)
     for result in results:

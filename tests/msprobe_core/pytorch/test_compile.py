@@ -12,6 +12,7 @@ under Inductor a graph break changes the kernels Inductor generates on both side
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -19,12 +20,14 @@ import torch
 from torch import nn
 from torch._dynamo.utils import counters
 
-from compiled_models import fresh_dynamo, graph_breaks, sliced_model, train_steps  # noqa: F401  (a fixture)
+from compiled_models import fresh_dynamo, graph_breaks, in_graph_hooks, sliced_model, train_steps  # noqa: F401
 from native_sharding import STEPS, make_model, reference, train
 
 from msprobe_core.compare import compare_dumps
+from msprobe_core.monitor.module_hooks import ActivationHooks
 from msprobe_core.monitor.trainer_mon import TrainerMon
-from msprobe_core.pytorch import PrecisionDebugger
+from msprobe_core.pytorch import PrecisionDebugger, compiled_taps
+from msprobe_core.pytorch.compiled_taps import IN_GRAPH_GRAD_HOOKS
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("fresh_dynamo")]  # each test compiles (seconds)
 
@@ -102,6 +105,7 @@ def test_monitor_on_compiled_model_gives_single_device_statistics(tmp_path):
         assert "0.output" in step["actv"] or any(k.startswith("0.") for k in step["actv"])
 
 
+@in_graph_hooks
 def test_inductor_losses_with_the_tool(tmp_path):
     """Default backend (Inductor). The monitor and the L0 statistics dump compute their statistics inside the
     graph (no graph break): losses bit-identical to those of the compiled model without the tool, one graph
@@ -112,3 +116,18 @@ def test_inductor_losses_with_the_tool(tmp_path):
         counters.clear()
         losses, graphs = run(torch.compile(sliced_model()), 3, **kwargs)
         assert losses == plain and graph_breaks() == 0 and graphs[-1] == 1, kwargs
+
+
+@pytest.mark.skipif(IN_GRAPH_GRAD_HOOKS, reason=f"torch {torch.__version__}: Dynamo traces the tool's gradient hooks")
+def test_an_older_dynamo_keeps_the_eager_hooks_saying_so_once(tmp_path, monkeypatch, caplog):
+    """torch 2.6: the tool's hooks stay eager on a model compiled as a whole (graph breaks), with one warning."""
+    monkeypatch.setattr(compiled_taps, "_warned", False)
+    model = torch.compile(sliced_model())
+    with caplog.at_level(logging.WARNING, logger="msprobe_core.pytorch"):
+        assert not compiled_taps.compiled_as_a_whole([model]) and not compiled_taps.compiled_as_a_whole([model])
+        mon = TrainerMon(MONITOR, output_dir=tmp_path).set_monitor(model, 1, None)
+        assert isinstance(mon._hooks, ActivationHooks)
+        mon.close()
+    assert [r.getMessage() for r in caplog.records if "keeps the eager hooks" in r.getMessage()] == [
+        f"torch {torch.__version__}: Dynamo cannot trace the tool's gradient hooks (torch >= 2.11 can): the compiled "
+        "model keeps the eager hooks, with a graph break at each hooked module"]

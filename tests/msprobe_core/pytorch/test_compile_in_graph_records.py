@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch._dynamo.utils import counters
 
-from compiled_models import Sliced, fresh_dynamo, graph_breaks, train_steps  # noqa: F401  (a fixture)
+from compiled_models import Sliced, fresh_dynamo, graph_breaks, in_graph_hooks, train_steps  # noqa: F401
 
 from msprobe_core.compare import compare_dumps
 from msprobe_core.pytorch import PrecisionDebugger
@@ -58,6 +58,7 @@ def _files(root: Path, step: int) -> tuple[Path, dict, dict]:
             json.loads((folder / "construct.json").read_text()))
 
 
+@in_graph_hooks
 @pytest.mark.parametrize("inplace, acc", [(False, 1), (True, 1), (False, 2)], ids=["plain", "inplace-relu", "2-micro"])
 def test_no_graph_break_bit_identical_losses_and_the_eager_records(tmp_path, inplace, acc):
     plain = run(torch.compile(make_model(inplace)), None, acc)

@@ -14,6 +14,7 @@ from torch import nn
 
 import msprobe_core
 from msprobe_core.pytorch import PrecisionDebugger
+from msprobe_core.pytorch.wrapper_names import FRAME_STRATEGIES
 
 pytestmark = pytest.mark.slow  # compiles (seconds)
 
@@ -55,6 +56,8 @@ def test_compiled_function_outputs_bit_identical_under_dump(tmp_path: Path, leve
     assert not list(tmp_path.rglob("dump_error_info.log"))
 
 
+@pytest.mark.skipif(not FRAME_STRATEGIES, reason=f"torch {torch.__version__}: Dynamo has no frame strategies, so it "
+                    "compiles the frames the dump's never-traced operator mode calls (its records stay eager and right)")
 @pytest.mark.parametrize("level", ["L1", "mix"])
 def test_function_compiled_before_the_dump_is_never_traced_with_the_tool(tmp_path: Path, level: str):
     """vLLM's tensor-parallel embedding: the function is compiled without the tool, then called on every step
