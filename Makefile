@@ -113,8 +113,9 @@ bench: venv
 	$(BIN)/python benchmarks/acc_check_speed.py --repeats 3
 
 # The lowest torch pyproject.toml declares, with the core's test dependencies only (no frameworks: their tests
-# skip; the report's browser tests get chromium as in `make test`): the dump, monitor and compare suites against it. Not part of `make test`: PyPI's torch of that age is a
-# CUDA build (about 3 GB with its nvidia packages), so this venv takes minutes and disk space.
+# skip; the report's browser tests get chromium as in `make test`): the dump, monitor and compare suites against
+# it. Not part of `make test`: PyPI's torch of that age is a CUDA build (about 3 GB with its nvidia packages), so
+# this venv takes minutes and disk space. What differs there: docs/compatibility.md, "On an older torch".
 OLDEST_TORCH ?= 2.6.0
 OLDEST_VENV := .venv-oldest
 test-oldest: browser
