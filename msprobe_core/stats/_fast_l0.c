@@ -197,7 +197,6 @@ static PyTypeObject FieldsNewType = {
  * known (set in ``slots``) and its dataclass fields after the first ``given`` default to None; else ``cls`` itself
  * (slots[0] = -1). A new reference, or NULL with an error. */
 static PyObject *l0_fields_new(PyObject *cls, const char *const *names, int n, int given, Py_ssize_t *slots) {
-    slots[0] = -1;
     if (!PyType_Check(cls) || !l0_layout((PyTypeObject *)cls, names, n, slots)) {
         slots[0] = -1;
         return Py_NewRef(cls);
@@ -225,8 +224,8 @@ static PyObject *l0_fields_new(PyObject *cls, const char *const *names, int n, i
     return (PyObject *)maker;
 }
 
-/* ``tls.depth`` += delta (the tool's own work, as ``_own``): _fast_depth.c's, in the thread's dict of it; a
- * pending error kept (the failure paths' restore). */
+/* ``tls.depth`` += delta of a hook object's ``tls`` (the tool's own work, as ``_own``): _fast_depth.c's, in the
+ * thread's dict of it; a pending error kept (the failure paths' restore). */
 #define l0_depth(self, delta) tool_depth_add((self)->tls, (delta))
 
 /* The value of a no-argument callable as a C truth value: 1, 0, or -1 with an error. */
@@ -520,7 +519,7 @@ static PyObject *mh_pre(ModuleHooksObject *self, PyObject *const *args, Py_ssize
         }
     }
     int failed = call == NULL;
-    if (failed && l0_report(self) < 0) { (void)tool_depth_add(self->tls, -1); goto fail; }
+    if (failed && l0_report(self) < 0) { (void)l0_depth(self, -1); goto fail; }
     if (l0_depth(self, -1) < 0) goto fail;
     Py_XDECREF(state); Py_XDECREF(module_calls); Py_XDECREF(key); Py_XDECREF(calls); Py_XDECREF(name);
     Py_XDECREF(backward); Py_XDECREF(stack); Py_XDECREF(call);
@@ -628,7 +627,7 @@ static PyObject *mh_post(ModuleHooksObject *self, PyObject *const *args, Py_ssiz
         Py_XDECREF(stack);
         if (rc == 0) rc = l0_end(self, state, call, args[3], text);
         if (rc < 0) rc = l0_report(self);
-        if (rc < 0) (void)tool_depth_add(self->tls, -1);
+        if (rc < 0) (void)l0_depth(self, -1);
         else if (l0_depth(self, -1) < 0) rc = -1;
         if (rc == 0) result = Py_NewRef(Py_None);
     }
@@ -731,7 +730,6 @@ static int g_quiet(CallGradsObject *self) {
     return on < 0 ? -1 : !on;
 }
 
-#define g_depth(self, delta) tool_depth_add((self)->tls, (delta))
 
 /* Is obj the int v? (no error: an int too large for a C long is not v) */
 static inline int g_is_long(PyObject *obj, long v) {
@@ -818,7 +816,7 @@ static PyObject *cg_call(CallGradsObject *self, PyObject *const *args, size_t na
         Py_DECREF(rec);
         Py_RETURN_FALSE;
     }
-    if (g_depth(self, 1) < 0) { Py_DECREF(rec); return NULL; }
+    if (l0_depth(self, 1) < 0) { Py_DECREF(rec); return NULL; }
     PyObject *result = NULL, *received = NULL, *sent = NULL;
     received = g_text(self, args[2], 0);
     sent = received == NULL || received == Py_None ? NULL : g_text(self, args[3], 1);
@@ -838,8 +836,8 @@ static PyObject *cg_call(CallGradsObject *self, PyObject *const *args, size_t na
     }
     Py_XDECREF(received); Py_XDECREF(sent);
     Py_DECREF(rec);
-    if (result == NULL) (void)tool_depth_add(self->tls, -1);
-    else if (g_depth(self, -1) < 0) Py_CLEAR(result);
+    if (result == NULL) (void)l0_depth(self, -1);
+    else if (l0_depth(self, -1) < 0) Py_CLEAR(result);
     return result;
 }
 
@@ -968,11 +966,11 @@ static PyObject *pg_call(ParamGradObject *self, PyObject *const *args, size_t na
     int rc = next == NULL ? -1 : PyDict_SetItem(counters, self->key, next);
     Py_XDECREF(next);
     if (rc < 0 || (name = pg_name(self, k)) == NULL) goto done;
-    if (g_depth(g, 1) < 0) goto done;
+    if (l0_depth(g, 1) < 0) goto done;
     PyObject *text = g_text(g, grad, 0);
     if (text == Py_None) {  /* the dict route for this gradient (``_param_grad_dict``) */
         Py_DECREF(text);
-        if (g_depth(g, -1) < 0) goto done;
+        if (l0_depth(g, -1) < 0) goto done;
         PyObject *a[7] = {g->records, rec, self->base, name, self->pname, self->count, grad};
         result = PyObject_VectorcallMethod(l0_attr[A_PARAM_GRAD_DICT], a, 7 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
         goto done;
@@ -990,8 +988,8 @@ static PyObject *pg_call(ParamGradObject *self, PyObject *const *args, size_t na
     }
     int ok = r != NULL || l0_report_to(g->records, name) == 0;
     Py_XDECREF(r);
-    if (!ok) (void)tool_depth_add(g->tls, -1);
-    else if (g_depth(g, -1) == 0) result = Py_NewRef(Py_None);
+    if (!ok) (void)l0_depth(g, -1);
+    else if (l0_depth(g, -1) == 0) result = Py_NewRef(Py_None);
 done:
     Py_XDECREF(rec); Py_XDECREF(state); Py_XDECREF(recorded); Py_XDECREF(counters); Py_XDECREF(name);
     return result;
@@ -1594,10 +1592,10 @@ static int l0_same(PyObject *mine, PyObject *kept) {
     return 1;
 }
 
-/* ``add_tensor_hook(t, hook)`` (``pytorch/step_hooks.py``) of a plain tensor with the key ``key``: the entry torch's
- * ``register_hook`` makes (the tensor's ``_backward_hooks``, an ``OrderedDict`` made by ``odict`` and given to its
- * ``grad_fn`` on first use), its key, 1 and its dict appended to ``flat``. 0, or -1 with an error. */
-static int l0_add_tensor_hook(PyObject *t, PyObject *hook, long long key, PyObject *flat, PyObject *odict) {
+/* The dict torch's ``register_hook`` puts a plain tensor's hooks in (``pytorch/step_hooks.add_tensor_hook``, the
+ * monitor's ``fs_tensor_hook``): ``t._backward_hooks``, made by ``odict`` (the ``OrderedDict`` class) and given to
+ * its ``grad_fn`` on first use. A new reference, or NULL with an error. */
+static PyObject *tensor_hooks_dict(PyObject *t, PyObject *odict) {
     PyObject *hooks = L0_GET(t, A_BACKWARD_HOOKS);
     if (hooks == Py_None) {
         Py_DECREF(hooks);
@@ -1610,6 +1608,14 @@ static int l0_add_tensor_hook(PyObject *t, PyObject *hook, long long key, PyObje
         if (r == NULL) Py_CLEAR(hooks);
         Py_XDECREF(r);
     }
+    return hooks;
+}
+
+/* ``add_tensor_hook(t, hook)`` (``pytorch/step_hooks.py``) of a plain tensor with the key ``key``: the entry torch's
+ * ``register_hook`` makes (``tensor_hooks_dict``), its key, 1 and its dict appended to ``flat``. 0, or -1 with an
+ * error. */
+static int l0_add_tensor_hook(PyObject *t, PyObject *hook, long long key, PyObject *flat, PyObject *odict) {
+    PyObject *hooks = tensor_hooks_dict(t, odict);
     if (hooks == NULL) return -1;
     PyObject *k = PyLong_FromLongLong(key);
     int rc = k == NULL || PyObject_SetItem(hooks, k, hook) < 0 || PyList_Append(flat, k) < 0

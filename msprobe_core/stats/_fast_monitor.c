@@ -30,10 +30,10 @@
  */
 
 static PyObject *s_training, *s_state, *s_collecting, *s_generation, *s_calls, *s_micro, *s_seen, *s_on_grad,
-    *s_hook_failed, *s_next_id, *s_register_hook_dict, *s_backward_hooks, *s_one, *s_hooks_generation;
+    *s_hook_failed, *s_next_id, *s_one, *s_hooks_generation;
 
-enum { AC_VERSION, AC_REQUIRES_GRAD, AC_DATA_PTR, AC_GRAD_FN, AC_NUMEL, AC_N };
-static const char *const AC_NAMES[AC_N] = {"_version", "requires_grad", "data_ptr", "grad_fn", "numel"};
+enum { AC_VERSION, AC_REQUIRES_GRAD, AC_DATA_PTR, AC_NUMEL, AC_N };
+static const char *const AC_NAMES[AC_N] = {"_version", "requires_grad", "data_ptr", "numel"};
 
 #define AC_OBJECTS(X) X(hooks) X(rows) X(raw) X(entries) X(actv) X(actv_grad) X(graph_task_id) \
                       X(get_num_threads) X(ordered_dict) X(handle_class)
@@ -350,38 +350,36 @@ typedef struct {
     Py_ssize_t chunk;
 } ForwardSiteObject;
 
-/* t.data_ptr() into *ptr (the C++ tensor's answer first: ff_facts): 0, or -1 with an error. */
-static int fs_data_ptr(ActivationCoreObject *core, PyObject *t, unsigned long long *ptr) {
-    TorchTensorFacts f;
-    int known = ff_facts(t, TORCH_FACT_DATA_PTR, &f);
-    if (known != 0) {
-        *ptr = f.data_ptr;
-        return known < 0 ? -1 : 0;
+/* The facts of ``want`` of t into *f (TORCH_FACT_DATA_PTR, TORCH_FACT_VERSION, TORCH_FACT_SIZES: its numel,
+ * TORCH_FACT_FLAGS: its requires_grad): the C++ tensor's (ff_facts), else torch's Python API's through the core's
+ * descriptors. 0, or -1 with an error. */
+static int fs_facts(ActivationCoreObject *core, PyObject *t, int want, TorchTensorFacts *f) {
+    int known = ff_facts(t, want, f);
+    if (known) return known < 0 ? -1 : 0;
+    static const int bits[] = {TORCH_FACT_DATA_PTR, TORCH_FACT_VERSION, TORCH_FACT_SIZES, TORCH_FACT_FLAGS};
+    static const int descr[] = {AC_DATA_PTR, AC_VERSION, AC_NUMEL, AC_REQUIRES_GRAD};
+    for (int i = 0; i < 4; i++) {
+        if (!(want & bits[i])) continue;
+        PyObject *v = descr_get(core->descr[descr[i]], t);
+        if (v == NULL) return -1;
+        switch (bits[i]) {
+            case TORCH_FACT_DATA_PTR: f->data_ptr = PyLong_AsUnsignedLongLong(v); break;
+            case TORCH_FACT_VERSION: f->version = (long long)PyLong_AsUnsignedLongLongMask(v); break;
+            case TORCH_FACT_SIZES: f->numel = PyLong_AsSsize_t(v); break;
+            default: f->requires_grad = v == Py_True; break;
+        }
+        Py_DECREF(v);
+        if (PyErr_Occurred()) return -1;
     }
-    PyObject *d = descr_get(core->descr[AC_DATA_PTR], t);
-    if (d == NULL) return -1;
-    *ptr = PyLong_AsUnsignedLongLong(d);
-    Py_DECREF(d);
-    return *ptr == (unsigned long long)-1 && PyErr_Occurred() ? -1 : 0;
+    return 0;
 }
 
 /* module_hooks._identity of a plain tensor whose data pointer is ptr: id << 96 | data_ptr << 32 | (version &
  * 0xFFFFFFFF), one int. */
 static PyObject *fs_identity(ActivationCoreObject *core, PyObject *t, unsigned long long ptr) {
     TorchTensorFacts f;
-    unsigned long long version;
-    int known = ff_facts(t, TORCH_FACT_VERSION, &f);
-    if (known < 0) return NULL;
-    if (known) {
-        version = (unsigned long long)f.version;
-    } else {
-        PyObject *v = descr_get(core->descr[AC_VERSION], t);
-        if (v == NULL) return NULL;
-        version = PyLong_AsUnsignedLongLongMask(v);
-        Py_DECREF(v);
-        if (version == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
-    }
-    unsigned long long id = (unsigned long long)(uintptr_t)t;
+    if (fs_facts(core, t, TORCH_FACT_VERSION, &f) < 0) return NULL;
+    unsigned long long version = (unsigned long long)f.version, id = (unsigned long long)(uintptr_t)t;
     unsigned char b[20];
     for (int i = 0; i < 4; i++) b[i] = (unsigned char)(version >> (8 * i));
     for (int i = 0; i < 8; i++) b[4 + i] = (unsigned char)(ptr >> (8 * i));
@@ -390,35 +388,18 @@ static PyObject *fs_identity(ActivationCoreObject *core, PyObject *t, unsigned l
 }
 
 /* step_hooks.add_tensor_hook for a plain tensor (keep the two alike): the hook at the end of the tensor's
- * ``_backward_hooks`` under the next RemovableHandle id, the dict made and given to its grad_fn on first use. */
+ * ``_backward_hooks`` (``tensor_hooks_dict``) under the next RemovableHandle id. */
 static int fs_tensor_hook(ActivationCoreObject *core, PyObject *t, PyObject *hook) {
-    PyObject *hooks = PyObject_GetAttr(t, s_backward_hooks);
+    PyObject *hooks = tensor_hooks_dict(t, core->ordered_dict);  /* (_fast_l0.c) */
     if (hooks == NULL) return -1;
-    if (hooks == Py_None) {
-        Py_DECREF(hooks);
-        hooks = PyObject_CallNoArgs(core->ordered_dict);
-        if (hooks == NULL || PyObject_SetAttr(t, s_backward_hooks, hooks) < 0) goto fail;
-        PyObject *fn = descr_get(core->descr[AC_GRAD_FN], t);
-        if (fn == NULL) goto fail;
-        if (fn != Py_None) {
-            PyObject *r = PyObject_CallMethodOneArg(fn, s_register_hook_dict, t);
-            if (r == NULL) { Py_DECREF(fn); goto fail; }
-            Py_DECREF(r);
-        }
-        Py_DECREF(fn);
-    }
     PyObject *key = PyObject_GetAttr(core->handle_class, s_next_id);
-    if (key == NULL) goto fail;
-    PyObject *next = PyNumber_Add(key, s_one);
+    PyObject *next = key == NULL ? NULL : PyNumber_Add(key, s_one);
     int rc = next == NULL ? -1 : PyObject_SetAttr(core->handle_class, s_next_id, next);
     Py_XDECREF(next);
     if (rc == 0) rc = PyObject_SetItem(hooks, key, hook);
-    Py_DECREF(key);
+    Py_XDECREF(key);
     Py_DECREF(hooks);
     return rc;
-fail:
-    Py_XDECREF(hooks);
-    return -1;
 }
 
 /* The work of one leaf of the usual call (``_on_forward``'s loop body), key its identity (a new reference, taken
@@ -458,16 +439,8 @@ static int fs_leaf(ForwardSiteObject *s, PyObject *seen, PyObject *state, PyObje
         goto done;
     }
     TorchTensorFacts f;
-    int requires_grad = ff_facts(t, TORCH_FACT_FLAGS, &f);
-    if (requires_grad < 0) goto done;
-    if (requires_grad) {
-        requires_grad = f.requires_grad;
-    } else {
-        PyObject *rg = descr_get(core->descr[AC_REQUIRES_GRAD], t);
-        if (rg == NULL) goto done;
-        requires_grad = rg == Py_True;
-        Py_DECREF(rg);
-    }
+    if (fs_facts(core, t, TORCH_FACT_FLAGS, &f) < 0) goto done;
+    int requires_grad = f.requires_grad;
     if (s->fwd[i] != NULL) {
         if (known->slot == Py_None) {
             if (p == NULL) {  /* fs_call takes a known tensor's memory as read only where its row is made */
@@ -509,25 +482,15 @@ static int fs_known(ForwardSiteObject *s, PyObject *seen, PyObject *t, PyObject 
     TensorRowsObject *rows = (TensorRowsObject *)core->rows;
     if (!PyDict_CheckExact(seen) || ((PyObject *)Py_TYPE(t) != rows->tensor && (PyObject *)Py_TYPE(t) != rows->parameter))
         return 0;
-    unsigned long long ptr;
-    if (fs_data_ptr(core, t, &ptr) < 0 || (*key = fs_identity(core, t, ptr)) == NULL) return -1;
+    TorchTensorFacts f;
+    if (fs_facts(core, t, TORCH_FACT_DATA_PTR, &f) < 0 || (*key = fs_identity(core, t, f.data_ptr)) == NULL) return -1;
     ActivationObject *known = (ActivationObject *)PyDict_GetItemWithError(seen, *key);  /* borrowed */
     if (known == NULL) return PyErr_Occurred() ? -1 : 0;
     if (Py_TYPE(known) != &ActivationType || !known->plain || PyWeakref_GetObject(known->ref) != t ||
         known->slot == NULL || (s->fwd[0] != NULL && known->slot == Py_None))
         return 0;
-    TorchTensorFacts f;
-    int rc = ff_facts(t, TORCH_FACT_SIZES, &f);
-    if (rc < 0) return -1;
-    if (rc) {
-        *n = (Py_ssize_t)f.numel;
-    } else {
-        PyObject *c = descr_get(core->descr[AC_NUMEL], t);
-        if (c == NULL) return -1;
-        *n = PyLong_AsSsize_t(c);
-        Py_DECREF(c);
-        if (*n == -1 && PyErr_Occurred()) return -1;
-    }
+    if (fs_facts(core, t, TORCH_FACT_SIZES, &f) < 0) return -1;
+    *n = (Py_ssize_t)f.numel;
     return *n > 0;
 }
 
@@ -817,8 +780,7 @@ static int add_fast_monitor(PyObject *m) {
     struct { PyObject **s; const char *text; } strings[] = {
         {&s_training, "training"}, {&s_state, "state"}, {&s_collecting, "collecting"}, {&s_generation, "generation"}, {&s_hooks_generation, "_generation"},
         {&s_calls, "calls"}, {&s_micro, "_micro"}, {&s_seen, "_seen"}, {&s_on_grad, "_on_grad"},
-        {&s_hook_failed, "_hook_failed"}, {&s_next_id, "next_id"}, {&s_register_hook_dict, "_register_hook_dict"},
-        {&s_backward_hooks, "_backward_hooks"},
+        {&s_hook_failed, "_hook_failed"}, {&s_next_id, "next_id"},
     };
     for (size_t i = 0; i < sizeof(strings) / sizeof(strings[0]); i++) {
         if (*strings[i].s == NULL && (*strings[i].s = PyUnicode_InternFromString(strings[i].text)) == NULL) return -1;

@@ -648,11 +648,12 @@ static int tensor_flag(RecordTextObject *self, PyObject *t, int i) {
 static int tensor_ident(RecordTextObject *self, PyObject *t, long long *version, unsigned long long *ptr, int *grad) {
     TorchTensorFacts f;
     int known = ff_facts(t, TORCH_FACT_VERSION | TORCH_FACT_DATA_PTR | TORCH_FACT_FLAGS, &f);
+    if (known < 0) return -1;
     if (known) {
         *version = f.version;
         *ptr = f.data_ptr;
         *grad = f.requires_grad;
-        return known;
+        return 1;
     }
     *grad = -1;
     PyObject *v = tensor_get(self, t, D_VERSION);
