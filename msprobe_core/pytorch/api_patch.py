@@ -48,6 +48,7 @@ _stack_len = torch._C._len_torch_function_stack
 _stack_at = torch._C._get_function_stack_at
 _stack_pop = torch._C._pop_torch_function_stack
 _stack_push = torch._C._push_on_torch_function_stack
+_mode_on = torch._C._is_torch_function_mode_enabled
 _ModePass = getattr(KERNEL, "ModePass", None) if FRAME_STRATEGIES else None
 """The mode's pass-through in C (``_DunderMode``); None without the extension, and on torch 2.6 (no frame
 strategies), whose Dynamo reads the mode's ``__torch_function__.__func__`` (the pass-through has none) and, given
@@ -247,6 +248,16 @@ class ApiPatcher:
             return original(*args, **kwargs)
         finally:
             _stack_push(mode)
+
+    def foreign_mode_on(self) -> bool:
+        """Is a TorchFunctionMode on other than this patcher's operator mode? The compiled L0 hooks' test for
+        their usual call (``mode_enabled``): the operator mode passes every attribute read of theirs through
+        unchanged (no read is an operator of the plan, and they read at the tool's depth), so under it alone (the
+        mix level) their records are the Python route's, made without its frames."""
+        if not _mode_on():
+            return False
+        mode = self._mode
+        return mode is None or _stack_len() != 1 or _stack_at(0) is not mode
 
     def restore(self) -> None:
         if not self.patched:

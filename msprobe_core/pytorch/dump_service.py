@@ -108,6 +108,9 @@ class DumpService(DumpServiceBase):
         self._prepare_for_compiler()
         self.set_patcher(ApiPatcher(self._api_entry, self.should_record, wrap_list, silence=self._silenced,
                                     fast=fast_wrapper_maker(self)) if self._uses_l1 else None)
+        # the C hooks' test for a TorchFunctionMode in the way of their usual call: this dump's own operator mode (mix)
+        # is not (``ApiPatcher.foreign_mode_on``)
+        self._foreign_mode_on = self.patcher.foreign_mode_on if self.patcher is not None else _torch_function_mode_on
         self._compiled = False
         self._in_graph: Optional[CompiledModuleRecords] = None  # the model being hooked: records in its graph
         self._compiled_records: Optional[CompiledModuleRecords] = None
@@ -119,7 +122,7 @@ class DumpService(DumpServiceBase):
         grad_text = self.summarizer.grad_text
         if _CallGrads is not None and grad_text is not None and self.records.grads_by_c:
             self._both_grads_hook = _CallGrads(records=self.records, service=self, grad_text=grad_text,
-                                               grad_enabled=_is_grad_enabled, mode_enabled=_torch_function_mode_on,
+                                               grad_enabled=_is_grad_enabled, mode_enabled=self._foreign_mode_on,
                                                tls=self._tls)
         self._call_hooks: dict = {}  # the hooks of calls with one edge to one input, reused step after step
         self._own_grads_c: Optional[Callable] = None  # ``_hook_own_grads`` in C (``_usual_capture``)
@@ -280,11 +283,13 @@ class DumpService(DumpServiceBase):
         hooks = _ModuleHooks(
             records=self.records, service=self, text=text, base=base, pre=pre, post=post, call=Call, skipped=SKIPPED,
             tensor=torch.Tensor, parameter=torch.nn.Parameter, graph_task_id=_graph_task_id,
-            grad_enabled=_is_grad_enabled, mode_enabled=_torch_function_mode_on, tls=self._tls,
+            grad_enabled=_is_grad_enabled, mode_enabled=self._foreign_mode_on, tls=self._tls,
             # the stack from the hook's caller on (no Python frame of the tool's between)
             capture_stack=partial(_STACKS.capture, 1) if self.cfg.extra_info else None, interned=_STACKS.interned,
             backward=bool(self.selection.backward),
-            hook_own_grads=self._usual_capture(), input_edges=InputEdges, sequence_nr=_sequence_nr)
+            hook_own_grads=self._usual_capture(), input_edges=InputEdges, sequence_nr=_sequence_nr,
+            # the usual call's reads with the operator mode off, as the Python route's (the mix level)
+            no_torch_function=_no_torch_function() if self.patcher is not None else None)
         return hooks.pre, hooks.post
 
     def _usual_capture(self) -> Callable[[Call, Any], None]:
@@ -300,7 +305,7 @@ class DumpService(DumpServiceBase):
         if _ParamGrad is None or grad_text is None:
             return hook
         return _ParamGrad(records=self.records, service=self, grad_text=grad_text, grad_enabled=_is_grad_enabled,
-                          mode_enabled=_torch_function_mode_on, tls=self._tls, base=base, pname=pname, count=count,
+                          mode_enabled=self._foreign_mode_on, tls=self._tls, base=base, pname=pname, count=count,
                           fallback=hook, fields=fields, text_fields=TextFields)
 
     def _own_parameters(self, module: torch.nn.Module) -> list[tuple[str, Any]]:

@@ -5,7 +5,7 @@
  *
  *   ModuleHooks(records, service, text, base, pre, post, call, skipped, tensor, parameter, graph_task_id,
  *               grad_enabled, mode_enabled, tls, capture_stack, backward, hook_own_grads, input_edges,
- *               sequence_nr, interned=None)
+ *               sequence_nr, interned=None, no_torch_function=None)
  *     .pre(module, args, kwargs)          -> None: ``CallRecords._module_pre``'s work (``pre``: the Python route)
  *     .post(module, args, kwargs, output) -> None: ``_module_post``'s (``post``: the Python route)
  *   OwnGrads(..., step_hooks=None)(call, out) -> ``DumpService._hook_own_grads`` (``capture``) of the usual call
@@ -29,6 +29,7 @@ typedef struct {
     PyObject *graph_task_id, *grad_enabled, *mode_enabled, *tls, *capture_stack, *backward;
     PyObject *hook_own_grads, *input_edges, *sequence_nr;
     PyObject *interned;  /* ``StackCapture.interned`` of ``capture_stack``'s capture, or Py_None */
+    PyObject *quiet_enter, *quiet_exit;  /* ``no_torch_function``'s __enter__ and __exit__, or NULL (``l0_quiet``) */
     PyObject *names;     /* list: the n-th call's ("<base>.forward.<n>", "<base>.backward.<n>"), made once */
     Py_ssize_t call_slots[10];  /* ``l0_layout``: where a ``Call``'s fields are, or call_slots[0] = -1 */
     Py_ssize_t edges_slots[5];  /* the same for ``InputEdges`` (``input_edges``, when it is a ``FieldsNew``: its class) */
@@ -253,6 +254,25 @@ static int l0_report_to(PyObject *records, PyObject *name) {
 }
 
 #define l0_report(self) l0_report_to((self)->records, (self)->base)
+
+/* Every torch function off while the usual call's work reads its tensors' attributes (``on`` 1), or back as it was
+ * (0), where the hooks were given ``no_torch_function`` (a ``torch._C.DisableTorchFunction``: the Python route's
+ * ``_no_torch_function``). The usual call runs under no TorchFunctionMode but the dump's own operator mode
+ * (``mode_enabled``), which passes those reads through unchanged, but only after torch has called it for each
+ * (``grad_fn``, ``output_nr``: ~9k instructions a read). 0, or -1 with an error; one already raised is kept (and
+ * -1 returned), as ``tool_depth_add``. */
+static int l0_quiet(ModuleHooksObject *self, int on) {
+    if (self->quiet_enter == NULL) return PyErr_Occurred() ? -1 : 0;
+    PyObject *et, *ev, *etb;
+    PyErr_Fetch(&et, &ev, &etb);
+    PyObject *none3[3] = {Py_None, Py_None, Py_None};
+    PyObject *r = on ? PyObject_CallNoArgs(self->quiet_enter) : PyObject_Vectorcall(self->quiet_exit, none3, 3, NULL);
+    Py_XDECREF(r);
+    if (et == NULL) return r == NULL ? -1 : 0;
+    if (r == NULL) PyErr_Clear();
+    PyErr_Restore(et, ev, etb);
+    return -1;
+}
 
 /* Is this call the dumping thread's, while recording, outside the tool's work, a backward pass and any
  * TorchFunctionMode (``DumpService.should_record`` for the thread that records)? 1, 0, -1 with an error. */
@@ -497,6 +517,7 @@ static PyObject *mh_pre(ModuleHooksObject *self, PyObject *const *args, Py_ssize
     }
     if (PyList_Append(calls, self->skipped) < 0) goto fail;  /* replaced once set up */
     if (l0_depth(self, 1) < 0) goto fail;
+    if (l0_quiet(self, 1) < 0) { (void)l0_depth(self, -1); goto fail; }
     if (l0_names(self, state, &name, &backward) == 0) {
         stack = L0_GET(state, A_MODULE_STACK);
         if (stack != NULL) {
@@ -518,6 +539,7 @@ static PyObject *mh_pre(ModuleHooksObject *self, PyObject *const *args, Py_ssize
             }
         }
     }
+    if (l0_quiet(self, 0) < 0) Py_CLEAR(call);
     int failed = call == NULL;
     if (failed && l0_report(self) < 0) { (void)l0_depth(self, -1); goto fail; }
     if (l0_depth(self, -1) < 0) goto fail;
@@ -625,7 +647,10 @@ static PyObject *mh_post(ModuleHooksObject *self, PyObject *const *args, Py_ssiz
         if (rc == 0 && PyList_Check(stack) && PyList_GET_SIZE(stack))
             rc = PyList_SetSlice(stack, PyList_GET_SIZE(stack) - 1, PyList_GET_SIZE(stack), NULL);
         Py_XDECREF(stack);
-        if (rc == 0) rc = l0_end(self, state, call, args[3], text);
+        if (rc == 0 && (rc = l0_quiet(self, 1)) == 0) {
+            rc = l0_end(self, state, call, args[3], text);
+            if (l0_quiet(self, 0) < 0) rc = -1;
+        }
         if (rc < 0) rc = l0_report(self);
         if (rc < 0) (void)l0_depth(self, -1);
         else if (l0_depth(self, -1) < 0) rc = -1;
@@ -639,17 +664,17 @@ static PyObject *mh_post(ModuleHooksObject *self, PyObject *const *args, Py_ssiz
 
 #define MH_OBJECTS(X) X(records) X(service) X(text) X(base) X(pre) X(post) X(call) X(skipped) X(tensor) X(parameter) \
                       X(graph_task_id) X(grad_enabled) X(mode_enabled) X(tls) X(capture_stack) X(backward) \
-                      X(hook_own_grads) X(input_edges) X(sequence_nr) X(interned) X(names)
+                      X(hook_own_grads) X(input_edges) X(sequence_nr) X(interned) X(names) X(quiet_enter) X(quiet_exit)
 
 static PyObject *mh_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     static char *kw[] = {"records", "service", "text", "base", "pre", "post", "call", "skipped", "tensor", "parameter",
                          "graph_task_id", "grad_enabled", "mode_enabled", "tls", "capture_stack", "backward",
-                         "hook_own_grads", "input_edges", "sequence_nr", "interned", NULL};
-    PyObject *o[20];
-    o[19] = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO!UOOOOOOOOOOOOOOO|O:ModuleHooks", kw, &o[0], &o[1],
+                         "hook_own_grads", "input_edges", "sequence_nr", "interned", "no_torch_function", NULL};
+    PyObject *o[21];
+    o[19] = o[20] = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO!UOOOOOOOOOOOOOOO|OO:ModuleHooks", kw, &o[0], &o[1],
                                      &RecordTextType, &o[2], &o[3], &o[4], &o[5], &o[6], &o[7], &o[8], &o[9], &o[10],
-                                     &o[11], &o[12], &o[13], &o[14], &o[15], &o[16], &o[17], &o[18], &o[19]))
+                                     &o[11], &o[12], &o[13], &o[14], &o[15], &o[16], &o[17], &o[18], &o[19], &o[20]))
         return NULL;
     if (!PyType_Check(o[6]) || !PyType_Check(o[8]) || !PyType_Check(o[9])) {
         PyErr_SetString(PyExc_TypeError, "call, tensor and parameter must be types");
@@ -665,6 +690,11 @@ static PyObject *mh_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     for (int i = 0; i < 20; i++) *slots[i] = Py_NewRef(o[i]);
     self->names = PyList_New(0);
     if (self->names == NULL) { Py_DECREF(self); return NULL; }
+    if (o[20] != Py_None && ((self->quiet_enter = PyObject_GetAttrString(o[20], "__enter__")) == NULL
+                             || (self->quiet_exit = PyObject_GetAttrString(o[20], "__exit__")) == NULL)) {
+        Py_DECREF(self);
+        return NULL;
+    }
     if (!l0_layout((PyTypeObject *)self->call, L0_CALL_FIELDS, 10, self->call_slots)) self->call_slots[0] = -1;
     /* ``InputEdges`` made without its ``__init__`` frame (four fields given, ``output`` None) */
     PyObject *edges_new = l0_fields_new(self->input_edges, L0_EDGES_FIELDS, 5, 4, self->edges_slots);
