@@ -611,13 +611,13 @@ static PyObject *ac_record(ApiCallObject *self, PyObject **env, PyObject *args, 
         rc = ac_text(env, &b, NULL, NULL, out);
         PyObject *r = NULL;
         if (rc == NO_TEXT) {  /* an output the C text does not read: the usual end makes it a dict */
-            PyObject *head = PyUnicode_DecodeUTF8(b.p, head_len, NULL);
+            PyObject *head = text_str(&b, head_len);
             if (head != NULL)
                 r = PyObject_CallFunctionObjArgs(env[ENV_END_DICT], key, name, n, head, rec, stack, parent, out,
                                                  edges, grad ? Py_True : Py_False, NULL);
             Py_XDECREF(head);
         } else if (rc == 0) {  /* nothing was recorded during the call: its place is taken now */
-            PyObject *text = PyUnicode_DecodeUTF8(b.p, b.len, NULL);
+            PyObject *text = text_str(&b, b.len);
             r = text == NULL ? NULL : ac_put_text(rec, name, text, stack, parent);
             Py_XDECREF(text);
             if (r != NULL && grad) {

@@ -509,10 +509,12 @@ static PyTypeObject EntryType = {
     .tp_getset = entry_getset,
 };
 
-/* A growing UTF-8 text. */
-typedef struct { char *p; Py_ssize_t len, cap; char small[512]; } text_t;
+/* A growing UTF-8 text. ``text_put`` takes ASCII (or bytes never made a str: the journal's frames); the text of a
+ * str goes by ``text_put_str``, which notes one that is not ASCII (``wide``). ``text_str`` then makes a str of it
+ * as ``PyUnicode_DecodeUTF8`` would, without its pass over every byte when nothing wide was put. */
+typedef struct { char *p; Py_ssize_t len, cap; int wide; char small[512]; } text_t;
 
-static void text_init(text_t *b) { b->p = b->small; b->len = 0; b->cap = sizeof(b->small); }
+static void text_init(text_t *b) { b->p = b->small; b->len = 0; b->cap = sizeof(b->small); b->wide = 0; }
 static void text_free(text_t *b) { if (b->p != b->small) PyMem_Free(b->p); }
 
 static int text_put(text_t *b, const char *s, Py_ssize_t n) {
@@ -536,11 +538,22 @@ static int text_put(text_t *b, const char *s, Py_ssize_t n) {
 static int text_put_str(text_t *b, PyObject *s) {
     Py_ssize_t n;
     const char *u = PyUnicode_AsUTF8AndSize(s, &n);
-    return u == NULL ? -1 : text_put(b, u, n);
+    if (u == NULL) return -1;
+    b->wide |= !PyUnicode_IS_ASCII(s);
+    return text_put(b, u, n);
 }
 
+/* The str of b's first len bytes (a new reference), or NULL with an error. */
+static PyObject *text_str(const text_t *b, Py_ssize_t len) {
+    if (b->wide) return PyUnicode_DecodeUTF8(b->p, len, NULL);
+    PyObject *s = PyUnicode_New(len, 127);
+    if (s != NULL) memcpy(PyUnicode_1BYTE_DATA(s), b->p, (size_t)len);
+    return s;
+}
+
+/* b's str (``text_str``), b freed. */
 static PyObject *text_finish(text_t *b) {
-    PyObject *s = PyUnicode_DecodeUTF8(b->p, b->len, NULL);
+    PyObject *s = text_str(b, b->len);
     text_free(b);
     return s;
 }
