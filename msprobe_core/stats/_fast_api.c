@@ -35,10 +35,13 @@ typedef struct {
     PyObject *stack; /* NULL: an empty place */
 } StackMemo;
 
+#define AC_NAMES_KEPT (1 << 14) /* the record names an API keeps (``ac_name``): its first calls of a step */
+
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
     PyObject *original, *key, *env;
+    PyObject *names[2]; /* lists: "{key}.{n}.forward" and "{key}.{n}.backward" at n (``ac_name``) */
     StackMemo memo[AC_MEMO];
     int memo_next; /* the place the next stack takes */
 } ApiCallObject;
@@ -235,8 +238,50 @@ static int ac_gate(PyObject **env) {
     return on < 0 ? -1 : on ? 2 : 1;
 }
 
-/* The record's name "{key}.{n}.forward", the step's counter of key taken (n). */
-static PyObject *ac_name(PyObject **env, PyObject *key, PyObject **n) {
+/* "{key}.{n}.forward" (backward 0) or "{key}.{n}.backward" (1), a new reference: made at n the first time and kept
+ * at n in the API's list of names (None where none was made yet), the same str every step since (its hash computed
+ * once: the record's dicts would hash a new one at every insert); a count that is no int from 0 on, or from
+ * ``AC_NAMES_KEPT`` on, made by a format string each time. NULL with an error. */
+static PyObject *ac_name_at(ApiCallObject *self, PyObject *n, int backward) {
+    PyObject *key = PyTuple_GET_ITEM(self->key, 0), *names = self->names[backward];
+    long long c = PyLong_CheckExact(n) ? PyLong_AsLongLong(n) : -1;
+    if (c == -1 && PyErr_Occurred()) PyErr_Clear();
+    if (c >= 0 && c < PyList_GET_SIZE(names) && PyList_GET_ITEM(names, c) != Py_None)
+        return Py_NewRef(PyList_GET_ITEM(names, c));
+    Py_ssize_t klen;
+    const char *k = PyUnicode_AsUTF8AndSize(key, &klen);
+    if (k == NULL) return NULL;
+    if (c < 0 || c >= AC_NAMES_KEPT || klen >= 200)
+        return PyUnicode_FromFormat(backward ? "%U.%S.backward" : "%U.%S.forward", key, n);
+    static const char forward_tail[] = ".forward", backward_tail[] = ".backward";
+    const char *tail = backward ? backward_tail : forward_tail;
+    Py_ssize_t ntail = backward ? (Py_ssize_t)sizeof(backward_tail) - 1 : (Py_ssize_t)sizeof(forward_tail) - 1;
+    char digits[24], buf[256];
+    int nd = 0;
+    for (long long d = c; nd == 0 || d > 0; d /= 10) digits[nd++] = (char)('0' + d % 10);
+    Py_ssize_t len = klen;
+    memcpy(buf, k, klen);
+    buf[len++] = '.';
+    while (nd > 0) buf[len++] = digits[--nd];
+    memcpy(buf + len, tail, (size_t)ntail);
+    len += ntail;
+    PyObject *name;
+    if (PyUnicode_IS_ASCII(key)) {  /* the usual key: the text as it is, not decoded */
+        name = PyUnicode_New(len, 127);
+        if (name != NULL) memcpy(PyUnicode_1BYTE_DATA(name), buf, (size_t)len);
+    } else {
+        name = PyUnicode_DecodeUTF8(buf, len, NULL);
+    }
+    if (name == NULL) return NULL;
+    while (PyList_GET_SIZE(names) <= c)
+        if (PyList_Append(names, Py_None) < 0) { Py_DECREF(name); return NULL; }
+    PyList_SetItem(names, c, Py_NewRef(name));  /* (in range: it cannot fail) */
+    return name;
+}
+
+/* The record's name "{key}.{n}.forward" (``ac_name_at``), the step's counter of key taken (n). */
+static PyObject *ac_name(ApiCallObject *self, PyObject **env, PyObject **n) {
+    PyObject *key = PyTuple_GET_ITEM(self->key, 0);
     PyObject *state = ac_attr(env[ENV_RECORDS], env[ENV_RECORDS_VARS], S_step_state);
     if (state == NULL) return NULL;
     PyObject *counters = PyObject_GetAttr(state, S_counters);
@@ -258,31 +303,7 @@ static PyObject *ac_name(PyObject **env, PyObject *key, PyObject **n) {
     next = PyNumber_Add(count, ONE);
     if (next == NULL || (PyDict_CheckExact(counters) ? PyDict_SetItem(counters, key, next)
                                                      : PyObject_SetItem(counters, key, next)) < 0) goto done;
-    long long c = PyLong_Check(count) ? PyLong_AsLongLong(count) : -1;
-    Py_ssize_t klen;
-    const char *k = PyUnicode_AsUTF8AndSize(key, &klen);
-    if (k == NULL) goto done;
-    if (c >= 0 && klen < 200) {  /* the usual case, without a format string */
-        static const char tail[] = ".forward";
-        char digits[24], buf[256];
-        int nd = 0;
-        do { digits[nd++] = (char)('0' + c % 10); c /= 10; } while (c > 0);
-        Py_ssize_t len = klen;
-        memcpy(buf, k, klen);
-        buf[len++] = '.';
-        while (nd > 0) buf[len++] = digits[--nd];
-        memcpy(buf + len, tail, sizeof(tail) - 1);
-        len += (Py_ssize_t)sizeof(tail) - 1;
-        if (PyUnicode_IS_ASCII(key)) {  /* the usual key: the text as it is, not decoded */
-            name = PyUnicode_New(len, 127);
-            if (name != NULL) memcpy(PyUnicode_1BYTE_DATA(name), buf, (size_t)len);
-        } else {
-            name = PyUnicode_DecodeUTF8(buf, len, NULL);
-        }
-    } else {
-        PyErr_Clear();
-        name = PyUnicode_FromFormat("%U.%S.forward", key, count);
-    }
+    name = ac_name_at(self, count, 0);
     if (name != NULL) { *n = count; count = NULL; }
 done:
     Py_DECREF(counters);
@@ -421,18 +442,24 @@ static PyObject *ac_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     self->original = Py_NewRef(original);
     self->key = Py_NewRef(key);
     self->env = Py_NewRef(env);
+    if ((self->names[0] = PyList_New(0)) == NULL || (self->names[1] = PyList_New(0)) == NULL) {
+        Py_DECREF(self);
+        return NULL;
+    }
     /* (the memo's places empty: tp_alloc zeroes the object) */
     return (PyObject *)self;
 }
 
 static int ac_traverse(ApiCallObject *self, visitproc visit, void *arg) {
     Py_VISIT(self->original); Py_VISIT(self->key); Py_VISIT(self->env);
+    Py_VISIT(self->names[0]); Py_VISIT(self->names[1]);
     for (int i = 0; i < AC_MEMO; i++) Py_VISIT(self->memo[i].stack);
     return 0;
 }
 
 static int ac_clear(ApiCallObject *self) {
     Py_CLEAR(self->original); Py_CLEAR(self->key); Py_CLEAR(self->env);
+    Py_CLEAR(self->names[0]); Py_CLEAR(self->names[1]);
     for (int i = 0; i < AC_MEMO; i++) {
         PyMem_Free(self->memo[i].key);
         self->memo[i].key = NULL;

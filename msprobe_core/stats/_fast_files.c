@@ -82,6 +82,13 @@ static int bl_put(bl_file *f, const char *s, Py_ssize_t n) {
     return 0;
 }
 
+/* encode_basestring's escape of each byte: 0 for a byte written as it is, 'u' for \u00XX, else the letter after
+ * the backslash (one table look-up per byte instead of a switch and a comparison). */
+static const char BL_ESCAPE[256] = {
+    [0 ... 0x1f] = 'u', ['\b'] = 'b', ['\f'] = 'f', ['\n'] = 'n', ['\r'] = 'r', ['\t'] = 't', ['"'] = '"',
+    ['\\'] = '\\',
+};
+
 /* s[0:n] quoted and escaped as encode_basestring escapes it (UTF-8 bytes of non-ASCII pass as is). */
 static int bl_put_string(bl_file *f, const char *s, Py_ssize_t n) {
     static const char hex[] = "0123456789abcdef";
@@ -91,27 +98,17 @@ static int bl_put_string(bl_file *f, const char *s, Py_ssize_t n) {
     *o++ = '"';
     for (Py_ssize_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s[i];
-        char e = 0;
-        switch (c) {
-            case '"': e = '"'; break;
-            case '\\': e = '\\'; break;
-            case '\b': e = 'b'; break;
-            case '\f': e = 'f'; break;
-            case '\n': e = 'n'; break;
-            case '\r': e = 'r'; break;
-            case '\t': e = 't'; break;
-            default: break;
-        }
-        if (e) {
+        char e = BL_ESCAPE[c];
+        if (!e) {
+            *o++ = (char)c;
+        } else if (e != 'u') {
             *o++ = '\\';
             *o++ = e;
-        } else if (c < 0x20) {
+        } else {
             memcpy(o, "\\u00", 4);
             o[4] = hex[c >> 4];
             o[5] = hex[c & 15];
             o += 6;
-        } else {
-            *o++ = (char)c;
         }
     }
     *o++ = '"';

@@ -951,10 +951,11 @@ static int evict_oldest(RecordTextObject *self) {
 }
 
 /* ``Summarizer._entry``: the cached entry of this version of t, or a new one (the oldest dropped beyond
- * cache_size). A new reference, or NULL with an error. */
+ * cache_size). ``absent``: the cache was just seen to hold nothing under key (not looked up again). A new
+ * reference, or NULL with an error. */
 static EntryObject *find_entry(RecordTextObject *self, PyObject *t, PyObject *key, long long version,
-                               unsigned long long ptr) {
-    PyObject *found = PyDict_GetItemWithError(self->cache, key);
+                               unsigned long long ptr, int absent) {
+    PyObject *found = absent ? NULL : PyDict_GetItemWithError(self->cache, key);
     if (found == NULL && !PyErr_Occurred()) found = PyDict_GetItemWithError(self->saved, key);
     if (found == NULL && PyErr_Occurred()) return NULL;
     if (found != NULL && Py_TYPE(found) == &EntryType) {
@@ -1023,7 +1024,7 @@ static int put_tensor(RecordTextObject *self, text_t *b, PyObject *t, int fallba
             Py_DECREF(key);
             return fallback ? put_fallback(self, b, t) : NO_TEXT;
         }
-        e = find_entry(self, t, key, version, ptr);
+        e = find_entry(self, t, key, version, ptr, found == NULL);
         if (e == NULL) goto done;
         if (e->text == NULL || e->text == Py_None) {
             PyObject *body = make_body(self, t, e, dtype, code);
