@@ -546,6 +546,21 @@ static PyObject *mp_vectorcall(ModePassObject *self, PyObject *const *argv, size
     }
     return PyObject_Vectorcall(self->record, argv, nargsf, kwnames);
 }
+static PyObject *S_torch_function;
+
+/* The mode class's ``tp_getattr`` (set by ``mp_new``): getattr(obj, name) with the name as a str, the interned
+ * "__torch_function__" for that one. torch looks the mode's ``__torch_function__`` up by a C string for every call
+ * the mode sees (``PyObject_FastGetAttrString``), through ``tp_getattr`` where the type has one, else with a new
+ * str each time: hashed anew, missing the type's attribute cache, the mode's classes searched one by one (about
+ * 1,000 instructions a call). The answer is getattr's either way. */
+static PyObject *mp_mode_getattr(PyObject *obj, char *name) {
+    PyObject *s = strcmp(name, "__torch_function__") == 0 ? Py_NewRef(S_torch_function) : PyUnicode_FromString(name);
+    if (s == NULL) return NULL;
+    PyObject *r = PyObject_GetAttr(obj, s);  /* (tp_getattro: CPython asks tp_getattr only where that is NULL) */
+    Py_DECREF(s);
+    return r;
+}
+
 static PyObject *mp_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     PyObject *funcs, *record, *dynamo = Py_None;
     if (kwds != NULL && PyDict_GET_SIZE(kwds)) {
@@ -565,6 +580,9 @@ static PyObject *mp_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     self->dynamo = Py_NewRef(dynamo);
     self->owner = PyObject_GetAttrString(record, "__self__");  /* torch checks handler.__self__ is the mode */
     if (self->owner == NULL) { Py_DECREF(self); return NULL; }
+    PyTypeObject *mode = Py_TYPE(self->owner);  /* a Python class (a C type keeps its own slots) */
+    if (PyType_HasFeature(mode, Py_TPFLAGS_HEAPTYPE) && mode->tp_getattr == NULL && mode->tp_getattro != NULL)
+        mode->tp_getattr = mp_mode_getattr;
     return (PyObject *)self;
 }
 
@@ -611,7 +629,7 @@ static int add_api_call(PyObject *m) {
     INTERN(S_other_thread, "_other_thread") INTERN(S_step_state, "step_state") INTERN(S_counters, "counters")
     INTERN(S_recorder, "recorder") INTERN(S_open_step, "_open_step") INTERN(S_module_stack, "module_stack")
     INTERN(S_mode, "_mode") INTERN(S_reserve, "reserve")
-    INTERN(S_put_text, "put_text") INTERN(S_error, "_error")
+    INTERN(S_put_text, "put_text") INTERN(S_error, "_error") INTERN(S_torch_function, "__torch_function__")
 #undef INTERN
     if ((ac_forget_fn = PyCFunction_New(&ac_forget_def, NULL)) == NULL) return -1;
     if (add_tool_depth() < 0 || (EMPTY = PyTuple_New(0)) == NULL || (ZERO = PyLong_FromLong(0)) == NULL
