@@ -44,12 +44,21 @@
 
 typedef struct { PyObject *seen[M_REFS]; int n; } mrefs_t;
 
-static int m_le32(text_t *b, uint32_t v) {
+/* v as 4 little-endian bytes, then one byte: stored in place where b has room (``m_frame`` makes it for its
+ * items), through ``text_put`` otherwise. */
+static inline int m_le32(text_t *b, uint32_t v) {
     unsigned char c[4] = {(unsigned char)v, (unsigned char)(v >> 8), (unsigned char)(v >> 16), (unsigned char)(v >> 24)};
-    return text_put(b, (const char *)c, 4);
+    if (b->len + 4 > b->cap) return text_put(b, (const char *)c, 4);
+    memcpy(b->p + b->len, c, 4);
+    b->len += 4;
+    return 0;
 }
 
-static int m_byte(text_t *b, unsigned char c) { return text_put(b, (const char *)&c, 1); }
+static inline int m_byte(text_t *b, unsigned char c) {
+    if (b->len == b->cap) return text_put(b, (const char *)&c, 1);
+    b->p[b->len++] = (char)c;
+    return 0;
+}
 
 static int m_object(text_t *b, mrefs_t *r, PyObject *v);
 
@@ -113,10 +122,12 @@ static int m_object(text_t *b, mrefs_t *r, PyObject *v) {
 /* The frame of the tuple of items[0..n) (length prefix, then marshal's bytes) appended to b: 0, or -1 with an
  * error. */
 static int m_frame(text_t *b, PyObject *const *items, Py_ssize_t n) {
-    Py_ssize_t start = b->len;
+    Py_ssize_t start = b->len, room = 6;  /* the frame's length and the tuple's head; then each item's most */
+    for (Py_ssize_t i = 0; i < n; i++)  /* (a str: 5 bytes before its text; others 5 at most, a skeleton more) */
+        room += PyUnicode_CheckExact(items[i]) && PyUnicode_IS_ASCII(items[i]) ? 5 + PyUnicode_GET_LENGTH(items[i]) : 5;
     mrefs_t refs = {.n = 1};  /* the tuple itself is reference 0 */
     refs.seen[0] = NULL;
-    int rc = m_le32(b, 0);
+    int rc = text_room(b, room) < 0 ? -1 : m_le32(b, 0);
     if (rc == 0) rc = m_byte(b, ')' | M_FLAG_REF) < 0 ? -1 : m_byte(b, (unsigned char)n);
     for (Py_ssize_t i = 0; i < n && rc == 0; i++) rc = m_object(b, &refs, items[i]);
     if (rc > 0) {  /* marshal's own writer, on a tuple held twice as in the Python route */

@@ -517,7 +517,8 @@ typedef struct { char *p; Py_ssize_t len, cap; int wide; char small[512]; } text
 static void text_init(text_t *b) { b->p = b->small; b->len = 0; b->cap = sizeof(b->small); b->wide = 0; }
 static void text_free(text_t *b) { if (b->p != b->small) PyMem_Free(b->p); }
 
-static int text_put(text_t *b, const char *s, Py_ssize_t n) {
+/* Room in b for n more bytes: 0, or -1 with an error. */
+static int text_room(text_t *b, Py_ssize_t n) {
     if (b->len + n > b->cap) {
         Py_ssize_t cap = b->cap;
         while (b->len + n > cap) cap *= 2;
@@ -528,6 +529,11 @@ static int text_put(text_t *b, const char *s, Py_ssize_t n) {
         b->p = p;
         b->cap = cap;
     }
+    return 0;
+}
+
+static int text_put(text_t *b, const char *s, Py_ssize_t n) {
+    if (text_room(b, n) < 0) return -1;
     memcpy(b->p + b->len, s, (size_t)n);
     b->len += n;
     return 0;
