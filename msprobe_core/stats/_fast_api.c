@@ -22,10 +22,10 @@
 enum {
     ENV_SVC, ENV_TLS, ENV_RECORDS, ENV_RT, ENV_PATCHER, ENV_CAPTURE, ENV_INTERNED, ENV_CONSTRUCT, ENV_NO_PARENT,
     ENV_ON_API_CALL, ENV_END_DICT, ENV_GRAPH_TASK, ENV_GRAD_ENABLED, ENV_TF_OFF, ENV_TF_ON,
-    ENV_STACK_LEN, ENV_STACK_POP, ENV_STACK_PUSH, ENV_GRAD, ENV_SVC_VARS, ENV_RECORDS_VARS, ENV_N
+    ENV_STACK_LEN, ENV_STACK_POP, ENV_STACK_PUSH, ENV_GRAD, ENV_SVC_VARS, ENV_RECORDS_VARS, ENV_PATCHER_VARS, ENV_N
 };  /* ENV_GRAD: what a call with autograd on reads (_fast_gradapi.c's G_*), or None: ``on_api_call`` takes it;
-     * ENV_SVC_VARS, ENV_RECORDS_VARS: the service's and the records' instance dicts, where the attributes read here
-     * live (``ac_attr``), or None */
+     * ENV_SVC_VARS, ENV_RECORDS_VARS, ENV_PATCHER_VARS: the service's, the records' and the patcher's instance dicts,
+     * where the attributes read here live (``ac_attr``), or None */
 
 #define AC_MEMO 4 /* the stacks an API was called from lately, known by their keys (``ac_stack``) */
 
@@ -169,7 +169,7 @@ static PyObject *ac_put_text(PyObject *rec, PyObject *name, PyObject *text, PyOb
 /* original(*args, **kwargs) with the operator mode popped while it is the innermost TorchFunctionMode (it would
  * only pass the call through again): ``ApiPatcher.call``. */
 static PyObject *ac_original(PyObject **env, PyObject *original, PyObject *args, PyObject *kwargs) {
-    PyObject *mode = PyObject_GetAttr(env[ENV_PATCHER], S_mode);
+    PyObject *mode = ac_attr(env[ENV_PATCHER], env[ENV_PATCHER_VARS], S_mode);
     if (mode == NULL) return NULL;
     int popped = 0;
     if (mode != Py_None) {
@@ -432,6 +432,7 @@ static PyObject *ac_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
         || !PyDict_Check(PyTuple_GET_ITEM(env, ENV_INTERNED))
         || (PyTuple_GET_ITEM(env, ENV_SVC_VARS) != Py_None && !PyDict_Check(PyTuple_GET_ITEM(env, ENV_SVC_VARS)))
         || (PyTuple_GET_ITEM(env, ENV_RECORDS_VARS) != Py_None && !PyDict_Check(PyTuple_GET_ITEM(env, ENV_RECORDS_VARS)))
+        || (PyTuple_GET_ITEM(env, ENV_PATCHER_VARS) != Py_None && !PyDict_Check(PyTuple_GET_ITEM(env, ENV_PATCHER_VARS)))
         || (PyTuple_GET_ITEM(env, ENV_GRAD) != Py_None && !ag_valid(PyTuple_GET_ITEM(env, ENV_GRAD)))) {
         PyErr_SetString(PyExc_TypeError, "ApiCall(original, (key, prefix, api), env): see _fast_api.c");
         return NULL;
