@@ -244,7 +244,7 @@ static int ac_gate(PyObject **env) {
  * ``AC_NAMES_KEPT`` on, made by a format string each time. NULL with an error. */
 static PyObject *ac_name_at(ApiCallObject *self, PyObject *n, int backward) {
     PyObject *key = PyTuple_GET_ITEM(self->key, 0), *names = self->names[backward];
-    long long c = PyLong_CheckExact(n) ? PyLong_AsLongLong(n) : -1;
+    long long c = PyLong_Check(n) ? PyLong_AsLongLong(n) : -1;
     if (c == -1 && PyErr_Occurred()) PyErr_Clear();
     if (c >= 0 && c < PyList_GET_SIZE(names) && PyList_GET_ITEM(names, c) != Py_None)
         return Py_NewRef(PyList_GET_ITEM(names, c));
@@ -557,7 +557,7 @@ static PyObject *S_torch_function;
 static PyObject *mp_mode_getattr(PyObject *obj, char *name) {
     PyObject *s = strcmp(name, "__torch_function__") == 0 ? Py_NewRef(S_torch_function) : PyUnicode_FromString(name);
     if (s == NULL) return NULL;
-    PyObject *r = PyObject_GetAttr(obj, s);  /* (tp_getattro: CPython asks tp_getattr only where that is NULL) */
+    PyObject *r = PyObject_GetAttr(obj, s);  /* (by tp_getattro: a str's getattr never comes back here) */
     Py_DECREF(s);
     return r;
 }

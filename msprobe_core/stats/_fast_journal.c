@@ -44,8 +44,8 @@
 
 typedef struct { PyObject *seen[M_REFS]; int n; } mrefs_t;
 
-/* v as 4 little-endian bytes, then one byte: stored in place where b has room (``m_frame`` makes it for its
- * items), through ``text_put`` otherwise. */
+/* v as 4 little-endian bytes (``m_le32``), or one byte (``m_byte``), stored in place where b has room (``m_frame``
+ * makes it for its items), through ``text_put`` otherwise. */
 static inline int m_le32(text_t *b, uint32_t v) {
     unsigned char c[4] = {(unsigned char)v, (unsigned char)(v >> 8), (unsigned char)(v >> 16), (unsigned char)(v >> 24)};
     if (b->len + 4 > b->cap) return text_put(b, (const char *)c, 4);

@@ -511,8 +511,9 @@ static PyTypeObject EntryType = {
 
 /* A growing UTF-8 text. ``text_put`` takes ASCII (or bytes never made a str: the journal's frames); the text of a
  * str goes by ``text_put_str``, which notes one that is not ASCII (``wide``). ``text_str`` then makes a str of it
- * as ``PyUnicode_DecodeUTF8`` would, without its pass over every byte when nothing wide was put. */
-typedef struct { char *p; Py_ssize_t len, cap; int wide; char small[512]; } text_t;
+ * as ``PyUnicode_DecodeUTF8`` would, without its pass over every byte when nothing wide was put. ``small``, on the
+ * caller's stack, holds a usual record's text and journal frame (about 1 KB) with no allocation. */
+typedef struct { char *p; Py_ssize_t len, cap; int wide; char small[4096]; } text_t;
 
 static void text_init(text_t *b) { b->p = b->small; b->len = 0; b->cap = sizeof(b->small); b->wide = 0; }
 static void text_free(text_t *b) { if (b->p != b->small) PyMem_Free(b->p); }
