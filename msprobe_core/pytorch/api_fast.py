@@ -106,7 +106,7 @@ class FastApi:
                 records._construct, NO_PARENT, svc._on_api_call, partial(_end_as_dict, svc), _graph_task_id,
                 _is_grad_enabled, guard.__enter__, guard.__exit__, _stack_len, _stack_pop, _stack_push,
                 self._grad_env(guard), _plain_vars(svc, ("_recording", "dumping_thread", "recorder")),
-                _plain_vars(records, ("step_state",)))
+                _plain_vars(records, ("step_state",)), _plain_vars(svc.patcher, ("_mode",)))
 
     def _grad_env(self, guard: Any) -> Optional[tuple]:
         """What a call with autograd on reads in C (``_fast_gradapi.c``'s G_* order: ``on_api_call``'s

@@ -22,10 +22,10 @@
 enum {
     ENV_SVC, ENV_TLS, ENV_RECORDS, ENV_RT, ENV_PATCHER, ENV_CAPTURE, ENV_INTERNED, ENV_CONSTRUCT, ENV_NO_PARENT,
     ENV_ON_API_CALL, ENV_END_DICT, ENV_GRAPH_TASK, ENV_GRAD_ENABLED, ENV_TF_OFF, ENV_TF_ON,
-    ENV_STACK_LEN, ENV_STACK_POP, ENV_STACK_PUSH, ENV_GRAD, ENV_SVC_VARS, ENV_RECORDS_VARS, ENV_N
+    ENV_STACK_LEN, ENV_STACK_POP, ENV_STACK_PUSH, ENV_GRAD, ENV_SVC_VARS, ENV_RECORDS_VARS, ENV_PATCHER_VARS, ENV_N
 };  /* ENV_GRAD: what a call with autograd on reads (_fast_gradapi.c's G_*), or None: ``on_api_call`` takes it;
-     * ENV_SVC_VARS, ENV_RECORDS_VARS: the service's and the records' instance dicts, where the attributes read here
-     * live (``ac_attr``), or None */
+     * ENV_SVC_VARS, ENV_RECORDS_VARS, ENV_PATCHER_VARS: the service's, the records' and the patcher's instance dicts,
+     * where the attributes read here live (``ac_attr``), or None */
 
 #define AC_MEMO 4 /* the stacks an API was called from lately, known by their keys (``ac_stack``) */
 
@@ -35,10 +35,13 @@ typedef struct {
     PyObject *stack; /* NULL: an empty place */
 } StackMemo;
 
+#define AC_NAMES_KEPT (1 << 14) /* the record names an API keeps (``ac_name``): its first calls of a step */
+
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
     PyObject *original, *key, *env;
+    PyObject *names[2]; /* lists: "{key}.{n}.forward" and "{key}.{n}.backward" at n (``ac_name``) */
     StackMemo memo[AC_MEMO];
     int memo_next; /* the place the next stack takes */
 } ApiCallObject;
@@ -166,7 +169,7 @@ static PyObject *ac_put_text(PyObject *rec, PyObject *name, PyObject *text, PyOb
 /* original(*args, **kwargs) with the operator mode popped while it is the innermost TorchFunctionMode (it would
  * only pass the call through again): ``ApiPatcher.call``. */
 static PyObject *ac_original(PyObject **env, PyObject *original, PyObject *args, PyObject *kwargs) {
-    PyObject *mode = PyObject_GetAttr(env[ENV_PATCHER], S_mode);
+    PyObject *mode = ac_attr(env[ENV_PATCHER], env[ENV_PATCHER_VARS], S_mode);
     if (mode == NULL) return NULL;
     int popped = 0;
     if (mode != Py_None) {
@@ -235,8 +238,50 @@ static int ac_gate(PyObject **env) {
     return on < 0 ? -1 : on ? 2 : 1;
 }
 
-/* The record's name "{key}.{n}.forward", the step's counter of key taken (n). */
-static PyObject *ac_name(PyObject **env, PyObject *key, PyObject **n) {
+/* "{key}.{n}.forward" (backward 0) or "{key}.{n}.backward" (1), a new reference: made at n the first time and kept
+ * at n in the API's list of names (None where none was made yet), the same str every step since (its hash computed
+ * once: the record's dicts would hash a new one at every insert); a count that is no int from 0 on, or from
+ * ``AC_NAMES_KEPT`` on, made by a format string each time. NULL with an error. */
+static PyObject *ac_name_at(ApiCallObject *self, PyObject *n, int backward) {
+    PyObject *key = PyTuple_GET_ITEM(self->key, 0), *names = self->names[backward];
+    long long c = PyLong_Check(n) ? PyLong_AsLongLong(n) : -1;
+    if (c == -1 && PyErr_Occurred()) PyErr_Clear();
+    if (c >= 0 && c < PyList_GET_SIZE(names) && PyList_GET_ITEM(names, c) != Py_None)
+        return Py_NewRef(PyList_GET_ITEM(names, c));
+    Py_ssize_t klen;
+    const char *k = PyUnicode_AsUTF8AndSize(key, &klen);
+    if (k == NULL) return NULL;
+    if (c < 0 || c >= AC_NAMES_KEPT || klen >= 200)
+        return PyUnicode_FromFormat(backward ? "%U.%S.backward" : "%U.%S.forward", key, n);
+    static const char forward_tail[] = ".forward", backward_tail[] = ".backward";
+    const char *tail = backward ? backward_tail : forward_tail;
+    Py_ssize_t ntail = backward ? (Py_ssize_t)sizeof(backward_tail) - 1 : (Py_ssize_t)sizeof(forward_tail) - 1;
+    char digits[24], buf[256];
+    int nd = 0;
+    for (long long d = c; nd == 0 || d > 0; d /= 10) digits[nd++] = (char)('0' + d % 10);
+    Py_ssize_t len = klen;
+    memcpy(buf, k, klen);
+    buf[len++] = '.';
+    while (nd > 0) buf[len++] = digits[--nd];
+    memcpy(buf + len, tail, (size_t)ntail);
+    len += ntail;
+    PyObject *name;
+    if (PyUnicode_IS_ASCII(key)) {  /* the usual key: the text as it is, not decoded */
+        name = PyUnicode_New(len, 127);
+        if (name != NULL) memcpy(PyUnicode_1BYTE_DATA(name), buf, (size_t)len);
+    } else {
+        name = PyUnicode_DecodeUTF8(buf, len, NULL);
+    }
+    if (name == NULL) return NULL;
+    while (PyList_GET_SIZE(names) <= c)
+        if (PyList_Append(names, Py_None) < 0) { Py_DECREF(name); return NULL; }
+    PyList_SetItem(names, c, Py_NewRef(name));  /* (in range: it cannot fail) */
+    return name;
+}
+
+/* The record's name "{key}.{n}.forward" (``ac_name_at``), the step's counter of key taken (n). */
+static PyObject *ac_name(ApiCallObject *self, PyObject **env, PyObject **n) {
+    PyObject *key = PyTuple_GET_ITEM(self->key, 0);
     PyObject *state = ac_attr(env[ENV_RECORDS], env[ENV_RECORDS_VARS], S_step_state);
     if (state == NULL) return NULL;
     PyObject *counters = PyObject_GetAttr(state, S_counters);
@@ -258,31 +303,7 @@ static PyObject *ac_name(PyObject **env, PyObject *key, PyObject **n) {
     next = PyNumber_Add(count, ONE);
     if (next == NULL || (PyDict_CheckExact(counters) ? PyDict_SetItem(counters, key, next)
                                                      : PyObject_SetItem(counters, key, next)) < 0) goto done;
-    long long c = PyLong_Check(count) ? PyLong_AsLongLong(count) : -1;
-    Py_ssize_t klen;
-    const char *k = PyUnicode_AsUTF8AndSize(key, &klen);
-    if (k == NULL) goto done;
-    if (c >= 0 && klen < 200) {  /* the usual case, without a format string */
-        static const char tail[] = ".forward";
-        char digits[24], buf[256];
-        int nd = 0;
-        do { digits[nd++] = (char)('0' + c % 10); c /= 10; } while (c > 0);
-        Py_ssize_t len = klen;
-        memcpy(buf, k, klen);
-        buf[len++] = '.';
-        while (nd > 0) buf[len++] = digits[--nd];
-        memcpy(buf + len, tail, sizeof(tail) - 1);
-        len += (Py_ssize_t)sizeof(tail) - 1;
-        if (PyUnicode_IS_ASCII(key)) {  /* the usual key: the text as it is, not decoded */
-            name = PyUnicode_New(len, 127);
-            if (name != NULL) memcpy(PyUnicode_1BYTE_DATA(name), buf, (size_t)len);
-        } else {
-            name = PyUnicode_DecodeUTF8(buf, len, NULL);
-        }
-    } else {
-        PyErr_Clear();
-        name = PyUnicode_FromFormat("%U.%S.forward", key, count);
-    }
+    name = ac_name_at(self, count, 0);
     if (name != NULL) { *n = count; count = NULL; }
 done:
     Py_DECREF(counters);
@@ -411,6 +432,7 @@ static PyObject *ac_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
         || !PyDict_Check(PyTuple_GET_ITEM(env, ENV_INTERNED))
         || (PyTuple_GET_ITEM(env, ENV_SVC_VARS) != Py_None && !PyDict_Check(PyTuple_GET_ITEM(env, ENV_SVC_VARS)))
         || (PyTuple_GET_ITEM(env, ENV_RECORDS_VARS) != Py_None && !PyDict_Check(PyTuple_GET_ITEM(env, ENV_RECORDS_VARS)))
+        || (PyTuple_GET_ITEM(env, ENV_PATCHER_VARS) != Py_None && !PyDict_Check(PyTuple_GET_ITEM(env, ENV_PATCHER_VARS)))
         || (PyTuple_GET_ITEM(env, ENV_GRAD) != Py_None && !ag_valid(PyTuple_GET_ITEM(env, ENV_GRAD)))) {
         PyErr_SetString(PyExc_TypeError, "ApiCall(original, (key, prefix, api), env): see _fast_api.c");
         return NULL;
@@ -421,18 +443,24 @@ static PyObject *ac_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     self->original = Py_NewRef(original);
     self->key = Py_NewRef(key);
     self->env = Py_NewRef(env);
+    if ((self->names[0] = PyList_New(0)) == NULL || (self->names[1] = PyList_New(0)) == NULL) {
+        Py_DECREF(self);
+        return NULL;
+    }
     /* (the memo's places empty: tp_alloc zeroes the object) */
     return (PyObject *)self;
 }
 
 static int ac_traverse(ApiCallObject *self, visitproc visit, void *arg) {
     Py_VISIT(self->original); Py_VISIT(self->key); Py_VISIT(self->env);
+    Py_VISIT(self->names[0]); Py_VISIT(self->names[1]);
     for (int i = 0; i < AC_MEMO; i++) Py_VISIT(self->memo[i].stack);
     return 0;
 }
 
 static int ac_clear(ApiCallObject *self) {
     Py_CLEAR(self->original); Py_CLEAR(self->key); Py_CLEAR(self->env);
+    Py_CLEAR(self->names[0]); Py_CLEAR(self->names[1]);
     for (int i = 0; i < AC_MEMO; i++) {
         PyMem_Free(self->memo[i].key);
         self->memo[i].key = NULL;
@@ -519,6 +547,21 @@ static PyObject *mp_vectorcall(ModePassObject *self, PyObject *const *argv, size
     }
     return PyObject_Vectorcall(self->record, argv, nargsf, kwnames);
 }
+static PyObject *S_torch_function;
+
+/* The mode class's ``tp_getattr`` (set by ``mp_new``): getattr(obj, name) with the name as a str, the interned
+ * "__torch_function__" for that one. torch looks the mode's ``__torch_function__`` up by a C string for every call
+ * the mode sees (``PyObject_FastGetAttrString``), through ``tp_getattr`` where the type has one, else with a new
+ * str each time: hashed anew, missing the type's attribute cache, the mode's classes searched one by one (about
+ * 1,000 instructions a call). The answer is getattr's either way. */
+static PyObject *mp_mode_getattr(PyObject *obj, char *name) {
+    PyObject *s = strcmp(name, "__torch_function__") == 0 ? Py_NewRef(S_torch_function) : PyUnicode_FromString(name);
+    if (s == NULL) return NULL;
+    PyObject *r = PyObject_GetAttr(obj, s);  /* (by tp_getattro: a str's getattr never comes back here) */
+    Py_DECREF(s);
+    return r;
+}
+
 static PyObject *mp_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     PyObject *funcs, *record, *dynamo = Py_None;
     if (kwds != NULL && PyDict_GET_SIZE(kwds)) {
@@ -538,6 +581,9 @@ static PyObject *mp_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     self->dynamo = Py_NewRef(dynamo);
     self->owner = PyObject_GetAttrString(record, "__self__");  /* torch checks handler.__self__ is the mode */
     if (self->owner == NULL) { Py_DECREF(self); return NULL; }
+    PyTypeObject *mode = Py_TYPE(self->owner);  /* a Python class (a C type keeps its own slots) */
+    if (PyType_HasFeature(mode, Py_TPFLAGS_HEAPTYPE) && mode->tp_getattr == NULL && mode->tp_getattro != NULL)
+        mode->tp_getattr = mp_mode_getattr;
     return (PyObject *)self;
 }
 
@@ -584,7 +630,7 @@ static int add_api_call(PyObject *m) {
     INTERN(S_other_thread, "_other_thread") INTERN(S_step_state, "step_state") INTERN(S_counters, "counters")
     INTERN(S_recorder, "recorder") INTERN(S_open_step, "_open_step") INTERN(S_module_stack, "module_stack")
     INTERN(S_mode, "_mode") INTERN(S_reserve, "reserve")
-    INTERN(S_put_text, "put_text") INTERN(S_error, "_error")
+    INTERN(S_put_text, "put_text") INTERN(S_error, "_error") INTERN(S_torch_function, "__torch_function__")
 #undef INTERN
     if ((ac_forget_fn = PyCFunction_New(&ac_forget_def, NULL)) == NULL) return -1;
     if (add_tool_depth() < 0 || (EMPTY = PyTuple_New(0)) == NULL || (ZERO = PyLong_FromLong(0)) == NULL

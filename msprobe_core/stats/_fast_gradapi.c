@@ -556,11 +556,6 @@ static int ag_valid(PyObject *grad) {
            && (PyTuple_GET_ITEM(grad, G_OWN) == Py_None || Py_TYPE(PyTuple_GET_ITEM(grad, G_OWN)) == &OwnGradsType);
 }
 
-/* "{key}.{n}.backward" */
-static PyObject *ag_backward_name(PyObject *key, PyObject *n) {
-    return PyUnicode_FromFormat("%U.%S.backward", key, n);
-}
-
 /* The fast route of a call that passed the gates (``api_call`` after its gates): ``autograd``, a call autograd
  * records (``ApiCall``'s third way: the backward record's sizes, edges and hooks as well). */
 static PyObject *ac_record(ApiCallObject *self, PyObject **env, PyObject *args, PyObject *kwargs, int autograd) {
@@ -585,10 +580,10 @@ static PyObject *ac_record(ApiCallObject *self, PyObject **env, PyObject *args, 
     PyObject *n = NULL, *rec = NULL, *stack = NULL, *parent = NULL, *out = NULL, *backward = NULL;
     PyObject *edges = Py_NewRef(Py_None);
     int grad = autograd && g[G_BACKWARD] == Py_True;
-    PyObject *name = ac_name(env, key, &n);
+    PyObject *name = ac_name(self, env, &n);
     if (name == NULL) goto fail;
     if (ac_where(self, env, &rec, &stack, &parent) < 0
-        || (autograd && (backward = ag_backward_name(key, n)) == NULL)
+        || (autograd && (backward = ac_name_at(self, n, 1)) == NULL)
         || (grad && (ac_tf(env[ENV_TF_OFF], 0, 0) < 0
                      || ac_tf(env[ENV_TF_ON], 1, ag_begin(g, env[ENV_RECORDS], backward, args, kwargs, &edges)) < 0))) {
         if (ac_report(svc, name) < 0) goto fail;  /* the tool must never break the user's call */
@@ -611,13 +606,13 @@ static PyObject *ac_record(ApiCallObject *self, PyObject **env, PyObject *args, 
         rc = ac_text(env, &b, NULL, NULL, out);
         PyObject *r = NULL;
         if (rc == NO_TEXT) {  /* an output the C text does not read: the usual end makes it a dict */
-            PyObject *head = PyUnicode_DecodeUTF8(b.p, head_len, NULL);
+            PyObject *head = text_str(&b, head_len);
             if (head != NULL)
                 r = PyObject_CallFunctionObjArgs(env[ENV_END_DICT], key, name, n, head, rec, stack, parent, out,
                                                  edges, grad ? Py_True : Py_False, NULL);
             Py_XDECREF(head);
         } else if (rc == 0) {  /* nothing was recorded during the call: its place is taken now */
-            PyObject *text = PyUnicode_DecodeUTF8(b.p, b.len, NULL);
+            PyObject *text = text_str(&b, b.len);
             r = text == NULL ? NULL : ac_put_text(rec, name, text, stack, parent);
             Py_XDECREF(text);
             if (r != NULL && grad) {

@@ -44,12 +44,21 @@
 
 typedef struct { PyObject *seen[M_REFS]; int n; } mrefs_t;
 
-static int m_le32(text_t *b, uint32_t v) {
+/* v as 4 little-endian bytes (``m_le32``), or one byte (``m_byte``), stored in place where b has room (``m_frame``
+ * makes it for its items), through ``text_put`` otherwise. */
+static inline int m_le32(text_t *b, uint32_t v) {
     unsigned char c[4] = {(unsigned char)v, (unsigned char)(v >> 8), (unsigned char)(v >> 16), (unsigned char)(v >> 24)};
-    return text_put(b, (const char *)c, 4);
+    if (b->len + 4 > b->cap) return text_put(b, (const char *)c, 4);
+    memcpy(b->p + b->len, c, 4);
+    b->len += 4;
+    return 0;
 }
 
-static int m_byte(text_t *b, unsigned char c) { return text_put(b, (const char *)&c, 1); }
+static inline int m_byte(text_t *b, unsigned char c) {
+    if (b->len == b->cap) return text_put(b, (const char *)&c, 1);
+    b->p[b->len++] = (char)c;
+    return 0;
+}
 
 static int m_object(text_t *b, mrefs_t *r, PyObject *v);
 
@@ -113,10 +122,12 @@ static int m_object(text_t *b, mrefs_t *r, PyObject *v) {
 /* The frame of the tuple of items[0..n) (length prefix, then marshal's bytes) appended to b: 0, or -1 with an
  * error. */
 static int m_frame(text_t *b, PyObject *const *items, Py_ssize_t n) {
-    Py_ssize_t start = b->len;
+    Py_ssize_t start = b->len, room = 6;  /* the frame's length and the tuple's head; then each item's most */
+    for (Py_ssize_t i = 0; i < n; i++)  /* (a str: 5 bytes before its text; others 5 at most, a skeleton more) */
+        room += PyUnicode_CheckExact(items[i]) && PyUnicode_IS_ASCII(items[i]) ? 5 + PyUnicode_GET_LENGTH(items[i]) : 5;
     mrefs_t refs = {.n = 1};  /* the tuple itself is reference 0 */
     refs.seen[0] = NULL;
-    int rc = m_le32(b, 0);
+    int rc = text_room(b, room) < 0 ? -1 : m_le32(b, 0);
     if (rc == 0) rc = m_byte(b, ')' | M_FLAG_REF) < 0 ? -1 : m_byte(b, (unsigned char)n);
     for (Py_ssize_t i = 0; i < n && rc == 0; i++) rc = m_object(b, &refs, items[i]);
     if (rc > 0) {  /* marshal's own writer, on a tuple held twice as in the Python route */
@@ -287,6 +298,9 @@ static PyTypeObject JournalLockType = {
     .tp_methods = jl_methods,
 };
 
+#define TJ_MEMO_BITS 6 /* 64 stacks a TextJournal knows the sids of (a step's records come from a few call sites) */
+#define TJ_MEMO (1 << TJ_MEMO_BITS)
+
 /* TextJournal's object fields */
 #define TJ_OBJECTS(X) X(recorder) X(data) X(construct) X(stacks) X(journaled) X(queued) X(counter) X(lock) \
                       X(journal) X(append) X(text_fields) X(put_field) X(field_keys)
@@ -297,6 +311,8 @@ typedef struct {
     Py_ssize_t count;
     int dir_ready;  /* the recorder's ``_dir_ready`` seen true (it never turns false again): not read any more */
     int journal_base;  /* journal is a JournalBase (checked once, when it is set) */
+    /* Stacks whose sid is in the journaled set, and that sid, at a place of their address (``tj_stack_sid``) */
+    PyObject *memo_stack[TJ_MEMO], *memo_sid[TJ_MEMO];
 } TextJournalObject;
 
 /* The Journal the recorder writes, or None (``journal``: NULL only once cleared) */
@@ -425,6 +441,35 @@ static PyObject *tj_reserve(TextJournalObject *self, PyObject *const *args, Py_s
     return seq;
 }
 
+/* The memo's place of a stack: its address's bits mixed (Fibonacci hashing: objects of one size class lie at
+ * multiples of their size, whose low bits alone would share a few places). */
+static inline size_t tj_memo_at(PyObject *stack) {
+    return (size_t)(((uint64_t)(uintptr_t)stack * 0x9E3779B97F4A7C15ull) >> (64 - TJ_MEMO_BITS));
+}
+
+/* stack, whose sid is in the journaled set, kept in the memo. */
+static void tj_stack_known(TextJournalObject *self, PyObject *stack, PyObject *sid) {
+    size_t at = tj_memo_at(stack);
+    Py_XSETREF(self->memo_stack[at], Py_NewRef(stack));
+    Py_XSETREF(self->memo_sid[at], Py_NewRef(sid));
+}
+
+/* *sid = stack.sid (a new reference): 1 when it is in the journaled set, 0 when not, -1 with an error. A stack
+ * known journaled is answered from the memo: its sid is not read again, nor looked up in the set (a set that only
+ * grows, of sids a stack keeps). */
+static int tj_stack_sid(TextJournalObject *self, PyObject *stack, PyObject **sid) {
+    size_t at = tj_memo_at(stack);
+    if (self->memo_stack[at] == stack) {
+        *sid = Py_NewRef(self->memo_sid[at]);
+        return 1;
+    }
+    *sid = PyObject_GetAttr(stack, S_SID);
+    if (*sid == NULL) return -1;
+    int known = PySet_Contains(self->journaled, *sid);
+    if (known > 0) tj_stack_known(self, stack, *sid);
+    return known;
+}
+
 static PyObject *tj_put_text(TextJournalObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     static const char *const names[] = {"name", "text", "seq", "stack", "parent"};
     PyObject *a[5] = {NULL, NULL, NULL, Py_None, Py_False};  /* parent: NO_PARENT */
@@ -462,12 +507,11 @@ static PyObject *tj_put_text(TextJournalObject *self, PyObject *const *args, Py_
     int journaling = TJ_JOURNAL(self) != Py_None;  /* (the recorder's ``_journal``: not finished) */
     if (stack != Py_None) {
         if (PyDict_SetItem(self->stacks, name, stack) < 0) goto done;
-        sid = PyObject_GetAttr(stack, S_SID);
-        if (sid == NULL) goto done;
-        int known = PySet_Contains(self->journaled, sid);
+        int known = tj_stack_sid(self, stack, &sid);
         if (known < 0) goto done;
         if (!known && journaling) {  /* the stack's frame first (once per distinct stack) */
             if (PySet_Add(self->journaled, sid) < 0) goto done;
+            tj_stack_known(self, stack, sid);
             PyObject *frames = PyObject_GetAttr(stack, S_FRAMES);
             PyObject *listed = frames ? PySequence_List(frames) : NULL;
             Py_XDECREF(frames);
@@ -722,11 +766,13 @@ static PyObject *tj_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
 
 static int tj_traverse(TextJournalObject *self, visitproc visit, void *arg) {
     TJ_OBJECTS(RT_VISIT)
+    for (int i = 0; i < TJ_MEMO; i++) { Py_VISIT(self->memo_stack[i]); Py_VISIT(self->memo_sid[i]); }
     return 0;
 }
 
 static int tj_clear(TextJournalObject *self) {
     TJ_OBJECTS(RT_CLEAR)
+    for (int i = 0; i < TJ_MEMO; i++) { Py_CLEAR(self->memo_stack[i]); Py_CLEAR(self->memo_sid[i]); }
     return 0;
 }
 

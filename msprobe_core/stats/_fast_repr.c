@@ -468,14 +468,27 @@ static inline int ryu_length(uint64_t v) {
     return t + (v >= RYU_POW10[t]);
 }
 
-/* v's n decimal digits into d[0..n), two at a time. */
+static const char RYU_PAIRS[201] =
+    "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
+    "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
+    "8081828384858687888990919293949596979899";
+
+/* x < 10^8's eight digits (leading zeros included) into d[0..8), in 32-bit arithmetic (a 64-bit division by a
+ * constant is a 128-bit multiplication; these are 64-bit ones). */
+static inline void ryu_digits8(uint32_t x, char *d) {
+    uint32_t hi = x / 10000, lo = x % 10000;
+    memcpy(d, RYU_PAIRS + 2 * (hi / 100), 2);
+    memcpy(d + 2, RYU_PAIRS + 2 * (hi % 100), 2);
+    memcpy(d + 4, RYU_PAIRS + 2 * (lo / 100), 2);
+    memcpy(d + 6, RYU_PAIRS + 2 * (lo % 100), 2);
+}
+
+/* v's n decimal digits into d[0..n): the last eight at a time while v has more, then two at a time. */
 static inline void ryu_digits(uint64_t v, int n, char *d) {
-    static const char pairs[201] =
-        "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
-        "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
-        "8081828384858687888990919293949596979899";
-    for (; n >= 2; n -= 2, v /= 100) memcpy(d + n - 2, pairs + 2 * (v % 100), 2);
-    if (n) d[0] = (char)('0' + v);
+    for (; n > 8; n -= 8, v /= 100000000) ryu_digits8((uint32_t)(v % 100000000), d + n - 8);
+    uint32_t x = (uint32_t)v;
+    for (; n >= 2; n -= 2, x /= 100) memcpy(d + n - 2, RYU_PAIRS + 2 * (x % 100), 2);
+    if (n) d[0] = (char)('0' + x);
 }
 
 /* x (finite) as Python's repr writes it, appended to b: 0, or -1 with an error. */

@@ -509,13 +509,17 @@ static PyTypeObject EntryType = {
     .tp_getset = entry_getset,
 };
 
-/* A growing UTF-8 text. */
-typedef struct { char *p; Py_ssize_t len, cap; char small[512]; } text_t;
+/* A growing UTF-8 text. ``text_put`` takes ASCII (or bytes never made a str: the journal's frames); the text of a
+ * str goes by ``text_put_str``, which notes one that is not ASCII (``wide``). ``text_str`` then makes a str of it
+ * as ``PyUnicode_DecodeUTF8`` would, without its pass over every byte when nothing wide was put. ``small``, on the
+ * caller's stack, holds a usual record's text and journal frame (about 1 KB) with no allocation. */
+typedef struct { char *p; Py_ssize_t len, cap; int wide; char small[4096]; } text_t;
 
-static void text_init(text_t *b) { b->p = b->small; b->len = 0; b->cap = sizeof(b->small); }
+static void text_init(text_t *b) { b->p = b->small; b->len = 0; b->cap = sizeof(b->small); b->wide = 0; }
 static void text_free(text_t *b) { if (b->p != b->small) PyMem_Free(b->p); }
 
-static int text_put(text_t *b, const char *s, Py_ssize_t n) {
+/* Room in b for n more bytes: 0, or -1 with an error. */
+static int text_room(text_t *b, Py_ssize_t n) {
     if (b->len + n > b->cap) {
         Py_ssize_t cap = b->cap;
         while (b->len + n > cap) cap *= 2;
@@ -526,6 +530,11 @@ static int text_put(text_t *b, const char *s, Py_ssize_t n) {
         b->p = p;
         b->cap = cap;
     }
+    return 0;
+}
+
+static int text_put(text_t *b, const char *s, Py_ssize_t n) {
+    if (text_room(b, n) < 0) return -1;
     memcpy(b->p + b->len, s, (size_t)n);
     b->len += n;
     return 0;
@@ -536,11 +545,22 @@ static int text_put(text_t *b, const char *s, Py_ssize_t n) {
 static int text_put_str(text_t *b, PyObject *s) {
     Py_ssize_t n;
     const char *u = PyUnicode_AsUTF8AndSize(s, &n);
-    return u == NULL ? -1 : text_put(b, u, n);
+    if (u == NULL) return -1;
+    b->wide |= !PyUnicode_IS_ASCII(s);
+    return text_put(b, u, n);
 }
 
+/* The str of b's first len bytes (a new reference), or NULL with an error. */
+static PyObject *text_str(const text_t *b, Py_ssize_t len) {
+    if (b->wide) return PyUnicode_DecodeUTF8(b->p, len, NULL);
+    PyObject *s = PyUnicode_New(len, 127);
+    if (s != NULL) memcpy(PyUnicode_1BYTE_DATA(s), b->p, (size_t)len);
+    return s;
+}
+
+/* b's str (``text_str``), b freed. */
 static PyObject *text_finish(text_t *b) {
-    PyObject *s = PyUnicode_DecodeUTF8(b->p, b->len, NULL);
+    PyObject *s = text_str(b, b->len);
     text_free(b);
     return s;
 }
@@ -938,10 +958,11 @@ static int evict_oldest(RecordTextObject *self) {
 }
 
 /* ``Summarizer._entry``: the cached entry of this version of t, or a new one (the oldest dropped beyond
- * cache_size). A new reference, or NULL with an error. */
+ * cache_size). ``absent``: the cache was just seen to hold nothing under key (not looked up again). A new
+ * reference, or NULL with an error. */
 static EntryObject *find_entry(RecordTextObject *self, PyObject *t, PyObject *key, long long version,
-                               unsigned long long ptr) {
-    PyObject *found = PyDict_GetItemWithError(self->cache, key);
+                               unsigned long long ptr, int absent) {
+    PyObject *found = absent ? NULL : PyDict_GetItemWithError(self->cache, key);
     if (found == NULL && !PyErr_Occurred()) found = PyDict_GetItemWithError(self->saved, key);
     if (found == NULL && PyErr_Occurred()) return NULL;
     if (found != NULL && Py_TYPE(found) == &EntryType) {
@@ -1010,7 +1031,7 @@ static int put_tensor(RecordTextObject *self, text_t *b, PyObject *t, int fallba
             Py_DECREF(key);
             return fallback ? put_fallback(self, b, t) : NO_TEXT;
         }
-        e = find_entry(self, t, key, version, ptr);
+        e = find_entry(self, t, key, version, ptr, found == NULL);
         if (e == NULL) goto done;
         if (e->text == NULL || e->text == Py_None) {
             PyObject *body = make_body(self, t, e, dtype, code);
