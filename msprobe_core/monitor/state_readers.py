@@ -19,6 +19,7 @@ no piece); rows are combined in sorted-name order.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from operator import is_
 from typing import Any, Mapping, Sequence
 
 import torch
@@ -110,15 +111,21 @@ class TorchStateReader(StateReader):
             return out
         # torch's state is keyed by the parameters: looked up by identity, without a Python Tensor.__hash__ each
         if isinstance(state, dict):
-            by_id = {id(p): s for p, s in state.items()}
-            found = list(map(by_id.get, map(id, params.values())))
+            if len(state) == len(params) and all(map(is_, state, params.values())):
+                found = list(state.values())  # the usual optimizer: its state holds the parameters in their order
+            else:
+                by_id = {id(p): s for p, s in state.items()}
+                found = list(map(by_id.get, map(id, params.values())))
         else:
             found = [state.get(p) for p in params.values()]
-        named = [(name, s) for name, s in zip(params, found) if s]
-        names, states = [name for name, _ in named], [s for _, s in named]
+        if all(found):  # every parameter has a state (after the first step)
+            names, states = list(params), found
+        else:
+            named = [(name, s) for name, s in zip(params, found) if s]
+            names, states = [name for name, _ in named], [s for _, s in named]
         columns = {key: _column(names, states, key) for key in STATE_KINDS}
         if columns["exp_avg"] and columns["momentum_buffer"]:  # both report exp_avg: per parameter, as they come
-            for name, s in named:
+            for name, s in zip(names, states):
                 for key, kind in STATE_KINDS.items():
                     t = s.get(key)
                     if isinstance(t, torch.Tensor):
@@ -126,7 +133,7 @@ class TorchStateReader(StateReader):
             return out
         # one column per kind, the kinds in the order the loop above meets them
         wanted = {STATE_KINDS[key] for key, column in columns.items() if column}
-        for name, s in named:
+        for name, s in zip(names, states):
             for key, kind in STATE_KINDS.items():
                 if kind not in out and name in columns[key]:
                     out[kind] = columns[key]

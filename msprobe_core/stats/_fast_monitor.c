@@ -96,23 +96,30 @@ static PyObject *acore_row(ActivationCoreObject *core, void *p, Py_ssize_t n, lo
     return mon_int(first);
 }
 
+/* Room for `extra` more items in StepCollector's flat entries list (a list exactly), its storage grown by doubling
+ * where it is full (a step's entries, tens of thousands of items, are moved a few times, not at every eighth that
+ * list.append or a slice assignment adds). 0, or -1 with an error. */
+static int entries_reserve(PyListObject *entries, Py_ssize_t extra) {
+    Py_ssize_t need = Py_SIZE(entries) + extra;
+    if (need <= entries->allocated) return 0;
+    Py_ssize_t cap = 2 * need;
+    PyObject **items = PyMem_Realloc(entries->ob_item, (size_t)cap * sizeof(PyObject *));
+    if (items == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    entries->ob_item = items;
+    entries->allocated = cap;
+    return 0;
+}
+
 /* One entry (StepCollector's flat list: kind, name, module, micro, numel, slot, alias, external) appended: its
- * eight items set in place, the list's storage grown by doubling where it is full (a step's entries, tens of
- * thousands of items, are moved a few times, not at every eighth that list.append adds). */
+ * eight items set in place (entries_reserve). */
 static int acore_entry(ActivationCoreObject *core, PyObject *kind, PyObject *name, PyObject *module, PyObject *micro,
                     Py_ssize_t n, PyObject *slot, int alias, int external) {
     PyListObject *entries = (PyListObject *)core->entries;
     Py_ssize_t at = Py_SIZE(entries);
-    if (at + 8 > entries->allocated) {
-        Py_ssize_t cap = 2 * (at + 8);
-        PyObject **items = PyMem_Realloc(entries->ob_item, (size_t)cap * sizeof(PyObject *));
-        if (items == NULL) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        entries->ob_item = items;
-        entries->allocated = cap;
-    }
+    if (entries_reserve(entries, 8) < 0) return -1;
     PyObject *numel = mon_int(n);
     if (numel == NULL) return -1;
     PyObject *items[8] = {Py_NewRef(kind), Py_NewRef(name), Py_NewRef(module), Py_NewRef(micro), numel,
@@ -403,11 +410,12 @@ static int fs_tensor_hook(ActivationCoreObject *core, PyObject *t, PyObject *hoo
 }
 
 /* The work of one leaf of the usual call (``_on_forward``'s loop body), key its identity (a new reference, taken
- * here): 0, or -1 with an error. p is NULL for a known activation whose memory is not read again (fs_known). */
+ * here): 0, or -1 with an error. p is NULL for a known activation whose memory is not read again (fs_known); found:
+ * the activation fs_known found under key (a strong reference, kept by the caller), not looked up again, or NULL. */
 static int fs_leaf(ForwardSiteObject *s, PyObject *seen, PyObject *state, PyObject *micro, PyObject *t, int i,
-                   void *p, Py_ssize_t n, long code, PyObject *key) {
+                   void *p, Py_ssize_t n, long code, PyObject *key, ActivationObject *found) {
     ActivationCoreObject *core = (ActivationCoreObject *)s->core;
-    ActivationObject *known = (ActivationObject *)PyDict_GetItemWithError(seen, key);  /* borrowed */
+    ActivationObject *known = found != NULL ? found : (ActivationObject *)PyDict_GetItemWithError(seen, key);
     if (known == NULL && PyErr_Occurred()) { Py_DECREF(key); return -1; }
     if (known != NULL && Py_TYPE(known) == &ActivationType && PyWeakref_GetObject(known->ref) == t) {
         Py_INCREF(known);
@@ -477,7 +485,8 @@ done:
  * row there where the site wants one: then its memory is not read again and tr_plain not asked (the facts of one
  * tensor object at one data pointer and version). 1 with *n its element count (asked again, as the Python route
  * asks), 0 where not, -1 with an error; *key: its identity (a new reference), or NULL. */
-static int fs_known(ForwardSiteObject *s, PyObject *seen, PyObject *t, PyObject **key, Py_ssize_t *n) {
+static int fs_known(ForwardSiteObject *s, PyObject *seen, PyObject *t, PyObject **key, Py_ssize_t *n,
+                    ActivationObject **found) {
     ActivationCoreObject *core = (ActivationCoreObject *)s->core;
     TensorRowsObject *rows = (TensorRowsObject *)core->rows;
     if (!PyDict_CheckExact(seen) || ((PyObject *)Py_TYPE(t) != rows->tensor && (PyObject *)Py_TYPE(t) != rows->parameter))
@@ -491,7 +500,9 @@ static int fs_known(ForwardSiteObject *s, PyObject *seen, PyObject *t, PyObject 
         return 0;
     if (fs_facts(core, t, TORCH_FACT_SIZES, &f) < 0) return -1;
     *n = (Py_ssize_t)f.numel;
-    return *n > 0;
+    if (*n <= 0) return 0;
+    *found = (ActivationObject *)Py_NewRef(known);
+    return 1;
 }
 
 static PyObject *fs_fallback(ForwardSiteObject *s, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
@@ -512,6 +523,7 @@ static PyObject *fs_call(ForwardSiteObject *s, PyObject *const *args, size_t nar
     ActivationCoreObject *core = (ActivationCoreObject *)s->core;
     PyObject *module = args[0], *in = args[1], *kwargs = args[2], *out = args[3];
     PyObject *state = NULL, *seen = NULL, *micro = NULL, *gen = NULL, *ret = NULL, *keys[2] = {NULL, NULL};
+    ActivationObject *found = NULL; /* the input's activation, where fs_known found it */
     int on = fs_truth(PyObject_GetAttr(module, s_training));
     if (on <= 0) return on < 0 ? fs_fallback(s, args, nargsf, kwnames) : Py_NewRef(Py_None);
     if (!PyTuple_CheckExact(in) || PyTuple_GET_SIZE(in) != 1 || !PyDict_CheckExact(kwargs) ||
@@ -554,7 +566,7 @@ static PyObject *fs_call(ForwardSiteObject *s, PyObject *const *args, size_t nar
     long code[2] = {0, 0};
     int plain = 1;
     if (s->fwd[0] != NULL || s->bwd[0] != NULL) {
-        plain = fs_known(s, seen, x, &keys[0], &n[0]);
+        plain = fs_known(s, seen, x, &keys[0], &n[0], &found);
         if (plain == 0) plain = tr_plain((TensorRowsObject *)core->rows, x, &p[0], &n[0], &code[0]);
         else if (plain < 0) plain = 0;  /* the Python route answers (or fails) as it would */
     } else {
@@ -581,7 +593,9 @@ static PyObject *fs_call(ForwardSiteObject *s, PyObject *const *args, size_t nar
         PyObject *key = keys[i];
         keys[i] = NULL;
         if (key == NULL) key = fs_identity(core, tensors[i], (unsigned long long)(uintptr_t)p[i]);
-        if (key == NULL || fs_leaf(s, seen, state, micro, tensors[i], i, p[i], n[i], code[i], key) < 0) goto failed;
+        if (key == NULL || fs_leaf(s, seen, state, micro, tensors[i], i, p[i], n[i], code[i], key,
+                                   i == 0 ? found : NULL) < 0)
+            goto failed;
     }
     ret = Py_NewRef(Py_None);
     goto done;
@@ -603,6 +617,7 @@ done:
     Py_XDECREF(seen);
     Py_XDECREF(keys[0]);
     Py_XDECREF(keys[1]);
+    Py_XDECREF(found);
     return ret;
 }
 
@@ -714,9 +729,10 @@ static PyObject *mon_state_rows(PyObject *module, PyObject *const *args, Py_ssiz
         PyErr_SetString(PyExc_TypeError, "state_rows: rows must be a TensorRows, raw a bytearray, entries a list");
         return NULL;
     }
-    PyObject *raw = args[1], *entries = args[2], *kind = args[3], *micro = args[7];
-    PyObject *names = NULL, *modules = NULL, *ts = NULL, *added = NULL, *start = NULL, *ret = NULL;
-    Py_ssize_t first = 0, m = 0;
+    PyObject *raw = args[1], *kind = args[3], *micro = args[7];
+    PyListObject *entries = (PyListObject *)args[2];
+    PyObject *names = NULL, *modules = NULL, *ts = NULL, *start = NULL, *ret = NULL;
+    Py_ssize_t first = 0, m = 0, size = Py_SIZE(entries);
     if ((names = PySequence_Fast(args[4], "names must be a sequence")) == NULL ||
         (modules = PySequence_Fast(args[5], "modules must be a sequence")) == NULL ||
         (ts = PySequence_Fast(args[6], "tensors must be a sequence")) == NULL)
@@ -736,7 +752,8 @@ static PyObject *mon_state_rows(PyObject *module, PyObject *const *args, Py_ssiz
     }
     first = PyLong_AsSsize_t(start);
     if (first == -1 && PyErr_Occurred()) goto done;
-    if ((added = PyList_New(8 * m)) == NULL) goto undo;
+    /* the entries written in place (entries_reserve), no list of them made and copied over */
+    if (entries_reserve(entries, 8 * m) < 0) goto undo;
     const double *row = (const double *)PyByteArray_AS_STRING(raw) + first * ROW_WIDTH;
     for (Py_ssize_t i = 0; i < m; i++, row += ROW_WIDTH) {
         PyObject *numel = mon_int((Py_ssize_t)row[ROW_WIDTH - 1]), *slot = mon_int(first + i);
@@ -748,21 +765,24 @@ static PyObject *mon_state_rows(PyObject *module, PyObject *const *args, Py_ssiz
         PyObject *items[8] = {Py_NewRef(kind), Py_NewRef(PySequence_Fast_GET_ITEM(names, i)),
                               Py_NewRef(PySequence_Fast_GET_ITEM(modules, i)), Py_NewRef(micro), numel, slot,
                               Py_NewRef(Py_False), Py_NewRef(Py_False)};
-        for (int j = 0; j < 8; j++) PyList_SET_ITEM(added, 8 * i + j, items[j]);
+        for (int j = 0; j < 8; j++) entries->ob_item[size + 8 * i + j] = items[j];
+        Py_SET_SIZE(entries, size + 8 * (i + 1));
     }
-    if (PyList_SetSlice(entries, PyList_GET_SIZE(entries), PyList_GET_SIZE(entries), added) < 0) goto undo;
     ret = Py_NewRef(Py_True);
     goto done;
-undo:  /* the rows appended go again (raw holds no row without its entry); the error stays the first one */
+undo:  /* the rows and entries appended go again (raw holds no row without its entry); the error stays the first */
     {
         PyObject *exc_type, *exc, *tb;
         PyErr_Fetch(&exc_type, &exc, &tb);
         if (PyByteArray_Resize(raw, first * ROW_WIDTH * (Py_ssize_t)sizeof(double)) < 0) PyErr_Clear();
+        while (Py_SIZE(entries) > size) {
+            Py_SET_SIZE(entries, Py_SIZE(entries) - 1);
+            Py_DECREF(entries->ob_item[Py_SIZE(entries)]);
+        }
         PyErr_Restore(exc_type, exc, tb);
     }
 done:
     Py_XDECREF(start);
-    Py_XDECREF(added);
     Py_XDECREF(names);
     Py_XDECREF(modules);
     Py_XDECREF(ts);

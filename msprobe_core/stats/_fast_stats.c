@@ -1944,11 +1944,26 @@ static int shift_round(u128 hi, uint64_t lo, int t, u128 big, u128 *q) {
 static int g_float32(double x, int p, char *out) {
     double ax = fabs(x);
     if (p < 1 || p > 9 || !(ax > 0.0 && ax <= FLT_MAX) || (double)(float)x != x) return 0;
-    int E;
-    double f = frexp(ax, &E);           /* ax = f 2^E, 0.5 <= f < 1 */
-    u128 m = (u128)ldexp(f, 24);         /* exact: a float32 has at most 24 significant bits */
-    int e = E - 24;
-    int k = (int)floor((E - 1) * 0.30102999566398120);  /* log10(2^(E-1)) <= log10(ax): k or one below it */
+    /* ax = m 2^e with 2^23 <= m < 2^24 (frexp's f 2^E, f = m 2^-24, E = e + 24) read off the float32's bits, a
+     * subnormal's significand shifted up: no libm call per value */
+    float fx = (float)ax;
+    uint32_t bits;
+    memcpy(&bits, &fx, sizeof(bits));
+    int be = (int)(bits >> 23) & 0xFF;
+    uint32_t m32 = bits & 0x7FFFFF;
+    int e = -149;
+    if (be != 0) {
+        m32 |= 0x800000;
+        e = be - 150;
+    }
+    while (!(m32 & 0x800000)) {
+        m32 <<= 1;
+        e--;
+    }
+    u128 m = m32;
+    int E = e + 24;
+    /* floor((E - 1) log10(2)) <= log10(ax): k or one below it (78913 / 2^18: floor exact for |E| < 300) */
+    int k = ((E - 1) * 78913) >> 18;
     static u128 p10[39], p5[56];  /* 10^38 and 5^55 are below 2^128 */
     if (p10[0] == 0) {
         p10[0] = p5[0] = 1;
@@ -1986,10 +2001,15 @@ static int g_float32(double x, int p, char *out) {
     if (q < p10[p - 1] || q >= p10[p]) return 0;
     if (half > 0 || (half == 0 && (q & 1))) q++;
     if (q == p10[p]) { q = p10[p - 1]; k++; }
-    char dig[16];
+    char dig[16] = {0};  /* p >= 1 digits set below (zeroed: the compiler cannot tell) */
     int L = p;
     uint64_t d64 = (uint64_t)q;  /* below 10^9 */
-    for (int i = p - 1; i >= 0; i--) { dig[i] = (char)('0' + (int)(d64 % 10)); d64 /= 10; }
+    static const char pairs[] = "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
+                                "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
+                                "8081828384858687888990919293949596979899";
+    int i = p;
+    for (; i >= 2; i -= 2, d64 /= 100) memcpy(dig + i - 2, pairs + 2 * (d64 % 100), 2);  /* two digits a division */
+    if (i) dig[0] = (char)('0' + (int)d64);
     while (L > 1 && dig[L - 1] == '0') L--;
     int n = 0;
     if (x < 0) out[n++] = '-';

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import io
+import os
 from dataclasses import dataclass
 from typing import IO, Sequence
 
@@ -30,7 +31,6 @@ _STEP = "\0"
 @dataclass
 class _OpenFile:
     handle: IO[str]
-    writer: "csv._writer"  # type: ignore[name-defined]
     steps: int
     last_step: int | None
     with_micro: bool
@@ -60,16 +60,22 @@ class CsvWriter(MetricWriter):
         kinds = rows.layout.plans.get(self)
         if kinds is None:
             kinds = rows.layout.plans[self] = _kinds_of(rows.layout)
-        for kind, at in kinds:
+        for kind, at, span in kinds:
             first = at[0]
             f = self._file(kind, step, rows.layout.micros[first] is not None)
-            f.handle.write(self._lines(kind, step, rows, at, f.with_micro))
+            f.handle.write(self._lines(kind, step, rows, at, f.with_micro, span))
         self.flush()
 
-    def _lines(self, kind: str, step: int, rows: StepRows, at: np.ndarray, with_micro: bool) -> str:
-        """The lines of one kind's rows (at positions ``at`` of ``rows``) at ``step``."""
+    def _lines(self, kind: str, step: int, rows: StepRows, at: np.ndarray, with_micro: bool,
+               span: slice | None = None) -> str:
+        """The lines of one kind's rows (at positions ``at`` of ``rows``; ``span``: the same positions as a slice,
+        where they are consecutive: the values' rows are then a view, not a copy) at ``step``."""
         layout = rows.layout
-        values = np.ascontiguousarray(rows.values[at] if len(at) != len(rows) else rows.values)
+        if len(at) == len(rows):
+            values = rows.values
+        else:
+            values = rows.values[span] if span is not None else rows.values[at]
+        values = np.ascontiguousarray(values)
         key = (layout, at.tobytes(), with_micro)
         if _csv_rows is not None:  # the kernel writes the lot, from the values' buffer
             heads = self._heads.get(kind)
@@ -118,11 +124,14 @@ class CsvWriter(MetricWriter):
         if f is None:
             ctx = self.context
             last = step + (ctx.step_count_per_record - 1) * ctx.step_interval
-            ctx.rank_dir.mkdir(parents=True, exist_ok=True)
-            handle = open(ctx.rank_dir / f"{kind}_{step}-{last}.csv", "w", newline="", encoding="utf-8")
-            writer = csv.writer(handle)
-            writer.writerow(["name", "step", *(["micro_step"] if micro else []), *ctx.ops])
-            f = self._files[kind] = _OpenFile(handle, writer, 1, step, micro)
+            path = os.path.join(ctx.rank_dir, f"{kind}_{step}-{last}.csv")
+            try:  # the folder is there after the first file (a file a step and kind: no mkdir each time)
+                handle = open(path, "w", newline="", encoding="utf-8")
+            except FileNotFoundError:
+                ctx.rank_dir.mkdir(parents=True, exist_ok=True)
+                handle = open(path, "w", newline="", encoding="utf-8")
+            csv.writer(handle).writerow(["name", "step", *(["micro_step"] if micro else []), *ctx.ops])
+            f = self._files[kind] = _OpenFile(handle, 1, step, micro)
         return f
 
     def flush(self) -> None:
@@ -145,9 +154,11 @@ def _field(name: str) -> str:
     return out.getvalue()[:-2]  # less the "\r\n" line end
 
 
-def _kinds_of(layout: RowLayout) -> list[tuple[str, np.ndarray]]:
-    """Each kind of ``layout``'s rows (in order of first appearance) and the positions of its rows."""
+def _kinds_of(layout: RowLayout) -> list[tuple[str, np.ndarray, slice | None]]:
+    """Each kind of ``layout``'s rows (in order of first appearance), the positions of its rows, and those
+    positions as a slice where they are consecutive (as a rule: a kind's rows are recorded together), else None."""
     positions: dict[str, list[int]] = {}
     for i, kind in enumerate(layout.kinds):
         positions.setdefault(kind, []).append(i)
-    return [(kind, np.array(at, dtype=np.int64)) for kind, at in positions.items()]
+    return [(kind, np.array(at, dtype=np.int64), slice(at[0], at[-1] + 1) if at[-1] - at[0] == len(at) - 1 else None)
+            for kind, at in positions.items()]
