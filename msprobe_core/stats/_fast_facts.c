@@ -1,10 +1,11 @@
 /* _fast_facts.c: the tensor questions of the kernel's readers answered by the optional C++ extension
  * msprobe_core.stats._torch_facts (its FACTS capsule, _torch_facts.h) instead of torch's Python API, 10x to 30x
  * cheaper. #included into _fast_stats.c before the readers that ask (plain_cpu_facts, the version, address,
- * shape and flags of every tensor of the dump's RecordText and GradText, the monitor's TensorRows). The extension
- * is imported once, at the first tensor asked (torch is imported by then: the extension links against it);
- * without it (not built, built for another torch, or its import failing) ff_plain and ff_facts say 0 and the
- * caller asks torch's Python API as before. */
+ * shape and flags of every tensor of the dump's RecordText and GradText, the monitor's TensorRows), and the
+ * dump's node hooks put in without torch's handle object (ff_node_hook, for L0's OwnGrads and L1's calls). The
+ * extension is imported once, at the first question (torch is imported by then: the extension links against it);
+ * without it (not built, built for another torch, or its import failing) ff_plain, ff_facts and ff_node_hook say 0
+ * and the caller asks torch's Python API as before. */
 #include "_torch_facts.h"
 
 static const TorchFactsApi *ff_api = NULL;
@@ -43,4 +44,13 @@ static int ff_plain(PyObject *t, void **p, Py_ssize_t *n, PyObject **dtype) {
 static int ff_facts(PyObject *t, int want, TorchTensorFacts *f) {
     if (!ff_tried && ff_load() < 0) return -1;
     return ff_api != NULL && ff_api->facts(t, want, f);
+}
+
+/* 1 with ``hook`` among node's post hooks as ``node.register_hook(hook)`` puts it, without the handle object, and
+ * the hook dict and key to remove it by in *dict and *key (new references) where node is a C++ autograd node
+ * (TorchFactsApi.node_hook); 0, nothing done, for another node or without the extension (call
+ * ``node.register_hook``); -1 with an error. */
+static int ff_node_hook(PyObject *node, PyObject *hook, PyObject **dict, PyObject **key) {
+    if (!ff_tried && ff_load() < 0) return -1;
+    return ff_api == NULL ? 0 : ff_api->node_hook(node, hook, dict, key);
 }

@@ -123,8 +123,11 @@ static int ag_keep_handle(PyObject *flat, PyObject *handle) {
     return rc;
 }
 
-/* ``node.register_hook(hook)``, its key and dicts into ``flat``: 0, -1 with an error. */
+/* ``node.register_hook(hook)``, its key and dicts into ``flat`` (without the handle object where ``l0_node_hook``
+ * can): 0, -1 with an error. */
 static int ag_node_hook(PyObject *flat, PyObject *node, PyObject *hook) {
+    int done = l0_node_hook(flat, node, hook);
+    if (done != 0) return done < 0 ? -1 : 0;
     PyObject *handle = PyObject_CallMethodOneArg(node, ag_s[AS_REGISTER_HOOK], hook);
     int rc = handle == NULL ? -1 : ag_keep_handle(flat, handle);
     Py_XDECREF(handle);

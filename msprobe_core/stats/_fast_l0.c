@@ -1204,7 +1204,7 @@ static PyTypeObject SingleEdgeType = {
  * The usual call: one plain output made by the call's one node with one edge to one of its inputs; its node
  * gets its ``SingleEdge`` (made once per call site and kept in ``hooks``, as ``_single_edge`` does). Any
  * other call: ``fallback(call, out)`` (nothing of it done here). With ``step_hooks=`` (the ``StepHooks`` that
- * ``keep`` fills), a node hook's handle is put into it here (``og_keep``) once it holds hooks of the step. */
+ * ``keep`` fills), a node hook goes into it here (``og_node_hook``) once it holds hooks of the step. */
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
@@ -1456,32 +1456,60 @@ static PyObject *og_hook(OwnGradsObject *self, PyObject *backward, PyObject *sav
 
 static PyObject *step_hooks_flat, *step_hooks_one;  /* "_flat", 1 */
 
-/* ``keep(handle)``, or what ``StepHooks.keep`` does with it, done here: the handle's key, 1 and its hook dict
- * appended to ``step_hooks._flat`` when that already holds hooks of the step (so ``keep`` has put it among
- * the step's handles: ``DumpService._keep_hook``) and the handle has no extra dicts (a node's hook). 0, -1. */
-static int og_keep(OwnGradsObject *self, PyObject *handle) {
-    if (self->step_hooks != Py_None) {
-        PyObject *flat = PyObject_GetAttr(self->step_hooks, step_hooks_flat);
-        if (flat == NULL) return -1;
+/* ``node.register_hook(hook)`` put in without the handle object where the C++ extension can (``ff_node_hook``: a
+ * C++ node), its key, 1 and its dict appended to ``flat`` (``StepHooks``' form, for ``remove``): 1; 0, nothing
+ * done, where it cannot (call ``node.register_hook``); -1 with an error. */
+static int l0_node_hook(PyObject *flat, PyObject *node, PyObject *hook) {
+    PyObject *hooks, *key;
+    int done = ff_node_hook(node, hook, &hooks, &key);
+    if (done <= 0) return done;
+    done = PyList_Append(flat, key) < 0 || PyList_Append(flat, step_hooks_one) < 0
+           || PyList_Append(flat, hooks) < 0 ? -1 : 1;
+    Py_DECREF(hooks);
+    Py_DECREF(key);
+    return done;
+}
+
+/* ``keep(handle)``, or what ``StepHooks.keep`` does with it, done here: with ``flat`` (``step_hooks._flat``, when
+ * it already holds hooks of the step: ``og_node_hook``), the handle's key, 1 and its hook dict appended to it
+ * where the handle has no extra dicts (a node's hook). 0, -1. */
+static int og_keep(OwnGradsObject *self, PyObject *flat, PyObject *handle) {
+    if (flat != NULL) {
         int rc = 1;  /* 1: not taken here */
-        if (PyList_CheckExact(flat) && PyList_GET_SIZE(flat)) {
-            PyObject *id = L0_GET(handle, A_ID), *extra = L0_GET(handle, A_EXTRA_DICT_REF);
-            PyObject *ref = L0_GET(handle, A_HOOKS_DICT_REF);
-            PyObject *hooks = id && extra && ref && PyTuple_CheckExact(extra) && !PyTuple_GET_SIZE(extra)
-                              ? PyObject_CallNoArgs(ref) : NULL;
-            if (hooks != NULL)
-                rc = PyList_Append(flat, id) < 0 || PyList_Append(flat, step_hooks_one) < 0
-                     || PyList_Append(flat, hooks) < 0 ? -1 : 0;
-            else if (PyErr_Occurred())
-                rc = -1;
-            Py_XDECREF(id); Py_XDECREF(extra); Py_XDECREF(ref); Py_XDECREF(hooks);
-        }
-        Py_DECREF(flat);
+        PyObject *id = L0_GET(handle, A_ID), *extra = L0_GET(handle, A_EXTRA_DICT_REF);
+        PyObject *ref = L0_GET(handle, A_HOOKS_DICT_REF);
+        PyObject *hooks = id && extra && ref && PyTuple_CheckExact(extra) && !PyTuple_GET_SIZE(extra)
+                          ? PyObject_CallNoArgs(ref) : NULL;
+        if (hooks != NULL)
+            rc = PyList_Append(flat, id) < 0 || PyList_Append(flat, step_hooks_one) < 0
+                 || PyList_Append(flat, hooks) < 0 ? -1 : 0;
+        else if (PyErr_Occurred())
+            rc = -1;
+        Py_XDECREF(id); Py_XDECREF(extra); Py_XDECREF(ref); Py_XDECREF(hooks);
         if (rc <= 0) return rc;
     }
     PyObject *r = PyObject_CallOneArg(self->keep, handle);
     Py_XDECREF(r);
     return r == NULL ? -1 : 0;
+}
+
+/* ``keep(node.register_hook(hook))``: once ``step_hooks._flat`` holds hooks of the step (so ``keep`` has put it
+ * among the step's handles: ``DumpService._keep_hook``), the hook goes into it without a handle where it can
+ * (``l0_node_hook``); else torch's handle, to ``og_keep``. 0, -1 with an error. */
+static int og_node_hook(OwnGradsObject *self, PyObject *node, PyObject *hook) {
+    PyObject *flat = NULL;
+    if (self->step_hooks != Py_None) {
+        if ((flat = PyObject_GetAttr(self->step_hooks, step_hooks_flat)) == NULL) return -1;
+        if (!PyList_CheckExact(flat) || !PyList_GET_SIZE(flat)) Py_CLEAR(flat);
+    }
+    int rc = flat == NULL ? 0 : l0_node_hook(flat, node, hook);
+    if (rc == 0) {
+        PyObject *handle = PyObject_CallMethodOneArg(node, l0_attr[A_REGISTER_HOOK], hook);
+        rc = handle == NULL ? -1 : og_keep(self, flat, handle);
+        Py_XDECREF(handle);
+    }
+    Py_XDECREF(flat);
+    return rc < 0 ? -1 : 0;
 }
 
 static PyObject *og_call(OwnGradsObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
@@ -1501,18 +1529,17 @@ static PyObject *og_call(OwnGradsObject *self, PyObject *const *args, size_t nar
         Py_DECREF(edges);
         return found < 0 ? NULL : PyObject_Vectorcall(self->fallback, args, 2, NULL);
     }
-    PyObject *result = NULL, *backward = NULL, *save = NULL, *parent = NULL, *hook = NULL, *handle = NULL;
+    PyObject *result = NULL, *backward = NULL, *save = NULL, *parent = NULL, *hook = NULL;
     if (l0_set_field(call, slots, F_EDGES, A_EDGES, Py_None) < 0 || l0_set_field(edges, eslots, E_OUTPUT, A_OUTPUT, Py_None) < 0)
         goto done;
     backward = l0_field(call, slots, F_BACKWARD, A_BACKWARD);
     save = backward == NULL ? NULL : l0_field(call, slots, F_SAVE, A_SAVE);
     parent = save == NULL ? NULL : l0_field(call, slots, F_PARENT, A_PARENT);
     hook = parent == NULL ? NULL : og_hook(self, backward, save, parent, index, edge, out_nr);
-    handle = hook == NULL ? NULL : PyObject_CallMethodOneArg(node, l0_attr[A_REGISTER_HOOK], hook);
-    result = handle == NULL || og_keep(self, handle) < 0 ? NULL : Py_NewRef(Py_None);
+    result = hook == NULL || og_node_hook(self, node, hook) < 0 ? NULL : Py_NewRef(Py_None);
 done:
     Py_DECREF(edges); Py_XDECREF(node); Py_XDECREF(index); Py_XDECREF(backward); Py_XDECREF(save); Py_XDECREF(parent);
-    Py_XDECREF(hook); Py_XDECREF(handle);
+    Py_XDECREF(hook);
     return result;
 }
 

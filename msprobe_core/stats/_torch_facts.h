@@ -7,7 +7,7 @@
 
 #include <Python.h>
 
-#define TORCH_FACTS_CAPSULE "msprobe_core.stats._torch_facts.FACTS_2"
+#define TORCH_FACTS_CAPSULE "msprobe_core.stats._torch_facts.FACTS_3"
 
 /* What TorchFactsApi.facts is asked (bits of ``want``), each the value of the Python API named */
 enum {
@@ -42,6 +42,13 @@ typedef struct {
      * question torch refuses: an inference tensor's version, the data of a tensor without storage), *f then
      * partly written. Never raises; the GIL held. */
     int (*facts)(PyObject *t, int want, TorchTensorFacts *f);
+    /* 1 where ``node`` is a C++ autograd node (a THPCppFunction, not a Python autograd.Function's node) and
+     * ``hook`` is now among its post hooks as ``node.register_hook(hook)`` puts it, without the handle object:
+     * in the node's hook dict (the one torch's registerFunctionHook finds, or a new OrderedDict it gives the
+     * node) under the key a new ``torch.utils.hooks.RemovableHandle`` would have taken (``next_id``, advanced);
+     * *dict and *key then new references, to remove it by (``StepHooks.remove``). 0 (nothing done, no error)
+     * for any other node: ask ``node.register_hook``. -1 with an error. The GIL held. */
+    int (*node_hook)(PyObject *node, PyObject *hook, PyObject **dict, PyObject **key);
 } TorchFactsApi;
 
 #endif

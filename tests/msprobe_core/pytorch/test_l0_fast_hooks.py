@@ -6,13 +6,16 @@ decided once per configuration and module; and no record lost by a process kille
 
 from __future__ import annotations
 
+import gc
 import json
 import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 import torch
+from torch.utils.hooks import RemovableHandle
 
 from msprobe_core.pytorch import PrecisionDebugger, backward_capture, dump_service
 from msprobe_core.stats.kernel import KERNEL
@@ -371,17 +374,125 @@ def test_node_hooks_kept_in_c_are_removed_when_the_step_ends(tmp_path):
     service = PrecisionDebugger._get().service
     dbg.start(model)
     model(torch.randn(3, 4, requires_grad=True)).sum().backward()
-    flat = list(service._step_hooks._flat)
+    kept = _kept(service._step_hooks._flat)
+    assert len(_node_hooks(kept)) == 4  # one per module call
+    dbg.stop()
+    dbg.step()
+    assert not service._step_hooks and all(key not in d for key, d in kept)
+
+
+def _kept(flat: list) -> list[tuple[int, dict]]:
+    """The (key, hook dict) pairs of a ``StepHooks._flat``."""
     kept, i = [], 0
     while i < len(flat):
         key, n = flat[i], flat[i + 1]
         kept += [(key, d) for d in flat[i + 2:i + 2 + n]]
         i += 2 + n
-    node_hooks = [(key, d) for key, d in kept if type(d[key]).__name__ == "SingleEdge"]
-    assert len(node_hooks) == 4  # one per module call
+    return kept
+
+
+def _node_hooks(kept: list[tuple[int, dict]]) -> list[tuple[int, dict]]:
+    """The tool's node hooks (``SingleEdge``) among ``kept``."""
+    return [(key, d) for key, d in kept if type(d[key]).__name__ == "SingleEdge"]
+
+
+class _Custom(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 3
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 3
+
+
+class _CustomCall(torch.nn.Module):
+    def forward(self, x):
+        return _Custom.apply(x)  # its node is a Python Function's (BackwardCFunction), not a C++ one
+
+
+@needs_kernel
+def test_a_users_node_hooks_share_the_dict_fire_and_stay_when_the_tools_are_removed(tmp_path, monkeypatch):
+    """The tool's node hook goes into the node's own hook dict, under a key ``RemovableHandle.next_id`` gives, without
+    a handle (``_torch_facts``' ``node_hook`` where built, else ``register_hook``): a user's ``grad_fn.register_hook``
+    before it (in a forward hook that runs before the tool's) and after it (on the output) share that dict and get
+    their own keys, every hook fires, the tool's record is made, and removing the tool's hooks at the step's end
+    leaves the user's, which still fire and which the user can still remove. A Python Function's node takes
+    ``register_hook``; with the extension, no other node hook of the tool makes a handle."""
+    made = []
+    init = RemovableHandle.__init__
+    monkeypatch.setattr(RemovableHandle, "__init__", lambda h, *a, **k: made.append(h) or init(h, *a, **k))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.GELU(), torch.nn.Linear(4, 4), _CustomCall())
+    fired, handles = [], []
+
+    def user(name: str):
+        return lambda grad_inputs, grad_outputs: fired.append(name)
+
+    model[2].register_forward_hook(lambda m, a, out: handles.append(out.grad_fn.register_hook(user("before"))))
+    dbg = PrecisionDebugger({"dump_path": str(tmp_path), "level": "L0", "task": "statistics"})
+    service = PrecisionDebugger._get().service
+    dbg.start(model)
+    made.clear()
+    out = model[:3](torch.randn(3, 4, requires_grad=True))
+    handles.append(out.grad_fn.register_hook(user("after")))
+    loss = model[3](out).sum()
+    node_hooks = _node_hooks(_kept(service._step_hooks._flat))
+    assert len(node_hooks) == 4  # one per module call, the custom Function's included
+    facts = getattr(sys.modules.get("msprobe_core.stats._torch_facts"), "FACTS", None)
+    assert len(made) == (3 if facts is not None else 6)  # the user's two, the custom Function's (and the others')
+    dicts = {id(h.hooks_dict_ref()) for h in handles}
+    ours = [(key, d) for key, d in node_hooks if id(d) in dicts]
+    assert len(dicts) == 1 and len(ours) == 1  # one dict on the node: the user's hooks and the tool's
+    key, d = ours[0]
+    assert list(d) == [handles[0].id, key, handles[1].id] == sorted(d)  # keys as torch's handles take them
+    loss.backward(retain_graph=True)
+    assert fired == ["before", "after"]
     dbg.stop()
     dbg.step()
-    assert not service._step_hooks and all(key not in d for key, d in kept)
+    data = json.loads((step_dir(tmp_path, 0) / "dump.json").read_text())["data"]
+    assert {"Module.2.Linear.backward.0", "Module.3._CustomCall.backward.0"} <= set(data)
+    assert list(d) == [handles[0].id, handles[1].id] and all(key not in h for key, h in node_hooks)
+    out.sum().backward(retain_graph=True)  # the graph again: the user's hooks only
+    assert fired == ["before", "after"] * 2
+    handles[0].remove()
+    out.sum().backward()
+    assert fired == ["before", "after"] * 2 + ["after"] and list(d) == [handles[1].id]
+
+
+@needs_kernel
+def test_node_hooks_registered_while_the_tools_registration_is_under_way_are_torchs(tmp_path):
+    """Python code run within the tool's node-hook registration (here the garbage collector's callbacks, run at each
+    allocation of a tracked object with threshold 1: the tool's hook dict is one) that registers node hooks and
+    prehooks of its own gets torch's handles, and its hooks fire with the tool's records made."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.GELU(), torch.nn.Linear(4, 4))
+    x = torch.randn(3, 4, requires_grad=True)
+    other = x * 2  # the node the callbacks hook
+    fired, handles = [], []
+
+    def collected(phase: str, info: dict) -> None:
+        if phase == "start":
+            handles.append(other.grad_fn.register_hook(lambda grad_inputs, grad_outputs: fired.append("post")))
+            handles.append(other.grad_fn.register_prehook(lambda grad_outputs: fired.append("pre")))
+
+    dbg = PrecisionDebugger({"dump_path": str(tmp_path), "level": "L0", "task": "statistics"})
+    dbg.start(model)
+    threshold = gc.get_threshold()
+    gc.callbacks.append(collected)
+    gc.set_threshold(1)
+    try:
+        loss = model(x).sum()
+    finally:
+        gc.set_threshold(*threshold)
+        gc.callbacks.remove(collected)
+    assert handles and all(type(h) is RemovableHandle for h in handles)
+    (loss + other.sum()).backward()
+    dbg.stop()
+    dbg.step()
+    assert fired.count("post") == fired.count("pre") == len(handles) // 2
+    data = json.loads((step_dir(tmp_path, 0) / "dump.json").read_text())["data"]
+    assert {"Module.0.Linear.backward.0", "Module.1.GELU.backward.0", "Module.2.Linear.backward.0"} <= set(data)
 
 
 @needs_kernel

@@ -1,7 +1,8 @@
 """The optional C++ extension ``_torch_facts`` (a tensor's facts read from torch's C++ tensor for the kernel's
-``TensorRows``, ``RecordText`` and ``GradText``): rows, monitor CSV bytes, record texts and dump files the same with
-its capsule and without it (the readers then ask torch's Python API), its capsule exported only under the torch it
-was built for, nothing of it used with ``MSPROBE_FAST_STATS=0``. The route comparisons pass where the extension is
+``TensorRows``, ``RecordText`` and ``GradText``; the dump's node hooks put in without handles): rows, monitor CSV
+bytes, record texts and dump files the same with its capsule and without it (the readers then ask torch's Python
+API, the hooks go through ``register_hook``), its capsule exported only under the torch it was built for, nothing of
+it used with ``MSPROBE_FAST_STATS=0``. The route comparisons pass where the extension is
 not built too (both routes are then the Python API's); the tests of the capsule itself are skipped there."""
 
 from __future__ import annotations
@@ -196,7 +197,7 @@ def test_record_texts_are_the_same_with_and_without_the_capsule():
 
 
 @needs_kernel
-@pytest.mark.parametrize("level", ["L1", "mix"])
+@pytest.mark.parametrize("level", ["L0", "L1", "mix"])
 def test_dump_files_are_the_same_with_and_without_the_capsule(tmp_path, level):
     made = {}
     for route in ("on", "off"):
