@@ -29,14 +29,13 @@ enum {
      * ``summarize.tensors_in`` (then ``ag_tensors_in`` collects in C); G_KEEP_KEYS: ``keep_keys(flat)`` holds hooks put in without a handle (``StepHooks.keep_keys``' form) for their
      * removal when the step ends; G_HANDLE: ``RemovableHandle`` (its ``next_id``); G_ORDERED_DICT: the hook dicts' type */
 
-static PyObject *ag_s[22];  /* attribute names and suffixes, interned once (AS_*) */
 enum { AS_BWD_SIZES, AS_SLOTS, AS_BEGIN, AS_LEAF, AS_GRAD_FN, AS_OUTPUT_NR, AS_SEQUENCE_NR, AS_REQUIRES_GRAD,
        AS_REGISTER_HOOK, AS_ON_GRAD, AS_PUT_TEXT_FIELD, AS_SYNC, AS_ERROR, AS_GET, AS_BACKWARD_SUFFIX, AS_FORWARD_SUFFIX,
-       AS_ID, AS_HOOKS_DICT_REF, AS_EXTRA_DICT_REF, AS_BACKWARD_HOOKS, AS_REGISTER_HOOK_DICT, AS_NEXT_ID, AS_N };
+       AS_ID, AS_HOOKS_DICT_REF, AS_EXTRA_DICT_REF, AS_N };
 static const char *const AG_NAMES[AS_N] = {"bwd_sizes", "slots", "begin", "leaf", "grad_fn", "output_nr",
     "_sequence_nr", "requires_grad", "register_hook", "on_grad", "put_text_field", "_sync", "_error", "get",
-    ".backward", ".forward", "id", "hooks_dict_ref", "extra_dict_ref", "_backward_hooks", "_register_hook_dict",
-    "next_id"};
+    ".backward", ".forward", "id", "hooks_dict_ref", "extra_dict_ref"};
+static PyObject *ag_s[AS_N];  /* attribute names and suffixes, interned once (AS_*) */
 static PyObject *ag_no_sizes;  /* (0, 0) */
 #define AGR_VISIT(f) Py_VISIT(self->f);
 #define AGR_CLEAR(f) Py_CLEAR(self->f);
@@ -139,32 +138,10 @@ static int ag_node_hook(PyObject *flat, PyObject *node, PyObject *hook) {
  * dict made and given to its ``grad_fn`` on first use) into ``flat``; anything else by ``_hook_tensor_grad``
  * (a subclass may route ``register_hook`` elsewhere). 0, -1 with an error. */
 static int ag_tensor_hook(PyObject **g, PyObject *flat, PyObject *t, PyObject *hook) {
-    if (Py_TYPE(t) != (PyTypeObject *)g[G_TENSOR]) {
-        PyObject *r = PyObject_CallFunctionObjArgs(g[G_HOOK_TENSOR], t, hook, NULL);
-        Py_XDECREF(r);
-        return r == NULL ? -1 : 0;
-    }
-    PyObject *hooks = PyObject_GetAttr(t, ag_s[AS_BACKWARD_HOOKS]), *key = NULL, *next = NULL;
-    int rc = -1;
-    if (hooks == Py_None) {
-        Py_SETREF(hooks, PyObject_CallNoArgs(g[G_ORDERED_DICT]));  /* an OrderedDict, as torch's (handles weakref it) */
-        PyObject *fn = hooks == NULL || PyObject_SetAttr(t, ag_s[AS_BACKWARD_HOOKS], hooks) < 0 ? NULL
-                       : PyObject_GetAttr(t, ag_s[AS_GRAD_FN]);
-        PyObject *r = fn == NULL ? NULL : fn == Py_None ? Py_NewRef(Py_None)
-                      : PyObject_CallMethodOneArg(fn, ag_s[AS_REGISTER_HOOK_DICT], t);
-        Py_XDECREF(fn);
-        if (r == NULL) goto done;
-        Py_DECREF(r);
-    }
-    if (hooks == NULL || (key = PyObject_GetAttr(g[G_HANDLE], ag_s[AS_NEXT_ID])) == NULL) goto done;
-    next = PyNumber_Add(key, ONE);  /* ``next_hook_id``: the next ``RemovableHandle`` id, taken as torch takes it */
-    if (next == NULL || PyObject_SetAttr(g[G_HANDLE], ag_s[AS_NEXT_ID], next) < 0
-        || PyObject_SetItem(hooks, key, hook) < 0)
-        goto done;
-    rc = PyList_Append(flat, key) < 0 || PyList_Append(flat, ONE) < 0 || PyList_Append(flat, hooks) < 0 ? -1 : 0;
-done:
-    Py_XDECREF(hooks); Py_XDECREF(key); Py_XDECREF(next);
-    return rc;
+    if (Py_TYPE(t) == (PyTypeObject *)g[G_TENSOR]) return tensor_hook_add(t, hook, g[G_ORDERED_DICT], g[G_HANDLE], flat);
+    PyObject *r = PyObject_CallFunctionObjArgs(g[G_HOOK_TENSOR], t, hook, NULL);
+    Py_XDECREF(r);
+    return r == NULL ? -1 : 0;
 }
 
 /* ------------------------------------------------------------------------------------------ NodeEdges

@@ -15,13 +15,13 @@
  *   remove_hooks(flat)                    -> ``StepHooks.remove``'s loop
  *   plan_valid(root, modules)             -> ``HookPlan.still_valid``'s loop
  *
- * The usual call: the dumping thread, recording, no TorchFunctionMode, positional inputs that are plain
- * tensors (``tensor``, ``parameter``: the exact types) and one plain tensor as output made by the call's one
- * node with one edge to one input; its record text made by ``text`` (a ``RecordText``) at once. The records,
- * the ``Call`` left in the step's state, stacks, construct.json parents and journal frames are the Python
- * route's, byte for byte: the Python route takes any call that is not the usual one before anything of it is
- * done (a post hook then finishes whatever the pre hook began: the same ``Call``). An error once something is
- * done goes to ``records._error`` (the user's call goes on), as the Python route's. */
+ * The usual call: the dumping thread, recording, no TorchFunctionMode but the dump's own (the mix level's operator
+ * mode), positional inputs that are plain tensors (``tensor``, ``parameter``: the exact types) and one plain tensor
+ * as output made by the call's one node with one edge to one input; its record text made by ``text`` (a
+ * ``RecordText``) at once. The records, the ``Call`` left in the step's state, stacks, construct.json parents and
+ * journal frames are the Python route's, byte for byte: the Python route takes any call that is not the usual one
+ * before anything of it is done (a post hook then finishes whatever the pre hook began: the same ``Call``). An
+ * error once something is done goes to ``records._error`` (the user's call goes on), as the Python route's. */
 
 typedef struct {
     PyObject_HEAD
@@ -275,7 +275,8 @@ static int l0_quiet(ModuleHooksObject *self, int on) {
 }
 
 /* Is this call the dumping thread's, while recording, outside the tool's work, a backward pass and any
- * TorchFunctionMode (``DumpService.should_record`` for the thread that records)? 1, 0, -1 with an error. */
+ * TorchFunctionMode but the dump's own operator mode (``mode_enabled``; ``DumpService.should_record`` for the
+ * thread that records)? 1, 0, -1 with an error. */
 static int l0_recording(ModuleHooksObject *self) {
     PyObject *thread = L0_GET(self->service, A_DUMPING_THREAD);
     if (thread == NULL) return -1;
@@ -744,22 +745,22 @@ static PyTypeObject ModuleHooksType = {
  *   ParamGrad(records, service, grad_text, grad_enabled, mode_enabled, tls, base, pname, count, fallback, fields,
  *             text_fields=None)
  *     (grad) -> None: ``CallRecords._on_param_grad(base, pname, count, grad)``
- * Where autograd records (create_graph) or a TorchFunctionMode is on, or a gradient's text is not known at
- * once, they take the Python route (``records``' methods) for the whole gradient. */
+ * Where autograd records (create_graph) or a TorchFunctionMode other than the dump's own is on, or a gradient's text
+ * is not known at once, they take the Python route (``records``' methods) for the whole gradient. */
 
 typedef struct {
     PyObject_HEAD
     PyObject *records, *service, *grad_text, *grad_enabled, *mode_enabled, *tls;
 } CallGradsObject;
 
-/* May the gradients be read here without ``_quiet()`` (autograd off, no TorchFunctionMode)? 1, 0, -1. */
+/* May the gradients be read here without ``_quiet()`` (autograd off, no TorchFunctionMode but the dump's own
+ * operator mode: ``mode_enabled``)? 1, 0, -1. */
 static int g_quiet(CallGradsObject *self) {
     int on = l0_call_true(self->grad_enabled);
     if (on != 0) return on < 0 ? -1 : 0;
     on = l0_call_true(self->mode_enabled);
     return on < 0 ? -1 : !on;
 }
-
 
 /* Is obj the int v? (no error: an int too large for a C long is not v) */
 static inline int g_is_long(PyObject *obj, long v) {
@@ -1456,6 +1457,13 @@ static PyObject *og_hook(OwnGradsObject *self, PyObject *backward, PyObject *sav
 
 static PyObject *step_hooks_flat, *step_hooks_one;  /* "_flat", 1 */
 
+/* A hook put in for the step in ``StepHooks``' form (``remove_hooks`` takes it out): its key, 1 and its dict
+ * appended to ``flat``. 0, or -1 with an error. */
+static int step_hooks_add(PyObject *flat, PyObject *key, PyObject *hooks) {
+    return PyList_Append(flat, key) < 0 || PyList_Append(flat, step_hooks_one) < 0 || PyList_Append(flat, hooks) < 0
+           ? -1 : 0;
+}
+
 /* ``node.register_hook(hook)`` put in without the handle object where the C++ extension can (``ff_node_hook``: a
  * C++ node), its key, 1 and its dict appended to ``flat`` (``StepHooks``' form, for ``remove``): 1; 0, nothing
  * done, where it cannot (call ``node.register_hook``); -1 with an error. */
@@ -1463,8 +1471,7 @@ static int l0_node_hook(PyObject *flat, PyObject *node, PyObject *hook) {
     PyObject *hooks, *key;
     int done = ff_node_hook(node, hook, &hooks, &key);
     if (done <= 0) return done;
-    done = PyList_Append(flat, key) < 0 || PyList_Append(flat, step_hooks_one) < 0
-           || PyList_Append(flat, hooks) < 0 ? -1 : 1;
+    done = step_hooks_add(flat, key, hooks) < 0 ? -1 : 1;
     Py_DECREF(hooks);
     Py_DECREF(key);
     return done;
@@ -1481,8 +1488,7 @@ static int og_keep(OwnGradsObject *self, PyObject *flat, PyObject *handle) {
         PyObject *hooks = id && extra && ref && PyTuple_CheckExact(extra) && !PyTuple_GET_SIZE(extra)
                           ? PyObject_CallNoArgs(ref) : NULL;
         if (hooks != NULL)
-            rc = PyList_Append(flat, id) < 0 || PyList_Append(flat, step_hooks_one) < 0
-                 || PyList_Append(flat, hooks) < 0 ? -1 : 0;
+            rc = step_hooks_add(flat, id, hooks);
         else if (PyErr_Occurred())
             rc = -1;
         Py_XDECREF(id); Py_XDECREF(extra); Py_XDECREF(ref); Py_XDECREF(hooks);
@@ -1668,6 +1674,31 @@ static PyObject *tensor_hooks_dict(PyObject *t, PyObject *odict) {
     return hooks;
 }
 
+/* ``RemovableHandle``'s next id (``handles``: the class), taken as a new handle takes it (``next_id`` advanced): a
+ * new reference, or NULL with an error. */
+static PyObject *take_hook_id(PyObject *handles) {
+    PyObject *key = L0_GET(handles, A_NEXT_ID);
+    PyObject *next = key == NULL ? NULL : PyNumber_Add(key, ONE);
+    int rc = next == NULL ? -1 : PyObject_SetAttr(handles, l0_attr[A_NEXT_ID], next);
+    Py_XDECREF(next);
+    if (rc < 0) Py_CLEAR(key);
+    return key;
+}
+
+/* ``step_hooks.add_tensor_hook(t, hook)`` for a plain tensor, one at a time (the monitor's forward sites, L1's
+ * calls): the hook at the end of t's hook dict (``tensor_hooks_dict``, made by ``odict``) under the next
+ * ``RemovableHandle`` id (``take_hook_id`` of ``handles``); with ``flat``, in ``StepHooks``' form there too
+ * (``step_hooks_add``). 0, or -1 with an error. */
+static int tensor_hook_add(PyObject *t, PyObject *hook, PyObject *odict, PyObject *handles, PyObject *flat) {
+    PyObject *hooks = tensor_hooks_dict(t, odict);
+    PyObject *key = hooks == NULL ? NULL : take_hook_id(handles);
+    int rc = key == NULL || PyObject_SetItem(hooks, key, hook) < 0
+             || (flat != NULL && step_hooks_add(flat, key, hooks) < 0) ? -1 : 0;
+    Py_XDECREF(key);
+    Py_XDECREF(hooks);
+    return rc;
+}
+
 /* ``add_tensor_hook(t, hook)`` (``pytorch/step_hooks.py``) of a plain tensor with the key ``key``: the entry torch's
  * ``register_hook`` makes (``tensor_hooks_dict``), its key, 1 and its dict appended to ``flat``. 0, or -1 with an
  * error. */
@@ -1675,8 +1706,7 @@ static int l0_add_tensor_hook(PyObject *t, PyObject *hook, long long key, PyObje
     PyObject *hooks = tensor_hooks_dict(t, odict);
     if (hooks == NULL) return -1;
     PyObject *k = PyLong_FromLongLong(key);
-    int rc = k == NULL || PyObject_SetItem(hooks, k, hook) < 0 || PyList_Append(flat, k) < 0
-             || PyList_Append(flat, step_hooks_one) < 0 || PyList_Append(flat, hooks) < 0 ? -1 : 0;
+    int rc = k == NULL || PyObject_SetItem(hooks, k, hook) < 0 || step_hooks_add(flat, k, hooks) < 0 ? -1 : 0;
     Py_XDECREF(k);
     Py_DECREF(hooks);
     return rc;

@@ -30,7 +30,7 @@
  */
 
 static PyObject *s_training, *s_state, *s_collecting, *s_generation, *s_calls, *s_micro, *s_seen, *s_on_grad,
-    *s_hook_failed, *s_next_id, *s_one, *s_hooks_generation;
+    *s_hook_failed, *s_one, *s_hooks_generation;
 
 enum { AC_VERSION, AC_REQUIRES_GRAD, AC_DATA_PTR, AC_NUMEL, AC_N };
 static const char *const AC_NAMES[AC_N] = {"_version", "requires_grad", "data_ptr", "numel"};
@@ -397,16 +397,7 @@ static PyObject *fs_identity(ActivationCoreObject *core, PyObject *t, unsigned l
 /* step_hooks.add_tensor_hook for a plain tensor (keep the two alike): the hook at the end of the tensor's
  * ``_backward_hooks`` (``tensor_hooks_dict``) under the next RemovableHandle id. */
 static int fs_tensor_hook(ActivationCoreObject *core, PyObject *t, PyObject *hook) {
-    PyObject *hooks = tensor_hooks_dict(t, core->ordered_dict);  /* (_fast_l0.c) */
-    if (hooks == NULL) return -1;
-    PyObject *key = PyObject_GetAttr(core->handle_class, s_next_id);
-    PyObject *next = key == NULL ? NULL : PyNumber_Add(key, s_one);
-    int rc = next == NULL ? -1 : PyObject_SetAttr(core->handle_class, s_next_id, next);
-    Py_XDECREF(next);
-    if (rc == 0) rc = PyObject_SetItem(hooks, key, hook);
-    Py_XDECREF(key);
-    Py_DECREF(hooks);
-    return rc;
+    return tensor_hook_add(t, hook, core->ordered_dict, core->handle_class, NULL);  /* (_fast_l0.c) */
 }
 
 /* The work of one leaf of the usual call (``_on_forward``'s loop body), key its identity (a new reference, taken
@@ -800,7 +791,7 @@ static int add_fast_monitor(PyObject *m) {
     struct { PyObject **s; const char *text; } strings[] = {
         {&s_training, "training"}, {&s_state, "state"}, {&s_collecting, "collecting"}, {&s_generation, "generation"}, {&s_hooks_generation, "_generation"},
         {&s_calls, "calls"}, {&s_micro, "_micro"}, {&s_seen, "_seen"}, {&s_on_grad, "_on_grad"},
-        {&s_hook_failed, "_hook_failed"}, {&s_next_id, "next_id"},
+        {&s_hook_failed, "_hook_failed"},
     };
     for (size_t i = 0; i < sizeof(strings) / sizeof(strings[0]); i++) {
         if (*strings[i].s == NULL && (*strings[i].s = PyUnicode_InternFromString(strings[i].text)) == NULL) return -1;

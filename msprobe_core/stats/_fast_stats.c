@@ -2004,12 +2004,7 @@ static int g_float32(double x, int p, char *out) {
     char dig[16] = {0};  /* p >= 1 digits set below (zeroed: the compiler cannot tell) */
     int L = p;
     uint64_t d64 = (uint64_t)q;  /* below 10^9 */
-    static const char pairs[] = "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
-                                "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
-                                "8081828384858687888990919293949596979899";
-    int i = p;
-    for (; i >= 2; i -= 2, d64 /= 100) memcpy(dig + i - 2, pairs + 2 * (d64 % 100), 2);  /* two digits a division */
-    if (i) dig[0] = (char)('0' + (int)d64);
+    ryu_digits(d64, p, dig);  /* (_fast_repr.c) */
     while (L > 1 && dig[L - 1] == '0') L--;
     int n = 0;
     if (x < 0) out[n++] = '-';
